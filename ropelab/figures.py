@@ -1,0 +1,175 @@
+"""Figure generation: the notebook runner and the two helpers every notebook calls.
+
+Run every notebook headless, top to bottom, into ``build/`` (the sources in ``notebooks/`` are never
+modified)::
+
+    python -m ropelab.figures            # full run: writes figures/ (PNG + SVG)
+    python -m ropelab.figures --smoke    # tiny sizes: writes only under build/smoke/
+    python -m ropelab.figures --only 01_rotate_half_vs_interleaved
+
+Each notebook has one cell tagged ``parameters`` that sets ``SMOKE = False`` and
+``FIGURES_DIR = "../figures"`` (right for JupyterLab, whose kernels start in ``notebooks/``); the runner
+inserts a cell after it that overrides both. Inside a notebook::
+
+    from ropelab.figures import setup, save
+    setup()                       # seeds, a fixed thread count, deterministic matplotlib output
+    save(fig, "00_frequency_ladder", FIGURES_DIR)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = REPO / "notebooks"
+BUILD_DIR = REPO / "build"
+FIGURES_DIR = REPO / "figures"
+DATA_DIR = REPO / "data"
+
+SEED = 0
+THREADS = 2
+
+__all__ = ["setup", "save", "notebooks", "run_notebook", "main", "REPO", "DATA_DIR", "FIGURES_DIR"]
+
+
+def setup(seed: int = SEED, threads: int = THREADS) -> None:
+    """Make a notebook deterministic: seed python, numpy and torch, fix the thread count, and set
+    matplotlib to write byte-stable files (no dates, a fixed SVG id salt)."""
+    import matplotlib
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    matplotlib.rcParams["svg.hashsalt"] = "ropelab"
+    matplotlib.rcParams["figure.dpi"] = 100
+    matplotlib.rcParams["savefig.dpi"] = 120
+    matplotlib.rcParams["figure.max_open_warning"] = 0
+    try:
+        import seaborn as sns
+
+        sns.set_theme(context="notebook", style="whitegrid")
+    except ImportError:  # seaborn is a core dependency; this only guards odd environments
+        pass
+
+
+def save(fig, name: str, figures_dir: str | os.PathLike = FIGURES_DIR) -> list[Path]:
+    """Write ``fig`` as ``name.png`` and ``name.svg`` into ``figures_dir``, without dates or versions in the
+    metadata, so a re-run with the same numbers gives the same bytes."""
+    out = Path(figures_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.png", out / f"{name}.svg"]
+    fig.savefig(paths[0], bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(paths[1], bbox_inches="tight", metadata={"Date": None, "Creator": None})
+    return paths
+
+
+def notebooks(only: list[str] | None = None) -> list[Path]:
+    """The notebooks under ``notebooks/`` in order, or those whose stem starts with a name in ``only``."""
+    found = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+    if not only:
+        return found
+    chosen = [p for p in found if any(p.stem == o or p.stem.startswith(o) for o in only)]
+    missing = [o for o in only if not any(p.stem == o or p.stem.startswith(o) for p in found)]
+    if missing:
+        names = ", ".join(p.stem for p in found)
+        raise SystemExit(f"no notebook named {missing}; choose from: {names}")
+    return chosen
+
+
+def _inject_parameters(nb, smoke: bool, figures_dir: Path) -> None:
+    import nbformat
+
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            break
+    else:
+        raise ValueError("the notebook has no cell tagged 'parameters' (it must set SMOKE and FIGURES_DIR)")
+    src = f"# injected by ropelab.figures\nSMOKE = {smoke!r}\nFIGURES_DIR = {str(figures_dir)!r}\n"
+    injected = nbformat.v4.new_code_cell(src, metadata={"tags": ["injected-parameters"]})
+    nb.cells.insert(i + 1, injected)
+
+
+def run_notebook(path: str | os.PathLike, *, smoke: bool = False, timeout: int = 1800) -> dict:
+    """Execute one notebook headless into ``build/`` (``build/smoke/`` when ``smoke``).
+
+    Figures go to ``figures/`` in a full run and ``build/smoke/figures/`` in a smoke run. Returns a dict
+    with the notebook name, the executed copy's path and the wall time in seconds. Raises
+    ``nbclient.exceptions.CellExecutionError`` when a cell fails.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    out_dir = BUILD_DIR / "smoke" if smoke else BUILD_DIR
+    figures_dir = out_dir / "figures" if smoke else FIGURES_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.read(path, as_version=4)
+    _inject_parameters(nb, smoke, figures_dir)
+    # Determinism and headless plotting for the kernel, which inherits this environment.
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    os.environ["MPLBACKEND"] = "Agg"
+    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    start = time.perf_counter()
+    try:
+        client.execute()
+    finally:
+        target = out_dir / path.name
+        nbformat.write(nb, target)
+    return {"notebook": path.stem, "executed": str(target), "seconds": round(time.perf_counter() - start, 1)}
+
+
+def _run_one(args: tuple[str, bool, int]) -> dict:
+    path, smoke, timeout = args
+    try:
+        return run_notebook(path, smoke=smoke, timeout=timeout)
+    except Exception as e:  # report and carry on with the others; main() exits non-zero
+        return {"notebook": Path(path).stem, "error": f"{type(e).__name__}: {str(e)[-2000:]}"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ropelab.figures", description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes; write only under build/smoke/")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these notebooks (name or prefix)")
+    parser.add_argument("--jobs", type=int, default=1, help="notebooks run in parallel (default 1)")
+    parser.add_argument("--timeout", type=int, default=3600, help="per-cell timeout in seconds")
+    args = parser.parse_args(argv)
+    paths = notebooks(args.only)
+    if not paths:
+        print("no notebooks found under notebooks/")
+        return 1
+    work = [(str(p), args.smoke, args.timeout) for p in paths]
+    if args.jobs > 1:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            results = list(pool.map(_run_one, work))
+    else:
+        results = [_run_one(w) for w in work]
+    failed = [r for r in results if "error" in r]
+    for r in results:
+        status = f"FAILED {r['error']}" if "error" in r else f"ok {r['seconds']:.1f} s -> {r['executed']}"
+        print(f"{r['notebook']:40s} {status}")
+    timings = BUILD_DIR / ("smoke" if args.smoke else "") / "timings.json"
+    timings.parent.mkdir(parents=True, exist_ok=True)
+    previous = json.loads(timings.read_text()) if timings.exists() else {}
+    previous.update({r["notebook"]: r["seconds"] for r in results if "seconds" in r})
+    timings.write_text(json.dumps(previous, indent=1, sort_keys=True) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
