@@ -315,13 +315,26 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, style: str 
         raise ValueError(f"cos/sin cover {r} dims (last dim {half} pairs) but x's last dim is {d}.")
     cdt = torch.promote_types(x.dtype, torch.float32)
     c, s = cos.to(device=x.device, dtype=cdt), sin.to(device=x.device, dtype=cdt)
+    if style == "half":
+        x1, x2 = x[..., :half], x[..., half:r]
+    else:
+        x1, x2 = x[..., 0:r:2], x[..., 1:r:2]
+    if torch.is_grad_enabled() and (x.requires_grad or c.requires_grad or s.requires_grad):
+        # Differentiable path (training): the same formula without in-place writes.
+        y1, y2 = x1 * c - x2 * s, x2 * c + x1 * s
+        if style == "half":
+            rot = torch.cat([y1, y2], dim=-1)
+        else:
+            rot = torch.stack([y1, y2], dim=-1).flatten(-2)
+        out = torch.cat([rot, x[..., r:].to(cdt)], dim=-1) if r < d else rot
+        return out if cdt == x.dtype else out.to(x.dtype)
     out = torch.empty(x.shape, dtype=cdt, device=x.device)
     if style == "half":
-        x1, x2, o1, o2 = x[..., :half], x[..., half:r], out[..., :half], out[..., half:r]
+        o1, o2 = out[..., :half], out[..., half:r]
     else:
-        x1, x2, o1, o2 = x[..., 0:r:2], x[..., 1:r:2], out[..., 0:r:2], out[..., 1:r:2]
-    # Written into `out` in place: four passes over half the tensor each, no temporaries
-    # (Hugging Face's rotate_half allocates three full-size intermediates).
+        o1, o2 = out[..., 0:r:2], out[..., 1:r:2]
+    # Inference path: written into `out` in place, four passes over half the tensor each and no
+    # temporaries (Hugging Face's rotate_half allocates three full-size intermediates).
     torch.mul(x1, c, out=o1)
     o1.addcmul_(x2, s, value=-1)
     torch.mul(x2, c, out=o2)

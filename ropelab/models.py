@@ -1,0 +1,273 @@
+r"""A tiny decoder-only transformer with a pluggable position encoding, and its training loop.
+
+Small and readable on purpose: the notebooks train it on two CPU cores. Position encodings
+(``ModelConfig.pe``):
+
+- ``"none"``: NoPE, causal masking alone (Kazemnejad et al. 2023, arXiv 2305.19466);
+- ``"learned"``: a learned absolute embedding added to the tokens (GPT-2);
+- ``"sinusoidal"``: the fixed absolute encoding of Vaswani et al. 2017 (arXiv 1706.03762);
+- ``"rope"``: rotary embedding of q and k, any style, base or scaling (``ropelab.apply_rope``);
+- ``"alibi"``: a linear distance penalty per head, slopes :math:`2^{-8h/H}` (Press et al. 2021, arXiv 2108.12409);
+- ``"cope"``: Contextual Position Encoding (Golovneva et al. 2024, arXiv 2405.18719; ``ropelab.cope``);
+- ``"cope+rope"``: both.
+
+Attention is computed explicitly (no fused kernel) so notebooks can read the attention maps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .core import apply_rope, check_style
+
+__all__ = ["PE_TYPES", "ModelConfig", "TinyLM", "alibi_slopes", "sinusoidal_table", "train"]
+
+PE_TYPES = ("none", "learned", "sinusoidal", "rope", "alibi", "cope", "cope+rope")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int | None = None  # default 4 * d_model
+    pe: str = "rope"
+    max_len: int = 1024  # table size for learned / sinusoidal
+    rope_style: str = "half"
+    rope_base: float = 10000.0
+    rope_scaling: Mapping[str, Any] | None = None
+    max_position_embeddings: int | None = None  # trained context, for length-dependent scalings
+    cope_npos_max: int = 64
+    cope_per_head: bool = False
+    cope_scale: str = "after"  # position term added after the 1/sqrt(d) scaling (paper's listing)
+    dropout: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.pe not in PE_TYPES:
+            raise ValueError(f"pe must be one of {PE_TYPES}, got {self.pe!r}.")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}.")
+        if (self.d_model // self.n_heads) % 2 and "rope" in self.pe:
+            raise ValueError("RoPE needs an even head dim; change d_model or n_heads.")
+        check_style(self.rope_style)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sinusoidal_table(n_positions: int, d_model: int) -> torch.Tensor:
+    r""":math:`PE_{m, 2i} = \sin(m / 10000^{2i/d})`, :math:`PE_{m, 2i+1} = \cos(m / 10000^{2i/d})` (Vaswani et al. 2017)."""
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    inv = 1.0 / (10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model))
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * inv)
+    table[:, 1::2] = torch.cos(pos * inv)
+    return table.float()
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    r"""ALiBi's head slopes: the geometric sequence :math:`2^{-8h/H}`, h = 1..H, for H a power of two;
+    otherwise the closest power of two's slopes plus every other slope of the next (Press et al. 2021)."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return torch.tensor(power_of_two(n_heads))
+    closest = 2 ** math.floor(math.log2(n_heads))
+    return torch.tensor(power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_heads - closest])
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.cope = None
+        if cfg.pe in ("cope", "cope+rope"):
+            from .cope import CoPE  # the model layer sits above cope in the import graph
+
+            self.cope = CoPE(
+                cfg.cope_npos_max,
+                cfg.head_dim,
+                n_heads=cfg.n_heads if cfg.cope_per_head else None,
+                scale=cfg.cope_scale,
+            )
+        if cfg.pe == "alibi":
+            self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, return_attn: bool = False):
+        cfg = self.cfg
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, cfg.n_heads, cfg.head_dim).permute(2, 0, 3, 1, 4)  # 3 x [b h s d]
+        if "rope" in cfg.pe:
+            rope = dict(
+                layout="b h s d",
+                style=cfg.rope_style,
+                base=cfg.rope_base,
+                rope_scaling=cfg.rope_scaling,
+                max_position_embeddings=cfg.max_position_embeddings,
+            )
+            q, k = apply_rope(q, positions, **rope), apply_rope(k, positions, **rope)
+        qk = q @ k.transpose(-1, -2)  # [b h s s], unscaled
+        mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+        if self.cope is not None:
+            logits = self.cope(q, qk, mask)
+        else:
+            logits = qk / math.sqrt(cfg.head_dim)
+            if cfg.pe == "alibi":
+                dist = (positions[..., :, None] - positions[..., None, :]).to(logits.dtype)  # i - j
+                logits = logits - self.slopes[:, None, None] * dist
+            logits = logits.masked_fill(~mask, float("-inf"))
+        attn = logits.softmax(dim=-1)
+        y = (attn @ v).transpose(1, 2).reshape(b, s, cfg.d_model)
+        return self.out(y), (attn if return_attn else None)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d_ff = cfg.d_ff or 4 * cfg.d_model
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(cfg)
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, d_ff), nn.GELU(), nn.Linear(d_ff, cfg.d_model))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, positions, return_attn=False):
+        a, attn = self.attn(self.ln1(x), positions, return_attn)
+        x = x + self.drop(a)
+        x = x + self.drop(self.mlp(self.ln2(x)))
+        return x, attn
+
+
+class TinyLM(nn.Module):
+    """Decoder-only transformer: token embedding, pre-LN blocks, tied output head."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        if cfg.pe == "learned":
+            self.pos_embed = nn.Embedding(cfg.max_len, cfg.d_model)
+        if cfg.pe == "sinusoidal":
+            self.register_buffer("pos_table", sinusoidal_table(cfg.max_len, cfg.d_model), persistent=False)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None, return_attn: bool = False):
+        """Logits [b, s, vocab] for token ids [b, s]; with ``return_attn`` also each layer's attention [b h s s]."""
+        b, s = idx.shape
+        if positions is None:
+            positions = torch.arange(s, device=idx.device)
+        if self.cfg.pe in ("learned", "sinusoidal") and int(positions.max()) >= self.cfg.max_len:
+            raise ValueError(
+                f"position {int(positions.max())} is past the absolute table (max_len={self.cfg.max_len}); "
+                "raise ModelConfig.max_len."
+            )
+        x = self.embed(idx)
+        if self.cfg.pe == "learned":
+            x = x + self.pos_embed(positions)
+        elif self.cfg.pe == "sinusoidal":
+            x = x + self.pos_table[positions]
+        maps = []
+        for block in self.blocks:
+            x, attn = block(x, positions, return_attn)
+            maps.append(attn)
+        logits = self.ln_f(x) @ self.embed.weight.T
+        return (logits, maps) if return_attn else logits
+
+
+def masked_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy over the positions where ``loss_mask`` is True (all positions when None)."""
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+    if loss_mask is None:
+        return ce.mean()
+    m = loss_mask.reshape(-1).to(ce.dtype)
+    return (ce * m).sum() / m.sum().clamp_min(1)
+
+
+def train(
+    model: TinyLM,
+    sample: Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+    *,
+    steps: int,
+    lr: float = 3e-3,
+    weight_decay: float = 0.01,
+    warmup: int = 50,
+    seed: int = 0,
+    log_every: int = 25,
+    evaluate: Callable[[TinyLM], dict] | None = None,
+    eval_every: int | None = None,
+    progress: bool = True,
+    desc: str = "train",
+) -> list[dict]:
+    """AdamW with linear warm-up and cosine decay; shows a tqdm progress bar.
+
+    ``sample(generator)`` returns ``(inputs, targets, loss_mask)``. Returns the history: one dict per
+    ``log_every`` steps with the step and mean training loss, plus ``evaluate(model)``'s dict every
+    ``eval_every`` steps.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        t = (step - warmup) / max(1, steps - warmup)
+        return 0.5 * (1 + math.cos(math.pi * t)) * 0.9 + 0.1
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    history, running = [], []
+    bar = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(bar, desc=desc, leave=False)
+    for step in bar:
+        model.train()
+        inputs, targets, loss_mask = sample(gen)
+        loss = masked_loss(model(inputs), targets, loss_mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        running.append(loss.item())
+        last = step == steps - 1
+        if (step + 1) % log_every == 0 or last:
+            entry = {"step": step + 1, "loss": sum(running) / len(running)}
+            running = []
+            if evaluate is not None and (last or (eval_every and (step + 1) % eval_every == 0)):
+                model.eval()
+                with torch.no_grad():
+                    entry.update(evaluate(model))
+            history.append(entry)
+            if progress:
+                bar.set_postfix(loss=f"{entry['loss']:.3f}")
+    model.eval()
+    return history
