@@ -1,0 +1,54 @@
+"""pyproject.toml is the single source of dependencies; environment.yml must mirror it."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name
+
+
+def _split(req: str) -> tuple[str, str]:
+    m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$", req)
+    return m.group(1).lower(), m.group(2).replace(" ", "")
+
+
+def test_environment_yml_mirrors_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    want_conda = dict(_split(r) for r in project["dependencies"] + project["optional-dependencies"]["notebooks"])
+    want_conda = {CONDA_NAMES.get(k, k): v.replace("==", "=") for k, v in want_conda.items()}
+    want_pip = dict(_split(r) for r in project["optional-dependencies"]["dev"])
+
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    conda, pip = {}, {}
+    for dep in env["dependencies"]:
+        if isinstance(dep, dict):
+            pip.update(_split(r) for r in dep["pip"] if not r.startswith("-e"))
+        else:
+            name, spec = _split(dep)
+            if name not in ("python", "pip"):
+                conda[name] = spec
+    assert conda == want_conda
+    assert pip == want_pip
+
+
+def test_gpu_extra_is_opt_in():
+    """flash-attn cannot build without CUDA: only the gpu extra may name it or triton."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for group, reqs in [("core", project["dependencies"])] + [
+        (k, v) for k, v in project["optional-dependencies"].items() if k != "gpu"
+    ]:
+        names = {_split(r)[0] for r in reqs}
+        assert not names & {"flash-attn", "flash_attn", "triton", "ropelab"}, group
+    assert "flash-attn" in {_split(r)[0] for r in project["optional-dependencies"]["gpu"]}
+
+
+def test_torch_is_not_pinned_in_pyproject_but_in_the_makefile():
+    """An unpinned torch pulls a CUDA build; the Makefile pins the CPU build (overridable)."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^TORCH_SPEC \?= torch==2\.13\.0$", makefile, re.M)
+    assert (ROOT / ".ci" / "run").read_text().strip().endswith("make test")
