@@ -255,7 +255,9 @@ def resolve_positions(
             axes = ("b", seq)
         p = p + off.to(p.device)[:, None]
     else:
-        raise ValueError(f"offset must be an int or a 1-D tensor with one entry per batch element, got {tuple(off.shape)}.")
+        raise ValueError(
+            f"offset must be an int or a 1-D tensor with one entry per batch element, got {tuple(off.shape)}."
+        )
     return p, axes
 
 

@@ -89,11 +89,14 @@ def notebooks(only: list[str] | None = None) -> list[Path]:
 def _inject_parameters(nb, smoke: bool, figures_dir: Path) -> None:
     import nbformat
 
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
-            break
-    else:
+    tagged = [
+        i
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])
+    ]
+    if not tagged:
         raise ValueError("the notebook has no cell tagged 'parameters' (it must set SMOKE and FIGURES_DIR)")
+    i = tagged[0]
     src = f"# injected by ropelab.figures\nSMOKE = {smoke!r}\nFIGURES_DIR = {str(figures_dir)!r}\n"
     injected = nbformat.v4.new_code_cell(src, metadata={"tags": ["injected-parameters"]})
     nb.cells.insert(i + 1, injected)

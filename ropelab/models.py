@@ -69,7 +69,8 @@ class ModelConfig:
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> torch.Tensor:
-    r""":math:`PE_{m, 2i} = \sin(m / 10000^{2i/d})`, :math:`PE_{m, 2i+1} = \cos(m / 10000^{2i/d})` (Vaswani et al. 2017)."""
+    r"""Vaswani et al. 2017: :math:`PE_{m, 2i} = \sin(m / 10000^{2i/d})`,
+    :math:`PE_{m, 2i+1} = \cos(m / 10000^{2i/d})`."""
     pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
     inv = 1.0 / (10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model))
     table = torch.zeros(n_positions, d_model, dtype=torch.float64)

@@ -1,0 +1,51 @@
+"""The notebook runner and plot helpers: parameters are injected, sources untouched, output byte-stable."""
+
+from __future__ import annotations
+
+import hashlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import nbformat  # noqa: E402
+import pytest  # noqa: E402
+
+from ropelab import figures  # noqa: E402
+
+
+def _digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_save_is_byte_stable(tmp_path):
+    figures.setup()
+    digests = []
+    for run in range(2):
+        fig, ax = plt.subplots()
+        ax.plot([0, 1, 2], [1, 0, 1])
+        png, svg = figures.save(fig, "probe", tmp_path / str(run))
+        plt.close(fig)
+        digests.append((_digest(png), _digest(svg)))
+        assert b"Date" not in svg.read_bytes()
+    assert digests[0] == digests[1]
+
+
+def test_parameters_are_injected_after_the_tagged_cell(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# t"),
+        nbformat.v4.new_code_cell('SMOKE = False\nFIGURES_DIR = "../figures"', metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("x = 1"),
+    ]
+    figures._inject_parameters(nb, True, tmp_path)
+    assert nb.cells[2].metadata["tags"] == ["injected-parameters"]
+    assert "SMOKE = True" in nb.cells[2].source and str(tmp_path) in nb.cells[2].source
+    with pytest.raises(ValueError, match="tagged 'parameters'"):
+        figures._inject_parameters(nbformat.v4.new_notebook(), True, tmp_path)
+
+
+def test_unknown_notebook_name_is_reported():
+    with pytest.raises(SystemExit, match="no notebook named"):
+        figures.notebooks(["99_does_not_exist"])
+    assert figures.notebooks() == sorted(figures.notebooks())
