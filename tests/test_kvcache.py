@@ -1,0 +1,136 @@
+"""KV-cache policies under dynamic NTK (and longrope): Hugging Face parity, consistency, pure re-rotation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ropelab import apply_rope
+from ropelab.kvcache import POLICIES, HFLlamaAdapter, RopeSchedule, RotaryKVCache, decode, full_forward
+
+transformers = pytest.importorskip("transformers")
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+L0, PROMPT, T = 32, 8, 80
+
+
+def tiny_llama(layers: int, seed: int = 0, rope=None) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=L0,
+        rope_parameters=rope or {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+def hf_cached_logits(model, ids, prompt_len):
+    with torch.no_grad():
+        out = model(ids[:, :prompt_len], use_cache=True)
+        logits, cache = [out.logits], out.cache
+        for t in range(prompt_len, ids.shape[1]):
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
+            logits.append(out.logits)
+            cache = out.cache
+    return torch.cat(logits, dim=1)
+
+
+@pytest.fixture(scope="module")
+def llama2():
+    model = tiny_llama(2)
+    ids = torch.randint(0, 97, (2, T), generator=torch.Generator().manual_seed(1))
+    return model, ids
+
+
+def test_post_rope_reproduces_hf_dynamic_ntk_cached_decoding(llama2):
+    model, ids = llama2
+    hf = hf_cached_logits(model, ids, PROMPT)
+    ad = HFLlamaAdapter(model)
+    mine = decode(ad, ids, ad.schedule(), "post_rope", prompt_len=PROMPT)
+    per_step = (mine - hf).abs().amax(dim=(0, 2))
+    assert per_step.max() < 1e-5, per_step
+    # The consistent policies do not reproduce it past L0, by far more than the tolerance: the test can fail.
+    consistent = decode(ad, ids, ad.schedule(), "recompute", prompt_len=PROMPT)
+    gap = (consistent - hf).abs().amax(dim=(0, 2))
+    assert gap[:L0].max() < 1e-5 and gap[L0 + 1 :].min() > 1e-5 and gap.max() > 1e-4
+
+
+def test_consistent_policies_match_a_full_forward_at_the_current_base():
+    """One layer: the cache then holds exactly what a full forward computes, so a consistent cache must
+    give, at every step L, the last-token logits of Hugging Face's own full forward over L tokens
+    (which uses b(L) for every position)."""
+    model = tiny_llama(1)
+    ids = torch.randint(0, 97, (1, T), generator=torch.Generator().manual_seed(2))
+    ad = HFLlamaAdapter(model)
+    with torch.no_grad():
+        full = torch.stack([model(ids[:, :n]).logits[:, -1] for n in range(PROMPT, T + 1)], dim=1)
+    for policy in ("recompute", "rope_on_load"):
+        got = decode(ad, ids, ad.schedule(), policy, prompt_len=PROMPT)[:, PROMPT - 1 :]
+        assert (got - full).abs().max() < 1e-5, policy
+    post = decode(ad, ids, ad.schedule(), "post_rope", prompt_len=PROMPT)[:, PROMPT - 1 :]
+    assert (post - full).abs()[:, L0 + 1 - PROMPT :].amax(dim=(0, 2)).min() > 1e-5  # inconsistent past L0
+
+
+def test_bucketed_matches_a_full_forward_with_the_bucketed_schedule():
+    model = tiny_llama(1)
+    ids = torch.randint(0, 97, (1, T), generator=torch.Generator().manual_seed(3))
+    ad = HFLlamaAdapter(model)
+    sched = ad.schedule(bucket_growth=2.0)
+    assert [sched.effective_length(n) for n in (20, 32, 33, 64, 65, 80)] == [20, 32, 64, 64, 128, 128]
+    got, cache = decode(ad, ids, sched, "bucketed", prompt_len=PROMPT, return_cache=True)
+    want = torch.stack([full_forward(ad, ids[:, :n], sched)[:, -1] for n in range(PROMPT, T + 1)], dim=1)
+    assert (got[:, PROMPT - 1 :] - want).abs().max() < 1e-5
+    assert cache.rerotations == 2  # at L = 33 (-> 64) and L = 65 (-> 128), one layer
+    # and it is not the unbucketed schedule
+    plain = decode(ad, ids, ad.schedule(), "recompute", prompt_len=PROMPT)
+    assert (plain - got).abs()[:, L0:].max() > 1e-4
+
+
+def test_multilayer_consistent_policies_agree(llama2):
+    model, ids = llama2
+    ad = HFLlamaAdapter(model)
+    a = decode(ad, ids, ad.schedule(), "recompute", prompt_len=PROMPT)
+    b = decode(ad, ids, ad.schedule(), "rope_on_load", prompt_len=PROMPT)
+    assert (a - b).abs().max() < 1e-5
+
+
+def test_rerotation_is_a_pure_rotation():
+    """longrope switches from short to long factors past L0 with attention factor a != 1. Re-rotating the
+    cached keys must apply the angle difference only: applying a again would scale keys by a^2."""
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16, "factor": 4.0,
+            "short_factor": [1.0] * 8, "long_factor": [1.0 + 0.7 * i for i in range(8)]}
+    sched = RopeSchedule(head_dim=16, rope_scaling=rope, max_position_embeddings=64, bucket_growth=2.0)
+    _, af = sched.at(40)
+    assert af > 1.05
+    cache = RotaryKVCache(sched, "bucketed", n_layers=1)
+    gen = torch.Generator().manual_seed(4)
+    raw = torch.randn(1, 2, 40, 16, generator=gen, dtype=torch.float64)
+    for t in range(40):  # decode one key at a time, crossing L0 = 16 at t = 16
+        q = torch.randn(1, 2, 1, 16, generator=gen, dtype=torch.float64)
+        cache.step(0, q, raw[:, :, t : t + 1], raw[:, :, t : t + 1], torch.tensor([t]), t + 1)
+    assert cache.rerotations == 1  # short -> long factors once, at L = 17 (bucket 32); 32 -> 64 changes nothing
+    inv, af = sched.at(40)
+    want = apply_rope(raw, layout="b h s d", rope_scaling=rope, max_position_embeddings=64, seq_len=64)
+    assert torch.allclose(cache.k[0].view(), want, atol=1e-12)
+    assert torch.allclose(cache.k[0].view().norm(dim=-1), af * raw.norm(dim=-1), rtol=1e-12)
+
+
+def test_byte_counters_and_errors():
+    model = tiny_llama(1)
+    ad = HFLlamaAdapter(model)
+    ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(5))
+    traffic = {}
+    for policy in POLICIES:
+        sched = ad.schedule(bucket_growth=2.0) if policy == "bucketed" else ad.schedule()
+        _, cache = decode(ad, ids, sched, policy, prompt_len=8, return_cache=True)
+        traffic[policy] = (cache.bytes_read, cache.bytes_written)
+    per_key = 2 * 16 * 4  # kv heads * head_dim * float32
+    n_reads = sum(range(8, 41)) - 7 * 0  # prefill reads 8 keys once, then 9, 10, ..., 40
+    assert traffic["post_rope"] == (n_reads * per_key, 40 * per_key)
+    assert traffic["rope_on_load"] == traffic["post_rope"]
+    assert traffic["recompute"] == (2 * n_reads * per_key, (40 + n_reads) * per_key)
+    assert traffic["post_rope"][0] < traffic["bucketed"][0] < traffic["recompute"][0]
+    with pytest.raises(ValueError, match="bucket_growth"):
+        decode(ad, ids, ad.schedule(), "bucketed")
+    with pytest.raises(ValueError, match="policy must be one of"):
+        RotaryKVCache(ad.schedule(), "lazy", 1)
