@@ -1,6 +1,7 @@
 """Benchmarks: ratios measured in one run on the same inputs (not timed tests).
 
     python -m ropelab.bench cpu [--shape 1 32 4096 128] [--repeats 20] [--out data/bench/cpu.json]
+    python -m ropelab.bench decode [--lengths 1024 4096 16384 32768] [--batches 1 8] [--out data/bench/decode.json]
 
 ``cpu`` times, on the same q and k ([b, h, s, d] float32 by default, the issue's Llama-7B-like head
 shape): a plain clone of q and k (the memory-traffic floor), ``ropelab.apply_rope`` (tables included),
@@ -143,6 +144,90 @@ def bench_cpu(shape=(1, 32, 4096, 128), repeats: int = 20, threads: int = 2, com
     }
 
 
+def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 8), head_dim=128,
+                 repeats: int = 3, threads: int = 2, l0: int = 4096, factor: float = 8.0) -> dict:
+    """Time one decoding step of one attention layer at each cached length, for the four cache policies.
+
+    Llama-3-8B-like heads (32 query heads, 8 key/value heads, d = 128), dynamic NTK past ``l0``. The
+    cache is filled with L - 1 random keys and values (their values do not change the work), then
+    ``RotaryKVCache.step`` appends the L-th token and attends over all L. ``bucketed`` is reported
+    twice: its ordinary step, and amortised, adding the boundary re-rotation at L spread over the L
+    steps until the next doubling (growth 2). Bytes are the cached-key traffic the policy's counters report.
+    """
+    from .kvcache import RopeSchedule, RotaryKVCache
+
+    torch.manual_seed(0)
+    torch.set_num_threads(threads)
+    hq, hkv = heads
+    rope = {"rope_type": "dynamic", "factor": factor}
+    rows = []
+    for b in batches:
+        for length in lengths:
+            n = length - 1
+            keys = torch.randn(b, hkv, n, head_dim)
+            values = torch.randn(b, hkv, n, head_dim)
+            q = torch.randn(b, hq, 1, head_dim)
+            k1, v1 = torch.randn(b, hkv, 1, head_dim), torch.randn(b, hkv, 1, head_dim)
+            step_ms = {}
+            for policy in ("post_rope", "bucketed", "recompute", "rope_on_load"):
+                growth = 2.0 if policy == "bucketed" else None
+                sched = RopeSchedule(head_dim, rope_scaling=rope, max_position_embeddings=l0, bucket_growth=growth)
+                times, traffic = [], None
+                for _ in range(repeats + 1):  # the first call warms up
+                    cache = RotaryKVCache(sched, policy, 1)
+                    for store, src in ((cache.k[0], keys), (cache.v[0], values)):
+                        store.buf = torch.empty(b, hkv, n + 8, head_dim)
+                        store.buf[:, :, :n] = src
+                        store.n = n
+                    cache.frame[0] = sched.at(length)  # steady state: the cached keys are in the current frame
+                    t0 = time.perf_counter()
+                    cache.step(0, q, k1, v1, torch.tensor([length - 1]), length)
+                    times.append(time.perf_counter() - t0)
+                    traffic = cache.bytes_read + cache.bytes_written
+                step_ms[policy] = statistics.median(times[1:]) * 1e3
+                rows.append({"batch": b, "cached_tokens": length, "policy": policy,
+                             "step_ms": step_ms[policy], "key_bytes_per_step": traffic})
+                if policy == "bucketed":
+                    # The boundary step: re-rotate n keys from the frame of L/2 to the frame of L.
+                    cache = RotaryKVCache(sched, policy, 1)
+                    cache.k[0].buf, cache.k[0].n = keys.clone(), n
+                    cache.frame[0] = sched.at(max(l0, length // 2))
+                    inv, af = sched.at(length)
+                    t0 = time.perf_counter()
+                    old_inv, old_af = cache.frame[0]
+                    cache.k[0].buf[:, :, :n] = cache._rope(keys, torch.arange(n), inv - old_inv, af / old_af)
+                    rerotate_ms = (time.perf_counter() - t0) * 1e3
+                    amortised = step_ms[policy] + rerotate_ms / max(length, 1)
+                    rows.append({"batch": b, "cached_tokens": length, "policy": "bucketed (amortised)",
+                                 "step_ms": amortised, "rerotate_ms": rerotate_ms,
+                                 "key_bytes_per_step": traffic + 2 * keys.numel() * 4 / max(length, 1)})
+            del keys, values
+    base = {(r["batch"], r["cached_tokens"]): r["step_ms"] for r in rows if r["policy"] == "post_rope"}
+    for r in rows:
+        r["ratio_to_post_rope"] = r["step_ms"] / base[(r["batch"], r["cached_tokens"])]
+    return {
+        "benchmark": "decode",
+        "heads_q_kv": [hq, hkv],
+        "head_dim": head_dim,
+        "dtype": "float32",
+        "rope_scaling": rope,
+        "l0": l0,
+        "repeats": repeats,
+        "machine": machine_info(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "rows": rows,
+    }
+
+
+def print_decode(result: dict) -> None:
+    print(f"one decoding step, one layer, heads {result['heads_q_kv']} (q, kv), d={result['head_dim']}, "
+          f"dynamic NTK past {result['l0']}, {result['machine']['torch_threads']} threads, {result['machine']['cpu']}")
+    print(f"{'batch':>5s} {'cached':>7s} {'policy':22s} {'ms/step':>9s} {'x post_rope':>11s} {'key MB/step':>11s}")
+    for r in result["rows"]:
+        print(f"{r['batch']:5d} {r['cached_tokens']:7d} {r['policy']:22s} {r['step_ms']:9.2f} "
+              f"{r['ratio_to_post_rope']:11.2f} {r['key_bytes_per_step'] / 1e6:11.2f}")
+
+
 def print_table(result: dict) -> None:
     print(f"RoPE on q and k, shape {result['shape_bhsd']} (b h s d) float32, "
           f"{result['machine']['torch_threads']} threads, {result['machine']['cpu']}")
@@ -164,7 +249,23 @@ def main(argv: list[str] | None = None) -> int:
     cpu.add_argument("--threads", type=int, default=2)
     cpu.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     cpu.add_argument("--out", default=str(REPO / "data" / "bench" / "cpu.json"))
+    dec = sub.add_parser("decode", help="time per decoding step for the four KV-cache policies")
+    dec.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
+    dec.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    dec.add_argument("--heads", type=int, nargs=2, default=[32, 8], metavar=("Q", "KV"))
+    dec.add_argument("--head-dim", type=int, default=128)
+    dec.add_argument("--repeats", type=int, default=3)
+    dec.add_argument("--threads", type=int, default=2)
+    dec.add_argument("--out", default=str(REPO / "data" / "bench" / "decode.json"))
     args = parser.parse_args(argv)
+    if args.which == "decode":
+        result = bench_decode(tuple(args.lengths), tuple(args.batches), tuple(args.heads), args.head_dim,
+                              args.repeats, args.threads, l0=min(4096, min(args.lengths)))
+        print_decode(result)
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {out}")
     if args.which == "cpu":
         result = bench_cpu(tuple(args.shape), args.repeats, args.threads, compile=not args.no_compile)
         print_table(result)
