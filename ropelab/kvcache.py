@@ -51,6 +51,11 @@ __all__ = [
     "decode",
     "full_forward",
     "phase_error",
+    "effective_position",
+    "pair_energy",
+    "write_lengths",
+    "DriftProbe",
+    "drift_probe",
 ]
 
 POLICIES = ("post_rope", "recompute", "bucketed", "rope_on_load")
@@ -117,20 +122,45 @@ class RopeSchedule:
                         self.max_position_embeddings, float(sc["factor"]))
 
 
-def phase_error(schedule: RopeSchedule, key_positions: torch.Tensor, length: int) -> torch.Tensor:
-    r"""Phase error of post-RoPE cached keys against the current frame, :math:`\varepsilon_i(m, L) =
-    m\,(\omega_i(L) - \omega_i(L_m))`, shape [len(key_positions), r/2], float64.
+def write_lengths(length: int, prompt_len: int = 1) -> torch.Tensor:
+    """:math:`L_m`, the length at which the key at position m entered the cache: the prompt's keys all
+    enter at ``prompt_len``, each decoded key at m + 1."""
+    return torch.arange(length).add(1).clamp(min=prompt_len)
 
-    A key at position m entered the cache at length :math:`L_m = m + 1` (decode) and was rotated with
-    :math:`\omega(L_m)`; prompt keys (m < prompt length) share the prompt's frequencies, which callers
-    model by passing the prompt's length in ``key_positions`` order (see notebook 05).
-    """
+
+def _inv_at_lengths(schedule: RopeSchedule, lengths: torch.Tensor) -> torch.Tensor:
+    cache: dict[int, torch.Tensor] = {}
+    rows = []
+    for n in lengths.tolist():
+        if n not in cache:
+            cache[n] = schedule.at(n)[0]
+        rows.append(cache[n])
+    return torch.stack(rows)
+
+
+def phase_error(schedule: RopeSchedule, length: int, prompt_len: int = 1) -> torch.Tensor:
+    r"""Phase error of every post-RoPE cached key against the current query's frame at length L,
+    :math:`\varepsilon_i(m, L) = m\,(\omega_i(L) - \omega_i(L_m))`, shape [L, r/2] (key position, pair), float64."""
     inv_now, _ = schedule.at(length)
-    out = []
-    for m in key_positions.tolist():
-        inv_then, _ = schedule.at(int(m) + 1)
-        out.append(m * (inv_now - inv_then))
-    return torch.stack(out)
+    inv_then = _inv_at_lengths(schedule, write_lengths(length, prompt_len))
+    m = torch.arange(length, dtype=torch.float64)[:, None]
+    return m * (inv_now[None, :] - inv_then)
+
+
+def effective_position(schedule: RopeSchedule, length: int, prompt_len: int = 1) -> torch.Tensor:
+    r"""The position each pair *sees* for an old key in the current frame, :math:`m_i^{eff} = m\,
+    \omega_i(L_m) / \omega_i(L)`, shape [L, r/2]: the warp a stale key undergoes (m itself when consistent)."""
+    inv_now, _ = schedule.at(length)
+    inv_then = _inv_at_lengths(schedule, write_lengths(length, prompt_len))
+    return torch.arange(length, dtype=torch.float64)[:, None] * inv_then / inv_now[None, :]
+
+
+def pair_energy(x: torch.Tensor, style: str = "half") -> torch.Tensor:
+    """Mean norm of each rotary pair of ``x`` [..., d] over all leading dims, shape [d/2]."""
+    from .core import pair_indices
+
+    a, b = pair_indices(x.shape[-1], style)
+    return torch.sqrt(x[..., a].double() ** 2 + x[..., b].double() ** 2).reshape(-1, a.numel()).mean(0)
 
 
 def _rope(x: torch.Tensor, positions: torch.Tensor, inv: torch.Tensor, af: float, style: str, angle_dtype):
@@ -256,6 +286,42 @@ def attend(q, keys, values, q_pos, key_pos) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 # Adapters and drivers
 # --------------------------------------------------------------------------------------------------
+
+
+class DriftProbe(RotaryKVCache):
+    """A ``post_rope`` cache that also keeps the raw keys, and at every step and layer measures what the
+    consistent frame would have given for the *same* query and keys: the KL divergence
+    KL(consistent || post_rope) of the last query's attention and the largest absolute logit error."""
+
+    def __init__(self, schedule: RopeSchedule, n_layers: int):
+        super().__init__(schedule, "post_rope", n_layers)
+        self.raw = [_Store() for _ in range(n_layers)]
+        self.kl: list[list[float]] = [[] for _ in range(n_layers)]
+        self.logit_err: list[list[float]] = [[] for _ in range(n_layers)]
+
+    def step(self, layer, q, k, v, positions, length):
+        out = super().step(layer, q, k, v, positions, length)
+        self.raw[layer].append(k)
+        inv, af = self.schedule.at(length)
+        q_rot = self._rope(q[:, :, -1:], positions[-1:], inv, af)
+        key_pos = torch.arange(self.raw[layer].n)
+        s_stale = _scores(q_rot, self.k[layer].view())
+        s_true = _scores(q_rot, self._rope(self.raw[layer].view(), key_pos, inv, af))
+        p_true, p_stale = s_true.log_softmax(-1), s_stale.log_softmax(-1)
+        self.kl[layer].append(float((p_true.exp() * (p_true - p_stale)).sum(-1).mean()))
+        self.logit_err[layer].append(float((s_true - s_stale).abs().max()))
+        return out
+
+
+@torch.no_grad()
+def drift_probe(adapter, ids: torch.Tensor, schedule: RopeSchedule, *, prompt_len: int = 1) -> DriftProbe:
+    """Run post_rope (Hugging Face's) cached decoding and return the probe with per-layer, per-step KL and
+    logit error of the stale frame against the consistent one."""
+    probe = DriftProbe(schedule, adapter.n_layers)
+    _run(adapter, probe, ids[:, :prompt_len], torch.arange(prompt_len), prompt_len)
+    for t in range(prompt_len, ids.shape[1]):
+        _run(adapter, probe, ids[:, t : t + 1], torch.tensor([t]), t + 1)
+    return probe
 
 
 class TinyLMAdapter:

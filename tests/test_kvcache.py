@@ -134,3 +134,31 @@ def test_byte_counters_and_errors():
         decode(ad, ids, ad.schedule(), "bucketed")
     with pytest.raises(ValueError, match="policy must be one of"):
         RotaryKVCache(ad.schedule(), "lazy", 1)
+
+
+def test_phase_error_and_warp_against_a_direct_computation():
+    from ropelab import frequencies
+    from ropelab.kvcache import effective_position, phase_error
+
+    sched = RopeSchedule(head_dim=16, rope_scaling={"rope_type": "dynamic", "factor": 4.0}, max_position_embeddings=32)
+    eps = phase_error(sched, 100, prompt_len=10)
+    warp = effective_position(sched, 100, prompt_len=10)
+    inv = lambda n: frequencies(16, rope_scaling=sched.rope_scaling, seq_len=n, max_position_embeddings=32)[0]
+    for m in (0, 5, 9, 10, 31, 32, 60, 99):
+        written = max(10, m + 1)
+        assert torch.allclose(eps[m], m * (inv(100) - inv(written)), atol=1e-15)
+        assert torch.allclose(warp[m], m * inv(written) / inv(100))
+    assert eps[0].abs().max() == 0 and eps[99].abs().max() == 0  # position 0, and the newest key, never drift
+    assert eps[60].abs().max() > 0.1
+
+
+def test_drift_probe_sees_no_drift_below_l0_and_some_above(llama2):
+    from ropelab.kvcache import drift_probe
+
+    model, ids = llama2
+    ad = HFLlamaAdapter(model)
+    probe = drift_probe(ad, ids, ad.schedule(), prompt_len=PROMPT)
+    kl = torch.tensor(probe.kl)  # [layers, steps]; step j is the forward at length PROMPT + j
+    assert kl.shape == (2, T - PROMPT + 1)
+    assert kl[:, : L0 - PROMPT + 1].abs().max() < 1e-9
+    assert kl[:, L0 - PROMPT + 2 :].min() > 0

@@ -1,0 +1,199 @@
+"""A small byte-level causal LM trained here on a real corpus, for the context-extension study (notebook 05).
+
+The corpus is the Python Language Reference as CPython ships it for ``pydoc`` (``pydoc_data/topics.py``,
+PSF License 2.0; about 465 kB of English technical prose), written to ``data/corpus/`` by
+``build_corpus``. The model is ``ropelab.models.TinyLM`` with RoPE, trained at context ``L0 = 256``.
+
+    python -m ropelab.lm corpus       # (re)build data/corpus/python_reference.txt
+    python -m ropelab.lm train        # train and write data/lm/tinylm_rope_L256.pt (+ history JSON)
+    python -m ropelab.lm eval         # per-position loss to 4 x L0 under every scheme -> data/lm/eval.json
+
+``make lm`` runs all three.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .figures import DATA_DIR
+from .kvcache import POLICIES, TinyLMAdapter, decode
+from .models import ModelConfig, TinyLM, masked_loss, train
+from .scaling import ntk_base
+
+CORPUS = DATA_DIR / "corpus" / "python_reference.txt"
+LM_DIR = DATA_DIR / "lm"
+CHECKPOINT = LM_DIR / "tinylm_rope_L256.pt"
+L0 = 256
+SCALE = 4.0  # extend L0 -> 4 L0
+
+
+def build_corpus(out: Path = CORPUS) -> Path:
+    """Write the Python Language Reference topics (CPython's ``pydoc_data``) as one UTF-8 text file."""
+    import pydoc_data.topics as topics
+
+    text = "\n\n".join(topics.topics[k].strip() for k in sorted(topics.topics))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n", encoding="utf-8")
+    return out
+
+
+def load_corpus(path: Path = CORPUS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, validation) byte tensors: the first 90 % and the last 10 % of the corpus."""
+    data = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8).long()
+    cut = int(0.9 * data.numel())
+    return data[:cut], data[cut:]
+
+
+def model_config(**overrides) -> ModelConfig:
+    kw = dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, pe="rope", rope_style="half",
+              rope_base=10000.0, max_position_embeddings=L0)
+    kw.update(overrides)
+    return ModelConfig(**kw)
+
+
+def train_lm(steps: int = 1500, batch: int = 16, seed: int = 0, out: Path = CHECKPOINT, progress: bool = True,
+             **cfg_overrides) -> tuple[TinyLM, list[dict]]:
+    """Train TinyLM at context L0 on random windows of the training split; save a float32 checkpoint."""
+    torch.manual_seed(seed)
+    train_data, val_data = load_corpus()
+    cfg = model_config(**cfg_overrides)
+    model = TinyLM(cfg)
+
+    def sample(gen):
+        starts = torch.randint(0, train_data.numel() - L0 - 1, (batch,), generator=gen)
+        window = torch.stack([train_data[s : s + L0 + 1] for s in starts.tolist()])
+        return window[:, :-1], window[:, 1:], None
+
+    def evaluate(m):
+        ids = val_windows(val_data, 16, L0, seed=1)
+        with torch.no_grad():
+            return {"val_loss": float(masked_loss(m(ids[:, :-1]), ids[:, 1:]))}
+
+    t0 = time.perf_counter()
+    history = train(model, sample, steps=steps, lr=3e-3, warmup=100, seed=seed, log_every=50, evaluate=evaluate,
+                    eval_every=250, progress=progress, desc="train LM")
+    seconds = time.perf_counter() - t0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"config": cfg.to_dict(), "state_dict": model.state_dict()}, out)
+    meta = {"steps": steps, "batch": batch, "context": L0, "seed": seed, "train_seconds": round(seconds, 1),
+            "threads": torch.get_num_threads(), "parameters": sum(p.numel() for p in model.parameters()),
+            "history": history}
+    out.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    return model, history
+
+
+def load_lm(path: Path = CHECKPOINT) -> TinyLM:
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    model = TinyLM(ModelConfig(**ckpt["config"]))
+    model.load_state_dict(ckpt["state_dict"])
+    return model.eval()
+
+
+def val_windows(val_data: torch.Tensor, n: int, length: int, seed: int = 0) -> torch.Tensor:
+    """``n`` evenly spaced windows of ``length + 1`` bytes from the validation split (deterministic)."""
+    if val_data.numel() < length + 1:
+        raise ValueError(f"validation split has {val_data.numel()} bytes, fewer than a window of {length + 1}.")
+    starts = torch.linspace(0, val_data.numel() - length - 1, n).long() + seed
+    starts = starts.clamp(max=val_data.numel() - length - 1)
+    return torch.stack([val_data[s : s + length + 1] for s in starts.tolist()])
+
+
+def schemes(head_dim: int) -> dict[str, dict]:
+    """The context-extension schemes compared, each as (base, rope_scaling, cache policy or None for full)."""
+    ntk = ntk_base(10000.0, head_dim, SCALE * L0, L0, SCALE)  # NTK-aware: b * s^(r/(r-2)), fixed
+    out = {
+        "no scaling": dict(base=10000.0, rope_scaling=None),
+        "linear (PI)": dict(base=10000.0, rope_scaling={"rope_type": "linear", "factor": SCALE}),
+        "NTK-aware": dict(base=ntk, rope_scaling=None),
+        "YaRN": dict(base=10000.0, rope_scaling={"rope_type": "yarn", "factor": SCALE,
+                                                  "original_max_position_embeddings": L0}),
+        "dynamic NTK, full sequence": dict(base=10000.0, rope_scaling={"rope_type": "dynamic", "factor": SCALE}),
+    }
+    for policy in POLICIES:
+        out[f"dynamic NTK, cache {policy}"] = dict(base=10000.0, policy=policy,
+                                                   rope_scaling={"rope_type": "dynamic", "factor": SCALE})
+    return out
+
+
+@contextlib.contextmanager
+def rope_settings(model: TinyLM, base: float, rope_scaling):
+    """Temporarily run ``model`` with another base / scaling (all layers share one config object)."""
+    cfg = model.cfg
+    old = (cfg.rope_base, cfg.rope_scaling)
+    cfg.rope_base, cfg.rope_scaling = base, rope_scaling
+    try:
+        yield model
+    finally:
+        cfg.rope_base, cfg.rope_scaling = old
+
+
+@torch.no_grad()
+def per_position_loss(model: TinyLM, ids: torch.Tensor, scheme: dict, prompt_len: int = 1) -> torch.Tensor:
+    """Cross-entropy at every position [n, T] for windows ``ids`` [n, T + 1] under one scheme."""
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    with rope_settings(model, scheme["base"], scheme["rope_scaling"]):
+        policy = scheme.get("policy")
+        if policy is None:
+            logits = model(inputs)
+        else:
+            adapter = TinyLMAdapter(model)
+            sched = adapter.schedule(bucket_growth=2.0 if policy == "bucketed" else None)
+            logits = decode(adapter, inputs, sched, policy, prompt_len=prompt_len)
+    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+
+
+def evaluate_schemes(model: TinyLM, n: int = 8, length: int = int(SCALE * L0), progress: bool = True) -> dict:
+    """Mean per-position loss for every scheme on ``n`` validation windows of ``length`` tokens."""
+    _, val_data = load_corpus()
+    ids = val_windows(val_data, n, length)
+    result = {"n_windows": n, "length": length, "L0": L0, "scale": SCALE, "loss": {}}
+    items = schemes(model.cfg.head_dim).items()
+    if progress:
+        from tqdm.auto import tqdm
+
+        items = tqdm(list(items), desc="schemes", leave=False)
+    for name, scheme in items:
+        loss = per_position_loss(model, ids, scheme)
+        result["loss"][name] = loss.mean(0).tolist()
+    return result
+
+
+def summarize(result: dict, edges=(0, 256, 512, 768, 1024)) -> dict[str, list[float]]:
+    """Mean loss (nats per byte) per position band [edges[i], edges[i+1])."""
+    out = {}
+    for name, curve in result["loss"].items():
+        c = torch.tensor(curve)
+        out[name] = [float(c[a:b].mean()) for a, b in zip(edges[:-1], edges[1:]) if a < c.numel()]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ropelab.lm", description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=["corpus", "train", "eval"])
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.what == "corpus":
+        print(f"wrote {build_corpus()}")
+    elif args.what == "train":
+        _, history = train_lm(steps=args.steps)
+        print(f"final: {history[-1]}; wrote {CHECKPOINT}")
+    else:
+        result = evaluate_schemes(load_lm())
+        (LM_DIR / "eval.json").write_text(json.dumps(result) + "\n")
+        for name, bands in summarize(result).items():
+            print(f"{name:40s} " + " ".join(f"{x:6.3f}" for x in bands) + f"   ppl@end {math.exp(bands[-1]):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
