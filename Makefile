@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= notebooks,dev
 JOBS ?= 2
 
-.PHONY: setup test lint figures figures-smoke lab bench clean
+.PHONY: setup test lint figures figures-smoke lab bench lm clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,13 @@ lab: setup
 
 bench: setup
 	$(PY) -m ropelab.bench cpu
+	$(PY) -m ropelab.bench decode
+
+# Retrain notebook 05's language model (about 20 minutes on 2 cores) and re-evaluate it.
+lm: setup
+	$(PY) -m ropelab.lm corpus
+	$(PY) -m ropelab.lm train --threads 2
+	$(PY) -m ropelab.lm eval
 
 clean:
 	rm -rf build .pytest_cache .hypothesis
