@@ -98,6 +98,26 @@ def _dynamic(rotary_dim, base, params, seq_len, max_pos, dtype):
     return default_inv_freq(rotary_dim, new_base, dtype), 1.0
 
 
+def _original_and_factor(params: ScalingParams, max_pos: int | None) -> tuple[int, float]:
+    """The pretraining context :math:`L_0` and the extension factor s of yarn / longrope: the dict's
+    ``original_max_position_embeddings`` (else ``max_position_embeddings``) and ``factor`` (else
+    ``max_position_embeddings / L_0``), as Hugging Face resolves them."""
+    original = params.get("original_max_position_embeddings") or max_pos
+    if original is None:
+        raise ValueError(
+            f"rope_type {params.rope_type!r} needs original_max_position_embeddings (the pretraining context); "
+            "add it to the dict or pass max_position_embeddings=..."
+        )
+    factor = params.get("factor")
+    if factor is None:
+        if max_pos is None:
+            raise ValueError(
+                f"rope_type {params.rope_type!r} needs 'factor' (or max_position_embeddings to derive it)."
+            )
+        factor = max_pos / original
+    return original, float(factor)
+
+
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
@@ -117,18 +137,7 @@ def _yarn(rotary_dim, base, params, seq_len, max_pos, dtype):
     Peng, Quesnelle, Fan, Shippole 2023, "YaRN: Efficient Context Window Extension of Large Language
     Models" (arXiv 2309.00071), eqs. (17)-(23).
     """
-    original = params.get("original_max_position_embeddings") or max_pos
-    if original is None:
-        raise ValueError(
-            "rope_type 'yarn' needs original_max_position_embeddings (the pretraining context); add it to "
-            "the dict or pass max_position_embeddings=..."
-        )
-    factor = params.get("factor")
-    if factor is None:
-        if max_pos is None:
-            raise ValueError("rope_type 'yarn' needs 'factor' (or max_position_embeddings to derive it).")
-        factor = max_pos / original
-    factor = float(factor)
+    original, factor = _original_and_factor(params, max_pos)
     attention_factor = params.get("attention_factor")
     mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
     if attention_factor is None:
@@ -170,17 +179,7 @@ def _longrope(rotary_dim, base, params, seq_len, max_pos, dtype):
             f"rope_type 'longrope' needs long_factor and short_factor of length rotary_dim/2 = {rotary_dim // 2}, "
             f"got {len(long_factor)} and {len(short_factor)}."
         )
-    original = params.get("original_max_position_embeddings") or max_pos
-    if original is None:
-        raise ValueError(
-            "rope_type 'longrope' needs original_max_position_embeddings; add it to the dict or pass "
-            "max_position_embeddings=..."
-        )
-    factor = params.get("factor")
-    if factor is None:
-        if max_pos is None:
-            raise ValueError("rope_type 'longrope' needs 'factor' (or max_position_embeddings to derive it).")
-        factor = max_pos / original
+    original, factor = _original_and_factor(params, max_pos)
     attention_factor = params.get("attention_factor")
     if attention_factor is None:
         attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
