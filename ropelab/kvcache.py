@@ -210,9 +210,24 @@ class RotaryKVCache:
         self.bytes_read = 0
         self.bytes_written = 0
         self.rerotations = 0
+        self._memo: tuple | None = None  # (length, n, cos, sin): the whole cache's table at this step
 
     def _rope(self, x, positions, inv, af):
         return _rope(x, positions, inv, af, self.schedule.style, self.schedule.angle_dtype)
+
+    def _rope_all(self, keys, length, inv, af, start: int = 0, total: int | None = None):
+        """Rotate cached keys [b, h, n, d] at positions start .. start + n - 1 into the frame of ``length``.
+
+        The table for all ``total`` cached positions is computed once per step and shared by the layers
+        and chunks, as a model computes its cos/sin once per forward."""
+        n = start + keys.shape[2]
+        total = max(n, total or 0)
+        if self._memo is None or self._memo[0] != length or self._memo[1] < n:
+            dtype = torch.promote_types(keys.dtype, torch.float32)
+            c, s = cos_sin(torch.arange(total), inv, af, dtype=dtype, angle_dtype=self.schedule.angle_dtype)
+            self._memo = (length, total, c, s)
+        c, s = self._memo[2][start:n], self._memo[3][start:n]
+        return rotate(keys, c[None, None], s[None, None], style=self.schedule.style)
 
     def step(self, layer: int, q, k, v, positions: torch.Tensor, length: int) -> torch.Tensor:
         inv, af = self.schedule.at(length)
@@ -240,20 +255,20 @@ class RotaryKVCache:
         keys, values = K.view(), V.view()
         key_pos = torch.arange(K.n)
         if self.policy == "recompute":
-            keys = self._rope(keys, key_pos, inv, af)  # the rotated copy is written, then read
+            keys = self._rope_all(keys, length, inv, af)  # the rotated copy is written, then read
             self.bytes_read += K.n * esize
             self.bytes_written += K.n * esize
         if self.policy == "rope_on_load":
             self.bytes_read += K.n * esize
-            return self._attend_chunked(q_rot, keys, values, positions, key_pos, inv, af)
+            return self._attend_chunked(q_rot, keys, values, positions, key_pos, length, inv, af)
         self.bytes_read += K.n * esize
         return attend(q_rot, keys, values, positions, key_pos)
 
-    def _attend_chunked(self, q, keys, values, q_pos, key_pos, inv, af):
+    def _attend_chunked(self, q, keys, values, q_pos, key_pos, length, inv, af):
         """Attention that rotates raw keys chunk by chunk as it reads them (never stored rotated)."""
         scores = []
         for start in range(0, keys.shape[2], self.chunk):
-            kc = self._rope(keys[:, :, start : start + self.chunk], key_pos[start : start + self.chunk], inv, af)
+            kc = self._rope_all(keys[:, :, start : start + self.chunk], length, inv, af, start, keys.shape[2])
             scores.append(_scores(q, kc))
         return _softmax_out(torch.cat(scores, dim=-1), values, q_pos, key_pos)
 
@@ -304,9 +319,8 @@ class DriftProbe(RotaryKVCache):
         self.raw[layer].append(k)
         inv, af = self.schedule.at(length)
         q_rot = self._rope(q[:, :, -1:], positions[-1:], inv, af)
-        key_pos = torch.arange(self.raw[layer].n)
         s_stale = _scores(q_rot, self.k[layer].view())
-        s_true = _scores(q_rot, self._rope(self.raw[layer].view(), key_pos, inv, af))
+        s_true = _scores(q_rot, self._rope_all(self.raw[layer].view(), length, inv, af))
         p_true, p_stale = s_true.log_softmax(-1), s_stale.log_softmax(-1)
         self.kl[layer].append(float((p_true.exp() * (p_true - p_stale)).sum(-1).mean()))
         self.logit_err[layer].append(float((s_true - s_stale).abs().max()))

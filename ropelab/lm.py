@@ -136,8 +136,9 @@ def rope_settings(model: TinyLM, base: float, rope_scaling):
 
 
 @torch.no_grad()
-def per_position_loss(model: TinyLM, ids: torch.Tensor, scheme: dict, prompt_len: int = 1) -> torch.Tensor:
-    """Cross-entropy at every position [n, T] for windows ``ids`` [n, T + 1] under one scheme."""
+def per_position_loss(model: TinyLM, ids: torch.Tensor, scheme: dict, prompt_len: int = L0) -> torch.Tensor:
+    """Cross-entropy at every position [n, T] for windows ``ids`` [n, T + 1] under one scheme; cached schemes
+    prefill ``prompt_len`` tokens and then decode one token per step."""
     inputs, targets = ids[:, :-1], ids[:, 1:]
     with rope_settings(model, scheme["base"], scheme["rope_scaling"]):
         policy = scheme.get("policy")
