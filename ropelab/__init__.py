@@ -29,7 +29,24 @@ from .scaling import ROPE_TYPES, frequencies
 
 __version__ = "0.1.0"
 
+# ropelab.diagnose is a callable module (the checker and its command); imported on first use so that
+# `python -m ropelab.diagnose` does not find it already loaded.
+_LAZY = {"diagnose": None, "compare": "compare", "Diagnosis": "Diagnosis", "Comparison": "Comparison"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module = importlib.import_module(".diagnose", __name__)
+        return module if _LAZY[name] is None else getattr(module, _LAZY[name])
+    raise AttributeError(f"module 'ropelab' has no attribute {name!r}")
+
 __all__ = [
+    "Comparison",
+    "Diagnosis",
+    "compare",
+    "diagnose",
     "STYLES",
     "ROPE_TYPES",
     "Layout",
