@@ -10,7 +10,7 @@ Submodules, each with one job: ``scaling`` (frequency ladders), ``core`` (tables
 and plot helpers), ``bench`` (benchmarks).
 """
 
-from . import convert, scaling
+from . import attention, convert, precision, scaling
 from .core import (
     STYLES,
     Layout,
@@ -51,10 +51,12 @@ __all__ = [
     "ROPE_TYPES",
     "Layout",
     "apply_rope",
+    "attention",
     "convert",
     "cos_sin",
     "frequencies",
     "pair_indices",
+    "precision",
     "parse_layout",
     "reference_complex",
     "reference_matrix",

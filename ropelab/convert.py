@@ -26,6 +26,7 @@ __all__ = [
     "interleaved_to_half",
     "convert_style",
     "permute_qk_weight",
+    "permute_qkv_weight",
 ]
 
 
@@ -83,3 +84,14 @@ def permute_qk_weight(
     idx = style_permutation(head_dim, src=src, dst=dst, rotary_dim=rotary_dim).to(w.device)
     heads = w.reshape(n_heads, head_dim, *w.shape[1:])
     return heads[:, idx].reshape(w.shape)
+
+
+def permute_qkv_weight(w: torch.Tensor, n_heads: int, *, src: str, dst: str, rotary_dim: int | None = None):
+    """``permute_qk_weight`` for a packed projection ``[W_q; W_k; W_v]`` (three equal row blocks, as in
+    GPT-NeoX's ``query_key_value`` or ``ropelab.models``' ``qkv``): the q and k blocks are permuted head by
+    head, the v block is left alone (values are not rotated)."""
+    if w.shape[0] % 3:
+        raise ValueError(f"a packed qkv projection has 3 equal row blocks; got {w.shape[0]} rows.")
+    q, k, v = w.split(w.shape[0] // 3, dim=0)
+    kw = dict(src=src, dst=dst, rotary_dim=rotary_dim)
+    return torch.cat([permute_qk_weight(q, n_heads, **kw), permute_qk_weight(k, n_heads, **kw), v], dim=0)

@@ -1,0 +1,65 @@
+r"""Causal attention logits and distributions, and how far two of them are apart, query position by position.
+
+For queries and keys :math:`q_m, k_n` (already rotated) the logits are
+:math:`\ell_{mn} = q_m\cdot k_n/\sqrt{d}` for :math:`n \le m` and the attention row is
+:math:`p_m = \operatorname{softmax}_n \ell_{mn}` (Vaswani et al. 2017, arXiv 1706.03762). Two ways of
+computing them (say, RoPE in the style a model was trained with and in the other) are compared per query
+position m by
+
+- the relative logit error :math:`\|\hat\ell_{m,\le m} - \ell_{m,\le m}\| / \|\ell_{m,\le m}\|`, and
+- the KL divergence :math:`\mathrm{KL}(p_m\,\|\,\hat p_m) = \sum_{n\le m} p_{mn}(\log p_{mn} - \log\hat p_{mn})`,
+
+both over the causal prefix only, averaged over every leading (batch, head) axis. Everything is computed in
+float64 from log-softmax, so a near-zero probability gives a finite KL instead of ``log 0``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["causal_logits", "relative_logit_error_by_position", "kl_by_position"]
+
+
+def causal_logits(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
+    r"""Logits :math:`q_m\cdot k_n \cdot s` [..., S, S] (s defaults to :math:`1/\sqrt{d}`), -inf above the
+    diagonal. ``q`` and ``k`` are [..., S, d] with the same shape; the result is float64."""
+    if q.shape != k.shape or q.ndim < 2:
+        raise ValueError(
+            f"q and k must have the same shape [..., seq, head_dim], got {tuple(q.shape)} and {tuple(k.shape)}."
+        )
+    s = q.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    logits = (q.double() @ k.double().transpose(-1, -2)) * scale
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    return logits.masked_fill(~mask, float("-inf"))
+
+
+def _check_pair(ref: torch.Tensor, other: torch.Tensor) -> None:
+    if ref.shape != other.shape or ref.ndim < 2 or ref.shape[-1] != ref.shape[-2]:
+        raise ValueError(
+            f"expected two logit tensors of the same shape [..., S, S] (from causal_logits), got "
+            f"{tuple(ref.shape)} and {tuple(other.shape)}."
+        )
+
+
+def relative_logit_error_by_position(ref: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """Relative L2 error of each query's causal logit row, [S], averaged over the leading axes."""
+    _check_pair(ref, other)
+    mask = torch.ones(ref.shape[-1], ref.shape[-1], dtype=torch.bool, device=ref.device).tril()
+    r = ref.double().masked_fill(~mask, 0.0)
+    o = other.double().masked_fill(~mask, 0.0)
+    err = (o - r).norm(dim=-1) / r.norm(dim=-1)
+    return err.reshape(-1, ref.shape[-1]).mean(dim=0)
+
+
+def kl_by_position(ref: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    r""":math:`\mathrm{KL}(\mathrm{softmax}(\ell_m)\,\|\,\mathrm{softmax}(\hat\ell_m))` in nats per query
+    position, [S], averaged over the leading axes; ``ref`` and ``other`` are causal logits."""
+    _check_pair(ref, other)
+    lp, lq = ref.double().log_softmax(dim=-1), other.double().log_softmax(dim=-1)
+    p = lp.exp()
+    # Masked entries have p = 0 and log p = -inf: their terms are 0, not 0 * nan.
+    kl = torch.where(p > 0, p * (lp - lq), torch.zeros_like(p)).sum(dim=-1)
+    return kl.reshape(-1, ref.shape[-1]).mean(dim=0)

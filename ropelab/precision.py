@@ -1,0 +1,156 @@
+r"""How far the RoPE phase drifts when part of it is held in a low-precision dtype.
+
+The angle of pair i at position m is :math:`\theta_{m,i} = m\,\omega_i`. Holding one ingredient in a
+dtype with unit roundoff u (bf16 :math:`2^{-8}`, fp16 :math:`2^{-11}`, fp32 :math:`2^{-24}`) perturbs it:
+
+- ``"inv_freq"``: :math:`\hat\omega_i = \omega_i(1+\delta)`, so the error :math:`m\,\omega_i\delta` grows
+  linearly in m, without bound (the pitfall of casting a model, rotary buffer included, to bf16);
+- ``"positions"``: integers are exact up to :math:`1/u` (256 in bf16, 2048 in fp16, :math:`2^{24}` in
+  fp32), then neighbouring positions collapse onto one value, an error of at least one whole step
+  :math:`\omega_i` on every pair;
+- ``"angle"``: the product :math:`m\,\omega_i` rounded once, an error up to :math:`u\,|\theta|`;
+- ``"all"``: positions and ``inv_freq`` held in the dtype and multiplied in it (a model computing its
+  tables natively in that dtype).
+
+The phase error is the distance on the circle between the perturbed angle and a float64 oracle
+:math:`m\,\omega_i` (``ropelab.scaling.default_inv_freq`` in float64), wrapped to :math:`[0, \pi]`. A
+non-finite angle (fp16 overflows past 65504) has lost its phase: it counts as error :math:`\pi`.
+Cos and sin are periodic, so only this wrapped error reaches the attention scores.
+
+``rotary_phase_error`` measures a real rotary module (Hugging Face's ``LlamaRotaryEmbedding``, or anything
+with its ``forward(x, position_ids) -> (cos, sin)``) the same way, from the tables it returns.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "PRECISION_DTYPES",
+    "PERTURBED",
+    "perturbed_angle",
+    "phase_error",
+    "max_phase_error",
+    "first_position_past",
+    "rotary_phase_error",
+]
+
+PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+PERTURBED = ("inv_freq", "positions", "angle", "all")
+
+
+def _check(where: str, dtype: torch.dtype) -> None:
+    if where not in PERTURBED:
+        raise ValueError(f"where must be one of {PERTURBED} (the ingredient held in low precision), got {where!r}.")
+    if dtype not in PRECISION_DTYPES.values():
+        raise ValueError(f"dtype must be one of torch.bfloat16, torch.float16, torch.float32, got {dtype}.")
+
+
+def perturbed_angle(positions: torch.Tensor, inv_freq: torch.Tensor, *, where: str, dtype: torch.dtype) -> torch.Tensor:
+    r"""The angles :math:`m\,\omega_i` [len(positions), r/2] with ingredient ``where`` held in ``dtype``,
+    returned in float64. ``positions`` and ``inv_freq`` are exact (integers; float64 frequencies)."""
+    _check(where, dtype)
+    m = positions.to(torch.float64).reshape(-1)
+    w = inv_freq.to(torch.float64).reshape(-1)
+    if where == "inv_freq":
+        return m[:, None] * w.to(dtype).to(torch.float64)[None, :]
+    if where == "positions":
+        return m.to(dtype).to(torch.float64)[:, None] * w[None, :]
+    if where == "angle":
+        return (m[:, None] * w[None, :]).to(dtype).to(torch.float64)
+    return (m.to(dtype)[:, None] * w.to(dtype)[None, :]).to(torch.float64)
+
+
+def _wrapped(diff: torch.Tensor) -> torch.Tensor:
+    """|diff| folded onto [0, pi]; non-finite entries (an overflowed angle) count as pi."""
+    err = torch.remainder(diff + math.pi, 2 * math.pi).sub_(math.pi).abs_()
+    return err.masked_fill_(~torch.isfinite(diff), math.pi)
+
+
+def phase_error(
+    positions: torch.Tensor, inv_freq: torch.Tensor, *, where: str, dtype: torch.dtype
+) -> torch.Tensor:
+    r"""Wrapped phase error :math:`|\hat\theta_{m,i} - m\,\omega_i|` in radians, [len(positions), r/2]."""
+    m = positions.to(torch.float64).reshape(-1)
+    exact = m[:, None] * inv_freq.to(torch.float64).reshape(-1)[None, :]
+    return _wrapped(perturbed_angle(positions, inv_freq, where=where, dtype=dtype) - exact)
+
+
+def max_phase_error(
+    positions: torch.Tensor, inv_freq: torch.Tensor, *, where: str, dtype: torch.dtype, chunk: int = 1 << 15
+) -> torch.Tensor:
+    """The worst pair's phase error at each position, [len(positions)], computed in chunks of positions."""
+    positions = positions.reshape(-1)
+    out = [
+        phase_error(positions[i : i + chunk], inv_freq, where=where, dtype=dtype).amax(dim=-1)
+        for i in range(0, positions.numel(), chunk)
+    ]
+    return torch.cat(out) if out else torch.empty(0, dtype=torch.float64)
+
+
+def first_position_past(
+    threshold: float,
+    inv_freq: torch.Tensor,
+    *,
+    where: str,
+    dtype: torch.dtype,
+    limit: int,
+    chunk: int = 1 << 16,
+) -> int | None:
+    """The first integer position m in [0, limit) at which some pair's phase error exceeds ``threshold``
+    radians, found by scanning every position (no sampling, so no crossing is missed); None if none does."""
+    if threshold <= 0 or threshold >= math.pi:
+        raise ValueError(f"threshold must be in (0, pi) radians (the wrapped error never exceeds pi), got {threshold}.")
+    if limit <= 0 or chunk <= 0:
+        raise ValueError(f"limit and chunk must be positive numbers of positions, got limit={limit}, chunk={chunk}.")
+    _check(where, dtype)
+    w = inv_freq.to(torch.float64).reshape(-1)
+    for start in range(0, limit, chunk):
+        m = torch.arange(start, min(start + chunk, limit), dtype=torch.float64)
+        if where == "positions":
+            # A position the dtype holds exactly gives the oracle's own float64 product: error exactly 0.
+            m = m[m.to(dtype).to(torch.float64) != m]
+            if not m.numel():
+                continue
+        diff = perturbed_angle(m, w, where=where, dtype=dtype) - m[:, None] * w[None, :]
+        # The wrapped error never exceeds |diff|, so rows whose |diff| stays under the threshold are
+        # below it for sure; only the others need the (costlier) wrap. NaN fails `<=` and is kept.
+        suspect = (~(diff.abs().amax(dim=-1) <= threshold)).nonzero().flatten()
+        if suspect.numel():
+            hit = (_wrapped(diff[suspect]).amax(dim=-1) > threshold).nonzero()
+            if hit.numel():
+                return int(m[suspect[hit[0, 0]]])
+    return None
+
+
+def rotary_phase_error(
+    rotary: torch.nn.Module,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    x_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    r"""Phase error of a real rotary module against the float64 oracle, [len(positions), r/2].
+
+    Calls ``rotary(x, position_ids) -> (cos, sin)`` (Hugging Face's ``LlamaRotaryEmbedding`` convention:
+    half style, tables of width head_dim holding each pair's angle twice), reads each pair's angle back
+    as :math:`\operatorname{atan2}(\sin, \cos)` and compares it with :math:`m\,\omega_i` for the exact
+    ``inv_freq``. ``x_dtype`` is the activation dtype (the tables are returned in it): keep float32 to
+    see the error of the angle itself rather than the final rounding of cos and sin.
+    """
+    positions = positions.reshape(-1)
+    half = inv_freq.numel()
+    x = torch.zeros(1, positions.numel(), 2 * half, dtype=x_dtype)
+    with torch.no_grad():
+        cos, sin = rotary(x, positions[None, :].long())
+    if cos.shape[-1] != 2 * half:
+        raise ValueError(
+            f"the module returned tables of width {cos.shape[-1]} but inv_freq has {half} pairs; pass the "
+            "module's exact frequencies (ropelab.frequencies(head_dim, base) for the default type)."
+        )
+    angle = torch.atan2(sin[0, :, :half].double(), cos[0, :, :half].double())
+    exact = positions.double()[:, None] * inv_freq.double()[None, :]
+    return _wrapped(angle - exact)
+
