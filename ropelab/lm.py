@@ -6,7 +6,7 @@ PSF License 2.0; about 465 kB of English technical prose), written to ``data/cor
 
     python -m ropelab.lm corpus       # (re)build data/corpus/python_reference.txt
     python -m ropelab.lm train        # train and write data/lm/tinylm_rope_L256.pt (+ history JSON)
-    python -m ropelab.lm eval         # per-position loss to 4 x L0 under every scheme -> data/lm/eval.json
+    python -m ropelab.lm eval         # per-position loss to 4 x L0 under every scheme -> build/lm_eval.json
 
 ``make lm`` runs all three.
 """
@@ -190,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"final: {history[-1]}; wrote {CHECKPOINT}")
     else:
         result = evaluate_schemes(load_lm())
-        (LM_DIR / "eval.json").write_text(json.dumps(result) + "\n")
+        out = DATA_DIR.parent / "build" / "lm_eval.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result) + "\n")
         for name, bands in summarize(result).items():
             print(f"{name:40s} " + " ".join(f"{x:6.3f}" for x in bands) + f"   ppl@end {math.exp(bands[-1]):.2f}")
     return 0
