@@ -153,6 +153,7 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
     ``RotaryKVCache.step`` appends the L-th token and attends over all L. ``bucketed`` is reported
     twice: its ordinary step, and amortised, adding the boundary re-rotation at L spread over the L
     steps until the next doubling (growth 2). Bytes are the cached-key traffic the policy's counters report.
+    Policies take turns within each repeat, so a change in the machine's speed touches all alike.
     """
     from .kvcache import RopeSchedule, RotaryKVCache
 
@@ -168,12 +169,14 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
             values = torch.randn(b, hkv, n, head_dim)
             q = torch.randn(b, hq, 1, head_dim)
             k1, v1 = torch.randn(b, hkv, 1, head_dim), torch.randn(b, hkv, 1, head_dim)
-            step_ms = {}
-            for policy in ("post_rope", "bucketed", "recompute", "rope_on_load"):
-                growth = 2.0 if policy == "bucketed" else None
-                sched = RopeSchedule(head_dim, rope_scaling=rope, max_position_embeddings=l0, bucket_growth=growth)
-                times, traffic = [], None
-                for _ in range(repeats + 1):  # the first call warms up
+            policies = ("post_rope", "bucketed", "recompute", "rope_on_load")
+            scheds = {p: RopeSchedule(head_dim, rope_scaling=rope, max_position_embeddings=l0,
+                                      bucket_growth=2.0 if p == "bucketed" else None) for p in policies}
+            times = {p: [] for p in policies}
+            traffic = {}
+            for rep in range(repeats + 1):  # the first round warms up; policies take turns each round
+                for policy in policies:
+                    sched = scheds[policy]
                     cache = RotaryKVCache(sched, policy, 1)
                     for store, src in ((cache.k[0], keys), (cache.v[0], values)):
                         store.buf = torch.empty(b, hkv, n + 8, head_dim)
@@ -182,11 +185,16 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
                     cache.frame[0] = sched.at(length)  # steady state: the cached keys are in the current frame
                     t0 = time.perf_counter()
                     cache.step(0, q, k1, v1, torch.tensor([length - 1]), length)
-                    times.append(time.perf_counter() - t0)
-                    traffic = cache.bytes_read + cache.bytes_written
-                step_ms[policy] = statistics.median(times[1:]) * 1e3
+                    if rep:
+                        times[policy].append(time.perf_counter() - t0)
+                    traffic[policy] = cache.bytes_read + cache.bytes_written
+                    del cache
+            step_ms = {}
+            for policy in policies:
+                sched = scheds[policy]
+                step_ms[policy] = statistics.median(times[policy]) * 1e3
                 rows.append({"batch": b, "cached_tokens": length, "policy": policy,
-                             "step_ms": step_ms[policy], "key_bytes_per_step": traffic})
+                             "step_ms": step_ms[policy], "key_bytes_per_step": traffic[policy]})
                 if policy == "bucketed":
                     # The boundary step: re-rotate n keys from the frame of L/2 to the frame of L.
                     cache = RotaryKVCache(sched, policy, 1)
@@ -200,7 +208,7 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
                     amortised = step_ms[policy] + rerotate_ms / max(length, 1)
                     rows.append({"batch": b, "cached_tokens": length, "policy": "bucketed (amortised)",
                                  "step_ms": amortised, "rerotate_ms": rerotate_ms,
-                                 "key_bytes_per_step": traffic + 2 * keys.numel() * 4 / max(length, 1)})
+                                 "key_bytes_per_step": traffic[policy] + 2 * keys.numel() * 4 / max(length, 1)})
             del keys, values
     base = {(r["batch"], r["cached_tokens"]): r["step_ms"] for r in rows if r["policy"] == "post_rope"}
     for r in rows:
