@@ -10,7 +10,8 @@ Submodules, each with one job: ``scaling`` (frequency ladders), ``core`` (tables
 and plot helpers), ``bench`` (benchmarks).
 """
 
-from . import attention, convert, precision, scaling
+from . import attention, convert, cope, decay, precision, scaling, tasks
+from .cope import CoPE
 from .core import (
     STYLES,
     Layout,
@@ -43,6 +44,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'ropelab' has no attribute {name!r}")
 
 __all__ = [
+    "CoPE",
     "Comparison",
     "Diagnosis",
     "compare",
@@ -53,7 +55,9 @@ __all__ = [
     "apply_rope",
     "attention",
     "convert",
+    "cope",
     "cos_sin",
+    "decay",
     "frequencies",
     "pair_indices",
     "precision",
@@ -64,5 +68,6 @@ __all__ = [
     "rotate",
     "rotation_matrix",
     "scaling",
+    "tasks",
     "varlen_positions",
 ]

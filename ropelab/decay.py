@@ -1,0 +1,151 @@
+r"""Does RoPE's attention logit decay with distance? The envelope, the actual logits, and Men et al.'s bound.
+
+RoFormer (Su et al. 2021, arXiv 2104.09864, Section 3.4.3) writes the score of a query q and a key k at
+relative distance r, pair by pair, as :math:`\mathrm{Re}\sum_{i} h_i\,e^{\mathrm i r\theta_i}` with
+:math:`h_i = \bar q_{[2i:2i+1]}\,k_{[2i:2i+1]}` and bounds it by Abel summation:
+
+.. math::
+    \Big|\sum_{i=0}^{d/2-1} h_i e^{\mathrm i r\theta_i}\Big|
+    \le \Big(\max_i |h_{i+1} - h_i|\Big) \sum_{j=1}^{d/2} |S_j|,
+    \qquad S_j = \sum_{i=0}^{j-1} e^{\mathrm i r\theta_i},
+
+and plots :math:`\frac{1}{d/2}\sum_j |S_j|` against r (its Figure 2: d = 128, base 10000). At r = 0,
+:math:`S_j = j` and the envelope is :math:`\frac{1}{64}\sum_{j=1}^{64} j = 32.5`. The envelope bounds
+the logit only up to the factor :math:`\max|h_{i+1}-h_i|`, which depends on q and k; it is an upper
+bound, not the logit.
+
+The logit itself, :math:`\ell(r) = \langle R_r q, k\rangle` (query r tokens after the key), depends on q
+and k. For all-ones vectors every pair contributes :math:`2\cos r\theta_i`, so
+:math:`\ell(r) = 2 B_r` with
+
+.. math::
+    B_r = \sum_{i=0}^{d/2-1} \cos(r\,\theta_i)
+
+(Men et al. 2024, "Base of RoPE Bounds Context Length", arXiv 2405.14591), which is also
+:math:`\mathbb E\,\ell(r)/2` for a similar key :math:`k = q + \varepsilon` with
+:math:`q \sim \mathcal N(0, I)` and independent noise. Men et al. ask that :math:`B_r \ge 0` for every
+r up to the context length, which sets a smallest base. For independent Gaussian q and k,
+:math:`\mathbb E\,\ell(r) = 0` at every distance and :math:`\mathrm{Var}\,\ell(r) = d`: no decay at all
+(Barbero et al. 2024, "Round and Round We Go! What makes Rotary Positional Encodings useful?",
+arXiv 2410.06205).
+
+Frequencies: :math:`\theta_i = b^{-2i/d}` from :func:`ropelab.frequencies`. Everything is float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .core import cos_sin, rotate
+from .scaling import frequencies
+
+__all__ = ["decay_envelope", "rope_logits", "similarity_bound", "smallest_nonnegative_base"]
+
+
+def _distances(distances) -> torch.Tensor:
+    r = torch.as_tensor(distances)
+    if r.dtype == torch.bool or r.is_complex() or r.ndim != 1:
+        raise ValueError(
+            f"distances must be a 1-D tensor of relative distances (ints or floats), got "
+            f"{r.dtype}, shape {tuple(r.shape)}; e.g. torch.arange(257)."
+        )
+    return r.to(torch.float64)
+
+
+def _inv_freq(head_dim: int, base: float) -> torch.Tensor:
+    if not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
+        raise ValueError(f"head_dim must be an even int >= 2 (RoPE rotates pairs), got {head_dim!r}.")
+    if not base > 1:
+        raise ValueError(f"base must be > 1 (the frequencies are base^(-2i/d)), got {base!r}.")
+    return frequencies(head_dim, float(base))[0].to(torch.float64)
+
+
+def decay_envelope(distances, head_dim: int = 128, base: float = 10000.0) -> torch.Tensor:
+    r"""RoFormer's long-term-decay envelope :math:`\frac{1}{d/2}\sum_{j=1}^{d/2} |S_j|` at each distance."""
+    r = _distances(distances)
+    theta = _inv_freq(head_dim, base)
+    phase = torch.polar(torch.ones(r.numel(), theta.numel(), dtype=torch.float64), r[:, None] * theta[None, :])
+    return phase.cumsum(dim=-1).abs().mean(dim=-1)  # cumsum over i gives S_1 .. S_{d/2}
+
+
+def rope_logits(q: torch.Tensor, k: torch.Tensor, distances, *, base: float = 10000.0, style: str = "half"):
+    r""":math:`\ell(r) = \langle R_r q, k\rangle` for each distance r: the RoPE score of q at position
+    m and k at position m - r. q and k are [..., d] with equal shapes; returns [..., len(distances)] in
+    float64."""
+    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or q.shape != k.shape:
+        raise ValueError(
+            f"q and k must be tensors of the same shape [..., d], got {getattr(q, 'shape', q)} and "
+            f"{getattr(k, 'shape', k)}; broadcast them explicitly first."
+        )
+    r = _distances(distances)
+    d = q.shape[-1]
+    inv_freq = _inv_freq(d, base)
+    cos, sin = cos_sin(r, inv_freq, dtype=torch.float64)  # [R, d/2]
+    lead = q.shape[:-1]
+    shape = (1,) * len(lead) + cos.shape
+    qr = rotate(q.to(torch.float64)[..., None, :].expand(*lead, r.numel(), d), cos.reshape(shape),
+                sin.reshape(shape), style=style)
+    return (qr * k.to(torch.float64)[..., None, :]).sum(-1)
+
+
+def similarity_bound(distances, head_dim: int = 128, base: float = 10000.0) -> torch.Tensor:
+    r"""Men et al.'s :math:`B_r = \sum_{i=0}^{d/2-1}\cos(r\,\theta_i)` at each distance (float64)."""
+    r = _distances(distances)
+    theta = _inv_freq(head_dim, base)
+    out = torch.empty(r.numel(), dtype=torch.float64)
+    for start in range(0, r.numel(), 1 << 15):  # chunks keep the [R, d/2] angle matrix small
+        chunk = r[start : start + (1 << 15)]
+        out[start : start + chunk.numel()] = torch.cos(chunk[:, None] * theta[None, :]).sum(-1)
+    return out
+
+
+def _nonnegative_up_to(context_length: int, head_dim: int, base: float, chunk: int = 2048) -> bool:
+    """Whether B_r >= 0 for r = 0 .. context_length; stops at the first chunk with a negative value."""
+    for start in range(0, context_length + 1, chunk):
+        r = torch.arange(start, min(start + chunk, context_length + 1))
+        if bool((similarity_bound(r, head_dim, base) < 0).any()):
+            return False
+    return True
+
+
+def smallest_nonnegative_base(
+    context_length: int,
+    head_dim: int = 128,
+    *,
+    lo: float = 100.0,
+    hi: float = 1e12,
+    grid_ratio: float = 1.02,
+    rel_tol: float = 1e-3,
+) -> float:
+    r"""The smallest base b with :math:`B_r(b) \ge 0` for every integer r in 0 .. ``context_length``
+    (Men et al. 2024's lower bound on the base).
+
+    :math:`B_r` is not monotone in b (at 4096 tokens and d = 128 some bases pass while larger ones
+    fail), so this scans upward from ``lo`` on a geometric grid of ratio ``grid_ratio`` for the first
+    base that passes, then bisects on :math:`\log b` between it and the grid point below (which fails)
+    to a relative tolerance ``rel_tol``. A passing window narrower than one grid step could be missed.
+    """
+    if not isinstance(context_length, int) or context_length < 1:
+        raise ValueError(f"context_length must be a positive int, got {context_length!r}.")
+    if not (grid_ratio > 1 and rel_tol > 0 and 1 < lo < hi):
+        raise ValueError(f"need grid_ratio > 1, rel_tol > 0 and 1 < lo < hi, got {grid_ratio}, {rel_tol}, {lo}, {hi}.")
+    if _nonnegative_up_to(context_length, head_dim, lo):
+        raise ValueError(f"B_r is already non-negative up to {context_length} at base lo={lo:g}; lower lo.")
+    prev = lo
+    while True:
+        b = prev * grid_ratio
+        if b > hi:
+            raise ValueError(f"B_r goes negative before {context_length} at every base up to hi={hi:g}; raise hi.")
+        if _nonnegative_up_to(context_length, head_dim, b):
+            break
+        prev = b
+    a, c = math.log(prev), math.log(b)
+    while c - a > math.log1p(rel_tol):
+        mid = 0.5 * (a + c)
+        if _nonnegative_up_to(context_length, head_dim, math.exp(mid)):
+            c = mid
+        else:
+            a = mid
+    return math.exp(c)
