@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from .core import AXIS_NAMES, STYLES, Layout, pair_indices, parse_layout, varlen_positions
+from .precision import perturbed_angle
 from .scaling import default_inv_freq, frequencies
 
 __all__ = [
@@ -1217,8 +1218,6 @@ def _phase_call(fn, lay: Layout, sz, pdt, L, pairs_ab, st_dir) -> torch.Tensor:
 
 
 def _phase(fn, lay: Layout, sz, dtype, max_position, st: _Structure, dg: Diagnosis) -> None:
-    from .precision import perturbed_angle
-
     L = max_position + 1
     a = torch.tensor([p[0] for p in dg.pairs])
     b = torch.tensor([p[1] for p in dg.pairs])

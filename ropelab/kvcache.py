@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from .core import check_style, cos_sin, rotate
+from .core import check_style, cos_sin, pair_indices, rotate
 from .scaling import frequencies, ntk_base
 
 __all__ = [
@@ -157,8 +157,6 @@ def effective_position(schedule: RopeSchedule, length: int, prompt_len: int = 1)
 
 def pair_energy(x: torch.Tensor, style: str = "half") -> torch.Tensor:
     """Mean norm of each rotary pair of ``x`` [..., d] over all leading dims, shape [d/2]."""
-    from .core import pair_indices
-
     a, b = pair_indices(x.shape[-1], style)
     return torch.sqrt(x[..., a].double() ** 2 + x[..., b].double() ** 2).reshape(-1, a.numel()).mean(0)
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cope import CoPE
 from .core import apply_rope, check_style
 
 __all__ = ["PE_TYPES", "ModelConfig", "TinyLM", "alibi_slopes", "sinusoidal_table", "train"]
@@ -101,8 +102,6 @@ class Attention(nn.Module):
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.cope = None
         if cfg.pe in ("cope", "cope+rope"):
-            from .cope import CoPE  # the model layer sits above cope in the import graph
-
             self.cope = CoPE(
                 cfg.cope_npos_max,
                 cfg.head_dim,

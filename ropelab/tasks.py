@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .models import ModelConfig, TinyLM, train
+
 __all__ = [
     "BLANK",
     "SEP",
@@ -33,6 +35,7 @@ __all__ = [
     "copy_errors",
     "run_selective_copy",
     "summarize_runs",
+    "gate_statistics",
 ]
 
 BLANK, SEP, FIRST_SYMBOL = 0, 1, 2
@@ -162,8 +165,6 @@ def run_selective_copy(
     steps; in-distribution sequence error on ``n_eval`` held-out sequences every ``eval_every`` steps),
     the final errors per split on ``n_test`` sequences, and the training wall time in seconds.
     """
-    from .models import ModelConfig, TinyLM
-
     train_task = splits["in_dist"]
     longest = max(t.seq_len for t in splits.values())
     kwargs = dict(d_model=64, n_layers=2, n_heads=4, max_len=max(128, longest), cope_npos_max=64)
@@ -174,8 +175,6 @@ def run_selective_copy(
 
     def evaluate(m):
         return {"in_dist_sequence_error": copy_errors(m, train_task, n_eval, seed=999)["sequence_error"]}
-
-    from .models import train
 
     start = time.perf_counter()
     history = train(
@@ -221,3 +220,30 @@ def summarize_runs(results: list[dict], metric: str = "sequence_error") -> dict:
             std = float(t.std()) if len(vals) > 1 else 0.0
             summary[pe][split] = {"mean": float(t.mean()), "std": std, "per_seed": vals}
     return summary
+
+
+def gate_statistics(gates: torch.Tensor, is_symbol: torch.Tensor, threshold: float = 0.05) -> tuple:
+    """What CoPE's gates count on Selective Copy.
+
+    ``gates`` [b, h, queries, keys] are one layer's gates of the answer queries over the context keys;
+    ``is_symbol`` [b, 1, 1, keys] marks the symbol keys (the rest are blanks). Returns ``(sym, blank, stats)``:
+    the mean gate of every (sequence, head, query) row on its symbol keys and on its blank keys, and a dict
+    with the share of answer queries that have at least one *blank-blind* head (mean blank gate below
+    ``threshold``: that head's contextual position counts symbols only), the share of blank-blind rows, and
+    the mean blank and symbol gates inside those rows (None when there are none).
+    """
+    if gates.ndim != 4 or is_symbol.shape[-1] != gates.shape[-1]:
+        raise ValueError(
+            f"gates must be [b, h, queries, keys] and is_symbol [b, 1, 1, keys]; got {tuple(gates.shape)} and "
+            f"{tuple(is_symbol.shape)}."
+        )
+    sym = (gates * is_symbol).sum(-1) / is_symbol.sum(-1)
+    blank = (gates * ~is_symbol).sum(-1) / (~is_symbol).sum(-1)
+    blind = blank < threshold
+    stats = {
+        "queries_with_blank_blind_head": float(blind.any(1).double().mean()),
+        "blank_blind_rows": float(blind.double().mean()),
+        "blank_gate_in_blind_rows": float(blank[blind].mean()) if blind.any() else None,
+        "symbol_gate_in_blind_rows": float(sym[blind].mean()) if blind.any() else None,
+    }
+    return sym, blank, stats

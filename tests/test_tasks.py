@@ -95,3 +95,20 @@ def test_bad_input_raises():
         SelectiveCopy(n_blanks=-1)
     with pytest.raises(ValueError, match="batch"):
         SelectiveCopy().sequences(0)
+
+
+def test_gate_statistics_on_hand_made_gates():
+    from ropelab.tasks import gate_statistics
+
+    is_symbol = torch.tensor([True, False, True, False])[None, None, None, :]  # [1, 1, 1, 4]
+    gates = torch.tensor([[[[1.0, 0.0, 0.8, 0.02]], [[0.5, 0.5, 0.5, 0.5]]]])  # [1, 2 heads, 1 query, 4 keys]
+    sym, blank, stats = gate_statistics(gates, is_symbol)
+    assert torch.allclose(sym, torch.tensor([[[0.9], [0.5]]]))
+    assert torch.allclose(blank, torch.tensor([[[0.01], [0.5]]]))
+    assert stats["queries_with_blank_blind_head"] == 1.0 and stats["blank_blind_rows"] == 0.5
+    assert stats["blank_gate_in_blind_rows"] == pytest.approx(0.01)
+    assert stats["symbol_gate_in_blind_rows"] == pytest.approx(0.9)
+    _, _, none = gate_statistics(torch.full((1, 2, 1, 4), 0.5), is_symbol)
+    assert none["queries_with_blank_blind_head"] == 0.0 and none["blank_gate_in_blind_rows"] is None
+    with pytest.raises(ValueError, match="gates must be"):
+        gate_statistics(torch.zeros(2, 4), is_symbol)
