@@ -16,7 +16,6 @@ def test_bench_cpu_small(tmp_path):
     names = [r["method"] for r in result["rows"]]
     assert names[:3] == ["clone (floor)", "ropelab.apply_rope", "ropelab.rotate (tables given)"]
     assert "HF apply_rotary_pos_emb (eager)" in names
-    assert result["rows"][0]["ratio_to_clone"] == 1.0
     assert all(r["median_ms"] > 0 for r in result["rows"])
     assert "hf_eager / ropelab.apply_rope" in result["ratios"]
     # ropelab and HF rotate the same way: they differ only by float32 angle rounding at positions < 64

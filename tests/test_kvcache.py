@@ -125,7 +125,7 @@ def test_byte_counters_and_errors():
         _, cache = decode(ad, ids, sched, policy, prompt_len=8, return_cache=True)
         traffic[policy] = (cache.bytes_read, cache.bytes_written)
     per_key = 2 * 16 * 4  # kv heads * head_dim * float32
-    n_reads = sum(range(8, 41)) - 7 * 0  # prefill reads 8 keys once, then 9, 10, ..., 40
+    n_reads = sum(range(8, 41))  # the prefill reads its 8 keys, then each step all keys so far: 9, 10, ..., 40
     assert traffic["post_rope"] == (n_reads * per_key, 40 * per_key)
     assert traffic["rope_on_load"] == traffic["post_rope"]
     assert traffic["recompute"] == (2 * n_reads * per_key, (40 + n_reads) * per_key)
