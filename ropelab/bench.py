@@ -189,12 +189,23 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
                         times[policy].append(time.perf_counter() - t0)
                     traffic[policy] = cache.bytes_read + cache.bytes_written
                     del cache
+            # The cos/sin table of all cached positions at the current frequencies: what recompute and
+            # rope_on_load compute every step (once per step for all layers of a model; all of it is
+            # charged to this one layer here).
+            inv, af = scheds["recompute"].at(length)
+            table = []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                cos_sin(torch.arange(length), inv, af)
+                table.append(time.perf_counter() - t0)
+            table_ms = statistics.median(table[1:]) * 1e3
             step_ms = {}
             for policy in policies:
                 sched = scheds[policy]
                 step_ms[policy] = statistics.median(times[policy]) * 1e3
                 rows.append({"batch": b, "cached_tokens": length, "policy": policy,
-                             "step_ms": step_ms[policy], "key_bytes_per_step": traffic[policy]})
+                             "step_ms": step_ms[policy], "key_bytes_per_step": traffic[policy],
+                             "table_ms": table_ms if policy in ("recompute", "rope_on_load") else 0.0})
                 if policy == "bucketed":
                     # The boundary step: re-rotate n keys from the frame of L/2 to the frame of L.
                     cache = RotaryKVCache(sched, policy, 1)
@@ -230,10 +241,11 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
 def print_decode(result: dict) -> None:
     print(f"one decoding step, one layer, heads {result['heads_q_kv']} (q, kv), d={result['head_dim']}, "
           f"dynamic NTK past {result['l0']}, {result['machine']['torch_threads']} threads, {result['machine']['cpu']}")
-    print(f"{'batch':>5s} {'cached':>7s} {'policy':22s} {'ms/step':>9s} {'x post_rope':>11s} {'key MB/step':>11s}")
+    print(f"{'batch':>5s} {'cached':>7s} {'policy':22s} {'ms/step':>9s} {'x post_rope':>11s} {'key MB/step':>11s} "
+          f"{'of it cos/sin ms':>16s}")
     for r in result["rows"]:
         print(f"{r['batch']:5d} {r['cached_tokens']:7d} {r['policy']:22s} {r['step_ms']:9.2f} "
-              f"{r['ratio_to_post_rope']:11.2f} {r['key_bytes_per_step'] / 1e6:11.2f}")
+              f"{r['ratio_to_post_rope']:11.2f} {r['key_bytes_per_step'] / 1e6:11.2f} {r.get('table_ms', 0.0):16.2f}")
 
 
 def print_table(result: dict) -> None:
