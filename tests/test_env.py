@@ -52,3 +52,10 @@ def test_torch_is_not_pinned_in_pyproject_but_in_the_makefile():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^TORCH_SPEC \?= torch==2\.13\.0$", makefile, re.M)
     assert (ROOT / ".ci" / "run").read_text().strip().endswith("make test")
+
+
+def test_readme_example_runs():
+    """The README's code block is executed as it stands, so it cannot go stale."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    exec(compile(block, "README.md", "exec"), {})
