@@ -19,7 +19,7 @@ import math
 
 import torch
 
-__all__ = ["causal_logits", "relative_logit_error_by_position", "kl_by_position"]
+__all__ = ["causal_logits", "kl_divergence", "relative_logit_error_by_position", "kl_by_position"]
 
 
 def causal_logits(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
@@ -54,12 +54,17 @@ def relative_logit_error_by_position(ref: torch.Tensor, other: torch.Tensor) -> 
     return err.reshape(-1, ref.shape[-1]).mean(dim=0)
 
 
+def kl_divergence(ref: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    r""":math:`\mathrm{KL}(\mathrm{softmax}(\ell)\,\|\,\mathrm{softmax}(\hat\ell))` in nats over the last dim of
+    two logit tensors of one shape (rows may hold -inf where masked), float64, one value per row."""
+    lp, lq = ref.double().log_softmax(dim=-1), other.double().log_softmax(dim=-1)
+    p = lp.exp()
+    # Masked entries have p = 0 and log p = -inf: their terms are 0, not 0 * nan.
+    return torch.where(p > 0, p * (lp - lq), torch.zeros_like(p)).sum(dim=-1)
+
+
 def kl_by_position(ref: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     r""":math:`\mathrm{KL}(\mathrm{softmax}(\ell_m)\,\|\,\mathrm{softmax}(\hat\ell_m))` in nats per query
     position, [S], averaged over the leading axes; ``ref`` and ``other`` are causal logits."""
     _check_pair(ref, other)
-    lp, lq = ref.double().log_softmax(dim=-1), other.double().log_softmax(dim=-1)
-    p = lp.exp()
-    # Masked entries have p = 0 and log p = -inf: their terms are 0, not 0 * nan.
-    kl = torch.where(p > 0, p * (lp - lq), torch.zeros_like(p)).sum(dim=-1)
-    return kl.reshape(-1, ref.shape[-1]).mean(dim=0)
+    return kl_divergence(ref, other).reshape(-1, ref.shape[-1]).mean(dim=0)

@@ -213,8 +213,7 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
                     cache.frame[0] = sched.at(max(l0, length // 2))
                     inv, af = sched.at(length)
                     t0 = time.perf_counter()
-                    old_inv, old_af = cache.frame[0]
-                    cache.k[0].buf[:, :, :n] = cache._rope(keys, torch.arange(n), inv - old_inv, af / old_af)
+                    cache.rerotate(0, inv, af)
                     rerotate_ms = (time.perf_counter() - t0) * 1e3
                     amortised = step_ms[policy] + rerotate_ms / max(length, 1)
                     rows.append({"batch": b, "cached_tokens": length, "policy": "bucketed (amortised)",

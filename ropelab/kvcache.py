@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from .attention import kl_divergence
 from .core import check_style, cos_sin, pair_indices, rotate
 from .scaling import frequencies, ntk_base
 
@@ -227,6 +228,16 @@ class RotaryKVCache:
         c, s = self._memo[2][start:n], self._memo[3][start:n]
         return rotate(keys, c[None, None], s[None, None], style=self.schedule.style)
 
+    def rerotate(self, layer: int, inv: torch.Tensor, af: float) -> None:
+        r"""Move a layer's rotated keys from their frame ``self.frame[layer]`` to ``(inv, af)`` in place: a
+        rotation by the angle difference :math:`m(\omega_{new} - \omega_{old})` scaled by the factor *ratio*
+        (applying ``af`` itself again would scale the keys twice)."""
+        old_inv, old_af = self.frame[layer]
+        K = self.k[layer]
+        K.buf[:, :, : K.n] = self._rope(K.view(), torch.arange(K.n), inv - old_inv, af / old_af)
+        self.frame[layer] = (inv, af)
+        self.rerotations += 1
+
     def step(self, layer: int, q, k, v, positions: torch.Tensor, length: int) -> torch.Tensor:
         inv, af = self.schedule.at(length)
         K, V = self.k[layer], self.v[layer]
@@ -237,13 +248,9 @@ class RotaryKVCache:
         elif self.policy == "bucketed":
             frame = self.frame[layer]
             if frame is not None and K.n and not torch.equal(frame[0], inv):
-                # Re-rotate in place by the angle difference: a pure rotation (factor ratio, not factor).
-                old_inv, old_af = frame
-                cached = K.view()
-                K.buf[:, :, : K.n] = self._rope(cached, torch.arange(K.n), inv - old_inv, af / old_af)
+                self.rerotate(layer, inv, af)
                 self.bytes_read += K.n * esize
                 self.bytes_written += K.n * esize
-                self.rerotations += 1
             self.frame[layer] = (inv, af)
             K.append(self._rope(k, positions, inv, af))
         else:
@@ -319,8 +326,7 @@ class DriftProbe(RotaryKVCache):
         q_rot = self._rope(q[:, :, -1:], positions[-1:], inv, af)
         s_stale = _scores(q_rot, self.k[layer].view())
         s_true = _scores(q_rot, self._rope_all(self.raw[layer].view(), length, inv, af))
-        p_true, p_stale = s_true.log_softmax(-1), s_stale.log_softmax(-1)
-        self.kl[layer].append(float((p_true.exp() * (p_true - p_stale)).sum(-1).mean()))
+        self.kl[layer].append(float(kl_divergence(s_true, s_stale).mean()))
         self.logit_err[layer].append(float((s_true - s_stale).abs().max()))
         return out
 
@@ -357,19 +363,15 @@ class TinyLMAdapter:
 
     def layer_qkv(self, i, h):
         block = self.model.blocks[i]
-        b, s, _ = h.shape
-        qkv = block.attn.qkv(block.ln1(h)).view(b, s, 3, self.cfg.n_heads, self.cfg.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)
-        return q, k, v
+        return block.attn.project(block.ln1(h))
 
     def layer_out(self, i, h, attn):
         block = self.model.blocks[i]
-        b, _, s, _ = attn.shape
-        h = h + block.attn.out(attn.transpose(1, 2).reshape(b, s, -1))
+        h = h + block.attn.merge(attn)
         return h + block.mlp(block.ln2(h))
 
     def head(self, h):
-        return self.model.ln_f(h) @ self.model.embed.weight.T
+        return self.model.logits(h)
 
 
 class HFLlamaAdapter:

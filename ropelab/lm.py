@@ -151,16 +151,18 @@ def per_position_loss(model: TinyLM, ids: torch.Tensor, scheme: dict, prompt_len
     return torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
 
 
-def evaluate_schemes(model: TinyLM, n: int = 8, length: int = int(SCALE * L0), progress: bool = True) -> dict:
-    """Mean per-position loss for every scheme on ``n`` validation windows of ``length`` tokens."""
+def evaluate_schemes(model: TinyLM, n: int = 8, length: int = int(SCALE * L0), progress: bool = True,
+                     names: list[str] | None = None) -> dict:
+    """Mean per-position loss for every scheme (or those in ``names``) on ``n`` validation windows of
+    ``length`` tokens."""
     _, val_data = load_corpus()
     ids = val_windows(val_data, n, length)
     result = {"n_windows": n, "length": length, "L0": L0, "scale": SCALE, "loss": {}}
-    items = schemes(model.cfg.head_dim).items()
+    items = [(k, v) for k, v in schemes(model.cfg.head_dim).items() if names is None or k in names]
     if progress:
         from tqdm.auto import tqdm
 
-        items = tqdm(list(items), desc="schemes", leave=False)
+        items = tqdm(items, desc="schemes", leave=False)
     for name, scheme in items:
         loss = per_position_loss(model, ids, scheme)
         result["loss"][name] = loss.mean(0).tolist()

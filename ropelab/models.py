@@ -111,10 +111,21 @@ class Attention(nn.Module):
         if cfg.pe == "alibi":
             self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of shape [b, h, s, head_dim], before any rotation (the KV cache and notebooks start here)."""
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.cfg.n_heads, self.cfg.head_dim).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    def merge(self, y: torch.Tensor) -> torch.Tensor:
+        """Attention output [b, h, s, head_dim] -> the residual stream's [b, s, d_model], through ``out``."""
+        b, _, s, _ = y.shape
+        return self.out(y.transpose(1, 2).reshape(b, s, self.cfg.d_model))
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, return_attn: bool = False):
         cfg = self.cfg
-        b, s, _ = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, cfg.n_heads, cfg.head_dim).permute(2, 0, 3, 1, 4)  # 3 x [b h s d]
+        s = x.shape[1]
+        q, k, v = self.project(x)
         if "rope" in cfg.pe:
             rope = dict(
                 layout="b h s d",
@@ -135,8 +146,7 @@ class Attention(nn.Module):
                 logits = logits - self.slopes[:, None, None] * dist
             logits = logits.masked_fill(~mask, float("-inf"))
         attn = logits.softmax(dim=-1)
-        y = (attn @ v).transpose(1, 2).reshape(b, s, cfg.d_model)
-        return self.out(y), (attn if return_attn else None)
+        return self.merge(attn @ v), (attn if return_attn else None)
 
 
 class Block(nn.Module):
@@ -198,8 +208,12 @@ class TinyLM(nn.Module):
         for block in self.blocks:
             x, attn = block(x, positions, return_attn)
             maps.append(attn)
-        logits = self.ln_f(x) @ self.embed.weight.T
+        logits = self.logits(x)
         return (logits, maps) if return_attn else logits
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm and the tied output head: hidden states [b, s, d_model] -> logits [b, s, vocab]."""
+        return self.ln_f(h) @ self.embed.weight.T
 
 
 def masked_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None) -> torch.Tensor:

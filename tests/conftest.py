@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -40,7 +38,3 @@ def rope_error_bound(x64: torch.Tensor, y_ref: torch.Tensor, rotary_dim: int, st
 @pytest.fixture
 def gen():
     return torch.Generator().manual_seed(1234)
-
-
-def log_base_factor(base: float) -> float:
-    return math.log(base)
