@@ -11,6 +11,11 @@ position m by
 
 both over the causal prefix only, averaged over every leading (batch, head) axis. Everything is computed in
 float64 from log-softmax, so a near-zero probability gives a finite KL instead of ``log 0``.
+
+The attention a decoder runs (``ropelab.kvcache``) lives here too, in the input's dtype: queries
+[b, hq, s, d] against cached keys and values [b, hkv, n, d] with grouped-query attention (each of the
+hkv key/value heads serves hq / hkv query heads; Ainslie et al. 2023, arXiv 2305.13245), causal by
+position: a query at position p sees the keys at positions <= p.
 """
 
 from __future__ import annotations
@@ -19,7 +24,15 @@ import math
 
 import torch
 
-__all__ = ["causal_logits", "kl_divergence", "relative_logit_error_by_position", "kl_by_position"]
+__all__ = [
+    "causal_logits",
+    "kl_divergence",
+    "relative_logit_error_by_position",
+    "kl_by_position",
+    "grouped_scores",
+    "attend_scores",
+    "attend",
+]
 
 
 def causal_logits(q: torch.Tensor, k: torch.Tensor, *, scale: float | None = None) -> torch.Tensor:
@@ -68,3 +81,36 @@ def kl_by_position(ref: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     position, [S], averaged over the leading axes; ``ref`` and ``other`` are causal logits."""
     _check_pair(ref, other)
     return kl_divergence(ref, other).reshape(-1, ref.shape[-1]).mean(dim=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Grouped-query causal attention, as a decoder with a KV cache runs it (input dtype)
+# --------------------------------------------------------------------------------------------------
+
+
+def _group(q: torch.Tensor, n_kv: int) -> torch.Tensor:
+    b, hq, s, d = q.shape
+    if hq % n_kv:
+        raise ValueError(f"query heads {hq} must be a multiple of key/value heads {n_kv}.")
+    return q.view(b, n_kv, hq // n_kv, s, d)
+
+
+def grouped_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    r"""Scores :math:`q\cdot k/\sqrt{d}` [b, hkv, g, s, n] of queries [b, hq, s, d] against keys [b, hkv, n, d],
+    query heads grouped g = hq / hkv per key head."""
+    return torch.einsum("bhgsd,bhnd->bhgsn", _group(q, k.shape[1]), k) / math.sqrt(q.shape[-1])
+
+
+def attend_scores(scores: torch.Tensor, values: torch.Tensor, q_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+    """Causal softmax of ``grouped_scores`` [b, hkv, g, s, n] and the weighted values: output [b, hq, s, d]."""
+    mask = key_pos[None, :] <= q_pos[:, None]  # causal: a query sees keys at or before its position
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    out = torch.einsum("bhgsn,bhnd->bhgsd", probs, values)
+    b, hkv, g, s, d = out.shape
+    return out.reshape(b, hkv * g, s, d)
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_pos: torch.Tensor,
+           key_pos: torch.Tensor) -> torch.Tensor:
+    """Causal softmax attention of rotated queries [b, hq, s, d] over rotated keys [b, hkv, n, d]."""
+    return attend_scores(grouped_scores(q, keys), values, q_pos, key_pos)

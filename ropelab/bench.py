@@ -26,12 +26,15 @@ from pathlib import Path
 import torch
 
 from .core import apply_rope, cos_sin, rotate
+from .paths import DATA_DIR
 from .scaling import frequencies
+from .spec import RopeSpec
 
-REPO = Path(__file__).resolve().parents[1]
+__all__ = ["machine_info", "time_methods", "bench_cpu", "bench_decode", "print_table", "print_decode", "main"]
 
 
 def machine_info() -> dict:
+    """CPU model, thread counts and library versions, for a benchmark's JSON."""
     cpu = platform.processor() or "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -72,6 +75,7 @@ def time_methods(methods: dict[str, Callable[[], object]], repeats: int, warmup:
 
 
 def bench_cpu(shape=(1, 32, 4096, 128), repeats: int = 20, threads: int = 2, compile: bool = True) -> dict:
+    """RoPE on q and k [b, h, s, d]: ropelab vs Hugging Face eager and compiled vs a clone (module docstring)."""
     torch.manual_seed(0)
     torch.set_num_threads(threads)
     b, h, s, d = shape
@@ -161,6 +165,7 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
     torch.set_num_threads(threads)
     hq, hkv = heads
     rope = {"rope_type": "dynamic", "factor": factor}
+    spec = RopeSpec(scaling=rope, max_position_embeddings=l0)
     rows = []
     for b in batches:
         for length in lengths:
@@ -170,19 +175,16 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
             q = torch.randn(b, hq, 1, head_dim)
             k1, v1 = torch.randn(b, hkv, 1, head_dim), torch.randn(b, hkv, 1, head_dim)
             policies = ("post_rope", "bucketed", "recompute", "rope_on_load")
-            scheds = {p: RopeSchedule(head_dim, rope_scaling=rope, max_position_embeddings=l0,
-                                      bucket_growth=2.0 if p == "bucketed" else None) for p in policies}
+            scheds = {p: RopeSchedule(spec, head_dim, bucket_growth=2.0 if p == "bucketed" else None)
+                      for p in policies}
             times = {p: [] for p in policies}
             traffic = {}
             for rep in range(repeats + 1):  # the first round warms up; policies take turns each round
                 for policy in policies:
                     sched = scheds[policy]
                     cache = RotaryKVCache(sched, policy, 1)
-                    for store, src in ((cache.k[0], keys), (cache.v[0], values)):
-                        store.buf = torch.empty(b, hkv, n + 8, head_dim)
-                        store.buf[:, :, :n] = src
-                        store.n = n
-                    cache.frame[0] = sched.at(length)  # steady state: the cached keys are in the current frame
+                    # steady state: the cached keys are in the current frame
+                    cache.fill(0, keys, values, frame_length=length, spare=8)
                     t0 = time.perf_counter()
                     cache.step(0, q, k1, v1, torch.tensor([length - 1]), length)
                     if rep:
@@ -209,8 +211,7 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
                 if policy == "bucketed":
                     # The boundary step: re-rotate n keys from the frame of L/2 to the frame of L.
                     cache = RotaryKVCache(sched, policy, 1)
-                    cache.k[0].buf, cache.k[0].n = keys.clone(), n
-                    cache.frame[0] = sched.at(max(l0, length // 2))
+                    cache.fill(0, keys, values, frame_length=max(l0, length // 2))
                     inv, af = sched.at(length)
                     t0 = time.perf_counter()
                     cache.rerotate(0, inv, af)
@@ -238,6 +239,7 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
 
 
 def print_decode(result: dict) -> None:
+    """Print ``bench_decode``'s rows as a table."""
     print(f"one decoding step, one layer, heads {result['heads_q_kv']} (q, kv), d={result['head_dim']}, "
           f"dynamic NTK past {result['l0']}, {result['machine']['torch_threads']} threads, {result['machine']['cpu']}")
     print(f"{'batch':>5s} {'cached':>7s} {'policy':22s} {'ms/step':>9s} {'x post_rope':>11s} {'key MB/step':>11s} "
@@ -248,6 +250,7 @@ def print_decode(result: dict) -> None:
 
 
 def print_table(result: dict) -> None:
+    """Print ``bench_cpu``'s rows and ratios as a table."""
     print(f"RoPE on q and k, shape {result['shape_bhsd']} (b h s d) float32, "
           f"{result['machine']['torch_threads']} threads, {result['machine']['cpu']}")
     print(f"{'method':42s} {'median ms':>10s} {'GB/s':>7s} {'x clone':>8s}")
@@ -260,6 +263,7 @@ def print_table(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m ropelab.bench cpu | decode``."""
     parser = argparse.ArgumentParser(prog="python -m ropelab.bench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="which", required=True)
     cpu = sub.add_parser("cpu", help="RoPE on q and k: ropelab vs Hugging Face eager and compiled, vs a clone")
@@ -267,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu.add_argument("--repeats", type=int, default=20)
     cpu.add_argument("--threads", type=int, default=2)
     cpu.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    cpu.add_argument("--out", default=str(REPO / "data" / "bench" / "cpu.json"))
+    cpu.add_argument("--out", default=str(DATA_DIR / "bench" / "cpu.json"))
     dec = sub.add_parser("decode", help="time per decoding step for the four KV-cache policies")
     dec.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     dec.add_argument("--batches", type=int, nargs="+", default=[1, 8])
@@ -275,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--head-dim", type=int, default=128)
     dec.add_argument("--repeats", type=int, default=3)
     dec.add_argument("--threads", type=int, default=2)
-    dec.add_argument("--out", default=str(REPO / "data" / "bench" / "decode.json"))
+    dec.add_argument("--out", default=str(DATA_DIR / "bench" / "decode.json"))
     args = parser.parse_args(argv)
     if args.which == "decode":
         result = bench_decode(tuple(args.lengths), tuple(args.batches), tuple(args.heads), args.head_dim,

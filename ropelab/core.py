@@ -379,6 +379,7 @@ def apply_rope(
     max_position_embeddings: int | None = None,
     seq_len: int | None = None,
     angle_dtype: torch.dtype = torch.float64,
+    spec: Any = None,
 ) -> torch.Tensor:
     r"""Apply RoPE to ``x``, whose every axis is named by ``layout``.
 
@@ -401,9 +402,16 @@ def apply_rope(
         seq_len: the current length for length-dependent scalings (dynamic, longrope); default
             ``max(positions) + 1`` as Hugging Face does in a full forward.
         angle_dtype: float64 (default) or float32 for the angles :math:`m\,\omega_i`.
+        spec: a :class:`ropelab.spec.RopeSpec` giving style, base, rotary_dim, scaling and
+            max_position_embeddings at once (then leave those keywords at their defaults).
 
     Returns a tensor of x's shape and dtype.
     """
+    if spec is not None:
+        if (style, base, rotary_dim, rope_scaling, max_position_embeddings) != ("half", 10000.0, None, None, None):
+            raise ValueError("give the RoPE settings either as spec= or as keywords (style, base, ...), not both.")
+        style, base, rotary_dim = spec.style, spec.base, spec.rotary_dim
+        rope_scaling, max_position_embeddings = spec.scaling, spec.max_position_embeddings
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
         raise ValueError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}.")
     lay = parse_layout(layout, x.ndim)

@@ -27,16 +27,13 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-NOTEBOOK_DIR = REPO / "notebooks"
-BUILD_DIR = REPO / "build"
-FIGURES_DIR = REPO / "figures"
-DATA_DIR = REPO / "data"
+from .paths import BUILD_DIR, DATA_DIR, FIGURES_DIR, NOTEBOOK_DIR, REPO
 
 SEED = 0
 THREADS = 2
 
-__all__ = ["setup", "save", "notebooks", "run_notebook", "main", "REPO", "DATA_DIR", "FIGURES_DIR"]
+# REPO, DATA_DIR, FIGURES_DIR and BUILD_DIR are ropelab.paths' (re-exported: notebooks import them from here).
+__all__ = ["setup", "save", "notebooks", "run_notebook", "main", "REPO", "DATA_DIR", "FIGURES_DIR", "BUILD_DIR"]
 
 
 def setup(seed: int = SEED, threads: int = THREADS) -> None:
@@ -62,15 +59,15 @@ def setup(seed: int = SEED, threads: int = THREADS) -> None:
         pass
 
 
-def save(fig, name: str, figures_dir: str | os.PathLike = FIGURES_DIR) -> list[Path]:
+def save(fig, name: str, figures_dir: str | os.PathLike = FIGURES_DIR) -> None:
     """Write ``fig`` as ``name.png`` and ``name.svg`` into ``figures_dir``, without dates or versions in the
-    metadata, so a re-run with the same numbers gives the same bytes."""
+    metadata, so a re-run with the same numbers gives the same bytes. Returns None, so a notebook cell
+    ending in ``save(...)`` prints nothing."""
     out = Path(figures_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.svg"]
     fig.savefig(paths[0], bbox_inches="tight", metadata={"Software": None})
     fig.savefig(paths[1], bbox_inches="tight", metadata={"Date": None, "Creator": None})
-    return paths
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:

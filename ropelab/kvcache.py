@@ -11,7 +11,7 @@ query at step L uses :math:`\omega(L)`. The score of query (position L - 1) and 
 :math:`\varepsilon_i(m, L) = m\,(\omega_i(L) - \omega_i(L_m))` on pair i (see the NormXU / gante thread,
 transformers issue #25104; ``shared/seeds/dynamic-ntk-cache-inconsistency.txt``).
 
-Policies (``POLICIES``):
+Policies (``POLICIES``, a registry of :class:`CachePolicy` objects by name):
 
 - ``post_rope``: cache rotated keys, each with the frequencies of its own step (Hugging Face; inconsistent).
 - ``recompute``: cache keys before RoPE; at every step rotate all of them with :math:`\omega(L)` into a
@@ -23,8 +23,14 @@ Policies (``POLICIES``):
 - ``rope_on_load``: cache keys before RoPE and rotate them chunk by chunk as attention reads them,
   never writing them back (consistent; reads like ``post_rope``, pays the rotation arithmetic).
 
-The decoder is driven through a small adapter (:class:`TinyLMAdapter` for ``ropelab.models.TinyLM``,
-:class:`HFLlamaAdapter` for a Hugging Face ``LlamaForCausalLM``), so the same cache code runs both.
+Adding a policy is one small class: subclass :class:`CachePolicy`, set ``name``, implement ``store`` (what
+enters the cache for this step's keys) and, if its cached keys are not in the current frame, ``attend``;
+count any extra pass over the cached keys with ``cache.traffic.count(...)``; decorate it with
+:func:`register_policy`. ``decode`` and ``RotaryKVCache`` then accept its name.
+
+The decoder is driven through a small adapter (``ropelab.models.TinyLMAdapter`` for ``TinyLM``,
+``ropelab.hf.HFLlamaAdapter`` for a Hugging Face ``LlamaForCausalLM``), so the same cache code runs both.
+Staleness analytics (the phase error of stale keys, the drift probe) are in ``ropelab.staleness``.
 Note what a KV cache means for any policy: the keys and values of *deeper* layers were computed from
 hidden states of earlier steps, so only the first layer's cache equals a full forward at the current
 base; the policies differ in the positional frame of the cached keys, which is what they control.
@@ -33,66 +39,70 @@ base; the policies differ in the positional frame of the cached keys, which is w
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
-from .attention import kl_divergence
-from .core import check_style, cos_sin, pair_indices, rotate
-from .scaling import frequencies, ntk_base
+from .attention import attend, attend_scores, grouped_scores
+from .core import cos_sin, rotate
+from .scaling import ntk_base
+from .spec import RopeSpec
 
 __all__ = [
     "POLICIES",
+    "CachePolicy",
+    "register_policy",
     "RopeSchedule",
+    "KeyTraffic",
     "RotaryKVCache",
-    "TinyLMAdapter",
-    "HFLlamaAdapter",
+    "Decoded",
     "decode",
     "full_forward",
-    "phase_error",
-    "effective_position",
-    "pair_energy",
-    "write_lengths",
-    "DriftProbe",
-    "drift_probe",
+    "run_step",
 ]
 
-POLICIES = ("post_rope", "recompute", "bucketed", "rope_on_load")
 
-
-@dataclass
+@dataclass(frozen=True)
 class RopeSchedule:
     """The frequencies a model uses at current length L, with optional geometric buckets.
 
-    ``bucket_growth=g`` snaps every length past :math:`L_0` up to the next :math:`\\lceil L_0 g^k\\rceil`,
-    so a length-dependent scaling changes only :math:`\\log_g(L/L_0)` times.
+    ``spec`` is the model's RoPE, ``head_dim`` its head size. ``bucket_growth=g`` snaps every length past
+    :math:`L_0` up to the next :math:`\\lceil L_0 g^k\\rceil`, so a length-dependent scaling changes only
+    :math:`\\log_g(L/L_0)` times. ``angle_dtype`` is the dtype of the angles :math:`m\\,\\omega_i`.
     """
 
+    spec: RopeSpec
     head_dim: int
-    base: float = 10000.0
-    rope_scaling: Mapping[str, Any] | None = None
-    max_position_embeddings: int | None = None
-    rotary_dim: int | None = None
-    style: str = "half"
     bucket_growth: float | None = None
     angle_dtype: torch.dtype = torch.float64
 
     def __post_init__(self) -> None:
-        check_style(self.style)
+        if not isinstance(self.spec, RopeSpec):
+            raise ValueError(f"spec must be a ropelab.spec.RopeSpec, got {type(self.spec).__name__}.")
         if self.bucket_growth is not None and self.bucket_growth <= 1:
             raise ValueError(f"bucket_growth must be > 1 (e.g. 2 for doubling buckets), got {self.bucket_growth}.")
         if self.bucket_growth is not None and self.threshold is None:
             raise ValueError("bucket_growth needs max_position_embeddings (the length where buckets start).")
 
+    @classmethod
+    def of(cls, adapter: Any, *, bucket_growth: float | None = None, **changes: Any) -> RopeSchedule:
+        """The schedule of a model behind an adapter (``adapter.rope``, ``adapter.head_dim``), with any
+        RopeSpec field changed: ``RopeSchedule.of(adapter, scaling={"rope_type": "dynamic", "factor": 4.0})``."""
+        return cls(replace(adapter.rope, **changes), adapter.head_dim, bucket_growth)
+
+    @property
+    def style(self) -> str:
+        """The spec's pairing style."""
+        return self.spec.style
+
     @property
     def threshold(self) -> int | None:
         """:math:`L_0`: where a length-dependent scaling starts to move."""
-        sc = self.rope_scaling or {}
-        if sc.get("rope_type", sc.get("type")) == "longrope":
-            return sc.get("original_max_position_embeddings") or self.max_position_embeddings
-        return self.max_position_embeddings
+        sc = self.spec.scaling or {}
+        if self.spec.rope_type == "longrope":
+            return sc.get("original_max_position_embeddings") or self.spec.max_position_embeddings
+        return self.spec.max_position_embeddings
 
     def effective_length(self, length: int) -> int:
         """The length whose frequencies are used at current length ``length``."""
@@ -104,62 +114,15 @@ class RopeSchedule:
 
     def at(self, length: int) -> tuple[torch.Tensor, float]:
         """``(inv_freq, attention_factor)`` at current length ``length`` (float64)."""
-        return frequencies(
-            self.head_dim,
-            self.base,
-            rotary_dim=self.rotary_dim,
-            rope_scaling=self.rope_scaling,
-            seq_len=self.effective_length(length),
-            max_position_embeddings=self.max_position_embeddings,
-        )
+        return self.spec.frequencies(self.head_dim, seq_len=self.effective_length(length))
 
     def base_at(self, length: int) -> float:
         """Dynamic NTK's base :math:`b(L)` (the plain base for other types)."""
-        sc = self.rope_scaling or {}
-        if sc.get("rope_type", sc.get("type")) != "dynamic":
-            return float(sc.get("rope_theta", self.base))
-        r = self.rotary_dim or self.head_dim
-        return ntk_base(sc.get("rope_theta", self.base), r, self.effective_length(length),
-                        self.max_position_embeddings, float(sc["factor"]))
-
-
-def write_lengths(length: int, prompt_len: int = 1) -> torch.Tensor:
-    """:math:`L_m`, the length at which the key at position m entered the cache: the prompt's keys all
-    enter at ``prompt_len``, each decoded key at m + 1."""
-    return torch.arange(length).add(1).clamp(min=prompt_len)
-
-
-def _inv_at_lengths(schedule: RopeSchedule, lengths: torch.Tensor) -> torch.Tensor:
-    cache: dict[int, torch.Tensor] = {}
-    rows = []
-    for n in lengths.tolist():
-        if n not in cache:
-            cache[n] = schedule.at(n)[0]
-        rows.append(cache[n])
-    return torch.stack(rows)
-
-
-def phase_error(schedule: RopeSchedule, length: int, prompt_len: int = 1) -> torch.Tensor:
-    r"""Phase error of every post-RoPE cached key against the current query's frame at length L,
-    :math:`\varepsilon_i(m, L) = m\,(\omega_i(L) - \omega_i(L_m))`, shape [L, r/2] (key position, pair), float64."""
-    inv_now, _ = schedule.at(length)
-    inv_then = _inv_at_lengths(schedule, write_lengths(length, prompt_len))
-    m = torch.arange(length, dtype=torch.float64)[:, None]
-    return m * (inv_now[None, :] - inv_then)
-
-
-def effective_position(schedule: RopeSchedule, length: int, prompt_len: int = 1) -> torch.Tensor:
-    r"""The position each pair *sees* for an old key in the current frame, :math:`m_i^{eff} = m\,
-    \omega_i(L_m) / \omega_i(L)`, shape [L, r/2]: the warp a stale key undergoes (m itself when consistent)."""
-    inv_now, _ = schedule.at(length)
-    inv_then = _inv_at_lengths(schedule, write_lengths(length, prompt_len))
-    return torch.arange(length, dtype=torch.float64)[:, None] * inv_then / inv_now[None, :]
-
-
-def pair_energy(x: torch.Tensor, style: str = "half") -> torch.Tensor:
-    """Mean norm of each rotary pair of ``x`` [..., d] over all leading dims, shape [d/2]."""
-    a, b = pair_indices(x.shape[-1], style)
-    return torch.sqrt(x[..., a].double() ** 2 + x[..., b].double() ** 2).reshape(-1, a.numel()).mean(0)
+        if self.spec.rope_type != "dynamic":
+            return self.spec.base
+        r = self.spec.rotary_dim or self.head_dim
+        return ntk_base(self.spec.base, r, self.effective_length(length), self.spec.max_position_embeddings,
+                        float(self.spec.scaling["factor"]))
 
 
 def _rope(x: torch.Tensor, positions: torch.Tensor, inv: torch.Tensor, af: float, style: str, angle_dtype):
@@ -190,41 +153,202 @@ class _Store:
         return self.buf[:, :, : self.n]
 
 
+@dataclass
+class KeyTraffic:
+    """Bytes of cached keys read and written (values are the same for every policy and not counted)."""
+
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    def count(self, positions_read: int, positions_written: int, bytes_per_position: int) -> None:
+        """Add a pass that read and wrote that many cached key positions."""
+        self.bytes_read += positions_read * bytes_per_position
+        self.bytes_written += positions_written * bytes_per_position
+
+
+class Frame(NamedTuple):
+    """The current step's frequencies: ``(inv_freq, attention_factor)`` at current length ``length``."""
+
+    inv: torch.Tensor
+    af: float
+    length: int
+
+
+# --------------------------------------------------------------------------------------------------
+# Policies: how cached keys are stored and brought into the current frame
+# --------------------------------------------------------------------------------------------------
+
+
+class CachePolicy:
+    """One way of caching keys under a length-dependent RoPE. Subclasses set ``name`` and ``rotated``
+    (whether cached keys are stored after RoPE), implement :meth:`store`, and override :meth:`attend` when
+    the stored keys are not in the current frame. Every step reads all cached keys once and writes this
+    step's keys once (``RotaryKVCache.step`` counts that); a policy counts any extra pass itself."""
+
+    name: ClassVar[str] = ""
+    rotated: ClassVar[bool] = True
+
+    def store(self, cache: RotaryKVCache, layer: int, k: torch.Tensor, positions: torch.Tensor,
+              frame: Frame) -> torch.Tensor:
+        """What enters the cache for this step's keys ``k`` (before RoPE): rotated or as they are."""
+        return cache.rope(k, positions, frame.inv, frame.af) if self.rotated else k
+
+    def attend(self, cache: RotaryKVCache, layer: int, q_rot: torch.Tensor, positions: torch.Tensor,
+               frame: Frame) -> torch.Tensor:
+        """Attention of the rotated queries over the layer's cache (which already holds this step's keys)."""
+        K, V = cache.k[layer], cache.v[layer]
+        return attend(q_rot, K.view(), V.view(), positions, torch.arange(K.n))
+
+
+POLICIES: dict[str, type[CachePolicy]] = {}
+
+
+def register_policy(cls: type[CachePolicy]) -> type[CachePolicy]:
+    """Class decorator: make a :class:`CachePolicy` available by its ``name`` (``POLICIES[name]``)."""
+    if not cls.name or cls.name in POLICIES:
+        raise ValueError(f"a policy needs a new, non-empty name; got {cls.name!r} (taken: {sorted(POLICIES)}).")
+    POLICIES[cls.name] = cls
+    return cls
+
+
+@register_policy
+class PostRope(CachePolicy):
+    """Cache rotated keys, each with the frequencies of its own step (Hugging Face; inconsistent)."""
+
+    name = "post_rope"
+
+
+@register_policy
+class Bucketed(CachePolicy):
+    """Cache rotated keys; when the (bucketed) frequencies change, re-rotate the cached keys in place by the
+    angle difference first (consistent at every step)."""
+
+    name = "bucketed"
+
+    def store(self, cache, layer, k, positions, frame):
+        old = cache.frame[layer]
+        n = cache.k[layer].n
+        if old is not None and n and not torch.equal(old[0], frame.inv):
+            cache.rerotate(layer, frame.inv, frame.af)
+            cache.traffic.count(n, n, cache.key_bytes(k))
+        cache.frame[layer] = (frame.inv, frame.af)
+        return super().store(cache, layer, k, positions, frame)
+
+
+@register_policy
+class Recompute(CachePolicy):
+    """Cache keys before RoPE; every step rotate all of them into a rotated copy (consistent; O(L))."""
+
+    name = "recompute"
+    rotated = False
+
+    def attend(self, cache, layer, q_rot, positions, frame):
+        K, V = cache.k[layer], cache.v[layer]
+        keys = cache.rope_cached(K.view(), frame)  # the rotated copy is written, then read
+        cache.traffic.count(K.n, K.n, cache.key_bytes(keys))
+        return attend(q_rot, keys, V.view(), positions, torch.arange(K.n))
+
+
+@register_policy
+class RopeOnLoad(CachePolicy):
+    """Cache keys before RoPE; rotate them chunk by chunk as attention reads them, never writing them back."""
+
+    name = "rope_on_load"
+    rotated = False
+
+    def attend(self, cache, layer, q_rot, positions, frame):
+        keys, values = cache.k[layer].view(), cache.v[layer].view()
+        scores = []
+        for start in range(0, keys.shape[2], cache.chunk):
+            kc = cache.rope_cached(keys[:, :, start : start + cache.chunk], frame, start, keys.shape[2])
+            scores.append(grouped_scores(q_rot, kc))
+        return attend_scores(torch.cat(scores, dim=-1), values, positions, torch.arange(keys.shape[2]))
+
+
+def _policy(policy: str | CachePolicy) -> CachePolicy:
+    if isinstance(policy, CachePolicy):
+        return policy
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {tuple(POLICIES)}, got {policy!r}.")
+    return POLICIES[policy]()
+
+
+# --------------------------------------------------------------------------------------------------
+# The cache
+# --------------------------------------------------------------------------------------------------
+
+
 class RotaryKVCache:
-    """Per-layer key/value cache for one of the four ``POLICIES``.
+    """Per-layer key/value cache under one policy (a name in ``POLICIES`` or a :class:`CachePolicy`).
 
     ``step(layer, q, k, v, positions, length)`` takes this step's queries, keys and values *before* RoPE
     ([b, heads, s, d]; keys and values may have fewer heads: grouped-query attention), appends to the
-    cache, and returns the attention output [b, q_heads, s, d]. ``bytes_read`` / ``bytes_written`` count
-    the traffic to the cached keys (values are the same for every policy and not counted).
+    cache, and returns the attention output [b, q_heads, s, d]. ``traffic`` counts the bytes of cached
+    keys read and written. :meth:`fill` loads keys and values directly (a benchmark's steady state).
     """
 
-    def __init__(self, schedule: RopeSchedule, policy: str, n_layers: int, *, chunk: int = 1024):
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}.")
-        self.schedule, self.policy, self.chunk = schedule, policy, chunk
-        self.k = [_Store() for _ in range(n_layers)]  # rotated (post_rope, bucketed) or raw keys
+    def __init__(self, schedule: RopeSchedule, policy: str | CachePolicy, n_layers: int, *, chunk: int = 1024):
+        self.schedule, self.policy, self.chunk = schedule, _policy(policy), chunk
+        self.k = [_Store() for _ in range(n_layers)]  # rotated (policy.rotated) or raw keys
         self.v = [_Store() for _ in range(n_layers)]
-        self.frame: list[tuple[torch.Tensor, float] | None] = [None] * n_layers  # bucketed: cached keys' (inv, af)
-        self.bytes_read = 0
-        self.bytes_written = 0
+        self.frame: list[tuple[torch.Tensor, float] | None] = [None] * n_layers  # cached keys' (inv, af)
+        self.traffic = KeyTraffic()
         self.rerotations = 0
         self._memo: tuple | None = None  # (length, n, cos, sin): the whole cache's table at this step
 
-    def _rope(self, x, positions, inv, af):
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of cached keys read so far."""
+        return self.traffic.bytes_read
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes of cached keys written so far."""
+        return self.traffic.bytes_written
+
+    def __len__(self) -> int:
+        return self.k[0].n if self.k else 0
+
+    @staticmethod
+    def key_bytes(k: torch.Tensor) -> int:
+        """Bytes per cached position of keys shaped like ``k`` [b, h, s, d]."""
+        return k.element_size() * k.shape[0] * k.shape[1] * k.shape[3]
+
+    def fill(self, layer: int, keys: torch.Tensor, values: torch.Tensor, *, frame_length: int | None = None,
+             spare: int = 0) -> None:
+        """Load ``keys`` and ``values`` [b, hkv, n, d] into an empty layer as the policy stores them (rotated
+        keys for a rotated policy, raw keys otherwise; the caller's tensors are copied, not rotated), with
+        room for ``spare`` more positions. ``frame_length``: the length whose frequencies the rotated keys
+        are in (default n)."""
+        if self.k[layer].n or self.v[layer].n:
+            raise ValueError(f"layer {layer} of the cache is not empty; fill() loads an empty layer.")
+        if keys.shape != values.shape or keys.ndim != 4:
+            raise ValueError(f"keys and values must have one shape [b, h, n, d], got {tuple(keys.shape)} "
+                             f"and {tuple(values.shape)}.")
+        b, h, n, d = keys.shape
+        for store, src in ((self.k[layer], keys), (self.v[layer], values)):
+            store.buf = torch.empty(b, h, n + spare, d, dtype=src.dtype, device=src.device)
+            store.buf[:, :, :n] = src
+            store.n = n
+        if self.policy.rotated:
+            self.frame[layer] = self.schedule.at(n if frame_length is None else frame_length)
+
+    def rope(self, x: torch.Tensor, positions: torch.Tensor, inv: torch.Tensor, af: float) -> torch.Tensor:
+        """RoPE on [b, h, s, d] at ``positions`` with frequencies ``inv`` and factor ``af``."""
         return _rope(x, positions, inv, af, self.schedule.style, self.schedule.angle_dtype)
 
-    def _rope_all(self, keys, length, inv, af, start: int = 0, total: int | None = None):
-        """Rotate cached keys [b, h, n, d] at positions start .. start + n - 1 into the frame of ``length``.
+    def rope_cached(self, keys: torch.Tensor, frame: Frame, start: int = 0, total: int | None = None) -> torch.Tensor:
+        """Rotate cached keys [b, h, n, d] at positions start .. start + n - 1 into ``frame``.
 
         The table for all ``total`` cached positions is computed once per step and shared by the layers
         and chunks, as a model computes its cos/sin once per forward."""
         n = start + keys.shape[2]
         total = max(n, total or 0)
-        if self._memo is None or self._memo[0] != length or self._memo[1] < n:
+        if self._memo is None or self._memo[0] != frame.length or self._memo[1] < n:
             dtype = torch.promote_types(keys.dtype, torch.float32)
-            c, s = cos_sin(torch.arange(total), inv, af, dtype=dtype, angle_dtype=self.schedule.angle_dtype)
-            self._memo = (length, total, c, s)
+            c, s = cos_sin(torch.arange(total), frame.inv, frame.af, dtype=dtype,
+                           angle_dtype=self.schedule.angle_dtype)
+            self._memo = (frame.length, total, c, s)
         c, s = self._memo[2][start:n], self._memo[3][start:n]
         return rotate(keys, c[None, None], s[None, None], style=self.schedule.style)
 
@@ -234,188 +358,30 @@ class RotaryKVCache:
         (applying ``af`` itself again would scale the keys twice)."""
         old_inv, old_af = self.frame[layer]
         K = self.k[layer]
-        K.buf[:, :, : K.n] = self._rope(K.view(), torch.arange(K.n), inv - old_inv, af / old_af)
+        K.buf[:, :, : K.n] = self.rope(K.view(), torch.arange(K.n), inv - old_inv, af / old_af)
         self.frame[layer] = (inv, af)
         self.rerotations += 1
 
     def step(self, layer: int, q, k, v, positions: torch.Tensor, length: int) -> torch.Tensor:
+        """Append this step's k, v (before RoPE) to ``layer`` and return the attention output of q."""
         inv, af = self.schedule.at(length)
-        K, V = self.k[layer], self.v[layer]
-        esize = k.element_size() * k.shape[0] * k.shape[1] * k.shape[3]  # bytes per cached position
-        q_rot = self._rope(q, positions, inv, af)
-        if self.policy == "post_rope":
-            K.append(self._rope(k, positions, inv, af))
-        elif self.policy == "bucketed":
-            frame = self.frame[layer]
-            if frame is not None and K.n and not torch.equal(frame[0], inv):
-                self.rerotate(layer, inv, af)
-                self.bytes_read += K.n * esize
-                self.bytes_written += K.n * esize
-            self.frame[layer] = (inv, af)
-            K.append(self._rope(k, positions, inv, af))
-        else:
-            K.append(k)
-        self.bytes_written += k.shape[2] * esize
-        V.append(v)
-        keys, values = K.view(), V.view()
-        key_pos = torch.arange(K.n)
-        if self.policy == "recompute":
-            keys = self._rope_all(keys, length, inv, af)  # the rotated copy is written, then read
-            self.bytes_read += K.n * esize
-            self.bytes_written += K.n * esize
-        if self.policy == "rope_on_load":
-            self.bytes_read += K.n * esize
-            return self._attend_chunked(q_rot, keys, values, positions, key_pos, length, inv, af)
-        self.bytes_read += K.n * esize
-        return attend(q_rot, keys, values, positions, key_pos)
-
-    def _attend_chunked(self, q, keys, values, q_pos, key_pos, length, inv, af):
-        """Attention that rotates raw keys chunk by chunk as it reads them (never stored rotated)."""
-        scores = []
-        for start in range(0, keys.shape[2], self.chunk):
-            kc = self._rope_all(keys[:, :, start : start + self.chunk], length, inv, af, start, keys.shape[2])
-            scores.append(_scores(q, kc))
-        return _softmax_out(torch.cat(scores, dim=-1), values, q_pos, key_pos)
-
-
-def _group(q: torch.Tensor, n_kv: int) -> torch.Tensor:
-    b, hq, s, d = q.shape
-    if hq % n_kv:
-        raise ValueError(f"query heads {hq} must be a multiple of key/value heads {n_kv}.")
-    return q.view(b, n_kv, hq // n_kv, s, d)
-
-
-def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """[b, hkv, g, s, n] scores of grouped queries against keys [b, hkv, n, d], scaled by 1/sqrt(d)."""
-    return torch.einsum("bhgsd,bhnd->bhgsn", _group(q, k.shape[1]), k) / math.sqrt(q.shape[-1])
-
-
-def _softmax_out(scores, values, q_pos, key_pos):
-    mask = key_pos[None, :] <= q_pos[:, None]  # causal: a query sees keys at or before its position
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-    out = torch.einsum("bhgsn,bhnd->bhgsd", probs, values)
-    b, hkv, g, s, d = out.shape
-    return out.reshape(b, hkv * g, s, d)
-
-
-def attend(q, keys, values, q_pos, key_pos) -> torch.Tensor:
-    """Causal softmax attention of rotated queries [b, hq, s, d] over rotated keys [b, hkv, n, d]."""
-    return _softmax_out(_scores(q, keys), values, q_pos, key_pos)
+        frame = Frame(inv, af, length)
+        q_rot = self.rope(q, positions, inv, af)
+        self.k[layer].append(self.policy.store(self, layer, k, positions, frame))
+        self.v[layer].append(v)
+        esize = self.key_bytes(k)
+        self.traffic.count(self.k[layer].n, k.shape[2], esize)  # write this step's keys, read all cached
+        return self.policy.attend(self, layer, q_rot, positions, frame)
 
 
 # --------------------------------------------------------------------------------------------------
-# Adapters and drivers
+# Drivers
 # --------------------------------------------------------------------------------------------------
 
 
-class DriftProbe(RotaryKVCache):
-    """A ``post_rope`` cache that also keeps the raw keys, and at every step and layer measures what the
-    consistent frame would have given for the *same* query and keys: the KL divergence
-    KL(consistent || post_rope) of the last query's attention and the largest absolute logit error."""
-
-    def __init__(self, schedule: RopeSchedule, n_layers: int):
-        super().__init__(schedule, "post_rope", n_layers)
-        self.raw = [_Store() for _ in range(n_layers)]
-        self.kl: list[list[float]] = [[] for _ in range(n_layers)]
-        self.logit_err: list[list[float]] = [[] for _ in range(n_layers)]
-
-    def step(self, layer, q, k, v, positions, length):
-        out = super().step(layer, q, k, v, positions, length)
-        self.raw[layer].append(k)
-        inv, af = self.schedule.at(length)
-        q_rot = self._rope(q[:, :, -1:], positions[-1:], inv, af)
-        s_stale = _scores(q_rot, self.k[layer].view())
-        s_true = _scores(q_rot, self._rope_all(self.raw[layer].view(), length, inv, af))
-        self.kl[layer].append(float(kl_divergence(s_true, s_stale).mean()))
-        self.logit_err[layer].append(float((s_true - s_stale).abs().max()))
-        return out
-
-
-@torch.no_grad()
-def drift_probe(adapter, ids: torch.Tensor, schedule: RopeSchedule, *, prompt_len: int = 1) -> DriftProbe:
-    """Run post_rope (Hugging Face's) cached decoding and return the probe with per-layer, per-step KL and
-    logit error of the stale frame against the consistent one."""
-    probe = DriftProbe(schedule, adapter.n_layers)
-    _run(adapter, probe, ids[:, :prompt_len], torch.arange(prompt_len), prompt_len)
-    for t in range(prompt_len, ids.shape[1]):
-        _run(adapter, probe, ids[:, t : t + 1], torch.tensor([t]), t + 1)
-    return probe
-
-
-class TinyLMAdapter:
-    """Drive a ``ropelab.models.TinyLM`` (pe='rope') layer by layer."""
-
-    def __init__(self, model):
-        if model.cfg.pe != "rope":
-            raise ValueError(f"TinyLMAdapter needs a model with pe='rope', got {model.cfg.pe!r}.")
-        self.model, self.cfg = model, model.cfg
-        self.n_layers = model.cfg.n_layers
-
-    def schedule(self, **overrides) -> RopeSchedule:
-        cfg = self.cfg
-        kw = dict(head_dim=cfg.head_dim, base=cfg.rope_base, rope_scaling=cfg.rope_scaling,
-                  max_position_embeddings=cfg.max_position_embeddings, style=cfg.rope_style)
-        kw.update(overrides)
-        return RopeSchedule(**kw)
-
-    def embed(self, ids):
-        return self.model.embed(ids)
-
-    def layer_qkv(self, i, h):
-        block = self.model.blocks[i]
-        return block.attn.project(block.ln1(h))
-
-    def layer_out(self, i, h, attn):
-        block = self.model.blocks[i]
-        h = h + block.attn.merge(attn)
-        return h + block.mlp(block.ln2(h))
-
-    def head(self, h):
-        return self.model.logits(h)
-
-
-class HFLlamaAdapter:
-    """Drive a Hugging Face ``LlamaForCausalLM`` layer by layer (weights used as they are)."""
-
-    def __init__(self, model):
-        self.model, self.config = model, model.config
-        self.n_layers = model.config.num_hidden_layers
-        self.head_dim = getattr(model.config, "head_dim", None) or (
-            model.config.hidden_size // model.config.num_attention_heads
-        )
-
-    def schedule(self, **overrides) -> RopeSchedule:
-        params = dict(self.config.rope_parameters)
-        kw = dict(head_dim=self.head_dim, base=params.get("rope_theta", 10000.0), rope_scaling=params,
-                  max_position_embeddings=self.config.max_position_embeddings, style="half")
-        kw.update(overrides)
-        return RopeSchedule(**kw)
-
-    def embed(self, ids):
-        return self.model.model.embed_tokens(ids)
-
-    def layer_qkv(self, i, h):
-        layer = self.model.model.layers[i]
-        x = layer.input_layernorm(h)
-        b, s, _ = x.shape
-        att = layer.self_attn
-
-        def proj(p):
-            return p(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-
-        return proj(att.q_proj), proj(att.k_proj), proj(att.v_proj)
-
-    def layer_out(self, i, h, attn):
-        layer = self.model.model.layers[i]
-        b, _, s, _ = attn.shape
-        h = h + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(b, s, -1))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
-
-    def head(self, h):
-        return self.model.lm_head(self.model.model.norm(h))
-
-
-def _run(adapter, cache: RotaryKVCache, ids: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
+def run_step(adapter, cache: RotaryKVCache, ids: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
+    """One forward of tokens ``ids`` at ``positions`` through every layer of ``adapter``, attending through
+    ``cache`` at current length ``length``; returns the logits."""
     h = adapter.embed(ids)
     for i in range(adapter.n_layers):
         q, k, v = adapter.layer_qkv(i, h)
@@ -423,27 +389,33 @@ def _run(adapter, cache: RotaryKVCache, ids: torch.Tensor, positions: torch.Tens
     return adapter.head(h)
 
 
+class Decoded(NamedTuple):
+    """What :func:`decode` returns: the logits [b, T, vocab] and the cache (byte counters, re-rotations)."""
+
+    logits: torch.Tensor
+    cache: RotaryKVCache
+
+
 @torch.no_grad()
-def decode(adapter, ids: torch.Tensor, schedule: RopeSchedule, policy: str, *, prompt_len: int = 1,
-           return_cache: bool = False):
+def decode(adapter, ids: torch.Tensor, schedule: RopeSchedule, policy: str | CachePolicy, *,
+           prompt_len: int = 1, cache: RotaryKVCache | None = None) -> Decoded:
     """Teacher-forced cached decoding: a prefill of ``prompt_len`` tokens, then one token per step.
 
-    Returns the logits [b, T, vocab] at every position, as generation would see them (and the cache with
-    its byte counters when ``return_cache``).
+    Returns :class:`Decoded`: the logits at every position, as generation would see them, and the cache.
+    ``cache`` may be given (a subclass that measures something, e.g. ``ropelab.staleness.DriftProbe``).
     """
     if not 1 <= prompt_len <= ids.shape[1]:
         raise ValueError(f"prompt_len must be in 1..{ids.shape[1]}, got {prompt_len}.")
-    if policy == "bucketed" and schedule.bucket_growth is None:
+    if _policy(policy).name == "bucketed" and schedule.bucket_growth is None:
         raise ValueError(
             "policy 'bucketed' needs a bucketed schedule: RopeSchedule(..., bucket_growth=2.0) (or "
-            "adapter.schedule(bucket_growth=2.0)); without buckets it would re-rotate at every step."
+            "RopeSchedule.of(adapter, bucket_growth=2.0)); without buckets it would re-rotate at every step."
         )
-    cache = RotaryKVCache(schedule, policy, adapter.n_layers)
-    out = [_run(adapter, cache, ids[:, :prompt_len], torch.arange(prompt_len), prompt_len)]
+    cache = RotaryKVCache(schedule, policy, adapter.n_layers) if cache is None else cache
+    out = [run_step(adapter, cache, ids[:, :prompt_len], torch.arange(prompt_len), prompt_len)]
     for t in range(prompt_len, ids.shape[1]):
-        out.append(_run(adapter, cache, ids[:, t : t + 1], torch.tensor([t]), t + 1))
-    logits = torch.cat(out, dim=1)
-    return (logits, cache) if return_cache else logits
+        out.append(run_step(adapter, cache, ids[:, t : t + 1], torch.tensor([t]), t + 1))
+    return Decoded(torch.cat(out, dim=1), cache)
 
 
 @torch.no_grad()
@@ -452,4 +424,4 @@ def full_forward(adapter, ids: torch.Tensor, schedule: RopeSchedule, *, length: 
     perplexity evaluation does."""
     n = ids.shape[1]
     cache = RotaryKVCache(schedule, "recompute", adapter.n_layers)
-    return _run(adapter, cache, ids, torch.arange(n), n if length is None else length)
+    return run_step(adapter, cache, ids, torch.arange(n), n if length is None else length)

@@ -14,19 +14,38 @@ PSF License 2.0; about 465 kB of English technical prose), written to ``data/cor
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from .figures import DATA_DIR
-from .kvcache import POLICIES, TinyLMAdapter, decode
-from .models import ModelConfig, TinyLM, masked_loss, train
+from .kvcache import POLICIES, RopeSchedule, decode
+from .models import ModelConfig, TinyLM, TinyLMAdapter, masked_loss, train
+from .paths import BUILD_DIR, DATA_DIR
 from .scaling import ntk_base
+from .spec import RopeSpec
+
+__all__ = [
+    "CORPUS",
+    "CHECKPOINT",
+    "L0",
+    "SCALE",
+    "build_corpus",
+    "load_corpus",
+    "model_config",
+    "train_lm",
+    "load_lm",
+    "val_windows",
+    "schemes",
+    "per_position_loss",
+    "evaluate_schemes",
+    "summarize",
+    "main",
+]
 
 CORPUS = DATA_DIR / "corpus" / "python_reference.txt"
 LM_DIR = DATA_DIR / "lm"
@@ -53,8 +72,9 @@ def load_corpus(path: Path = CORPUS) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def model_config(**overrides) -> ModelConfig:
-    kw = dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, pe="rope", rope_style="half",
-              rope_base=10000.0, max_position_embeddings=L0)
+    """The LM's architecture: 4 layers, d_model 128, 4 heads, RoPE (half style, base 1e4, L0 = 256)."""
+    kw = dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, pe="rope",
+              rope=RopeSpec(style="half", base=10000.0, max_position_embeddings=L0))
     kw.update(overrides)
     return ModelConfig(**kw)
 
@@ -91,8 +111,9 @@ def train_lm(steps: int = 1500, batch: int = 16, seed: int = 0, out: Path = CHEC
 
 
 def load_lm(path: Path = CHECKPOINT) -> TinyLM:
+    """The trained LM from its checkpoint, in eval mode."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    model = TinyLM(ModelConfig(**ckpt["config"]))
+    model = TinyLM(ModelConfig.from_dict(ckpt["config"]))
     model.load_state_dict(ckpt["state_dict"])
     return model.eval()
 
@@ -107,32 +128,21 @@ def val_windows(val_data: torch.Tensor, n: int, length: int, seed: int = 0) -> t
 
 
 def schemes(head_dim: int) -> dict[str, dict]:
-    """The context-extension schemes compared, each as (base, rope_scaling, cache policy or None for full)."""
+    """The context-extension schemes compared: name -> the RopeSpec fields changed (``base``, ``scaling``)
+    and the cache ``policy`` (absent: one full forward)."""
     ntk = ntk_base(10000.0, head_dim, SCALE * L0, L0, SCALE)  # NTK-aware: b * s^(r/(r-2)), fixed
     out = {
-        "no scaling": dict(base=10000.0, rope_scaling=None),
-        "linear (PI)": dict(base=10000.0, rope_scaling={"rope_type": "linear", "factor": SCALE}),
-        "NTK-aware": dict(base=ntk, rope_scaling=None),
-        "YaRN": dict(base=10000.0, rope_scaling={"rope_type": "yarn", "factor": SCALE,
-                                                  "original_max_position_embeddings": L0}),
-        "dynamic NTK, full sequence": dict(base=10000.0, rope_scaling={"rope_type": "dynamic", "factor": SCALE}),
+        "no scaling": dict(base=10000.0, scaling=None),
+        "linear (PI)": dict(base=10000.0, scaling={"rope_type": "linear", "factor": SCALE}),
+        "NTK-aware": dict(base=ntk, scaling=None),
+        "YaRN": dict(base=10000.0, scaling={"rope_type": "yarn", "factor": SCALE,
+                                            "original_max_position_embeddings": L0}),
+        "dynamic NTK, full sequence": dict(base=10000.0, scaling={"rope_type": "dynamic", "factor": SCALE}),
     }
     for policy in POLICIES:
         out[f"dynamic NTK, cache {policy}"] = dict(base=10000.0, policy=policy,
-                                                   rope_scaling={"rope_type": "dynamic", "factor": SCALE})
+                                                   scaling={"rope_type": "dynamic", "factor": SCALE})
     return out
-
-
-@contextlib.contextmanager
-def rope_settings(model: TinyLM, base: float, rope_scaling):
-    """Temporarily run ``model`` with another base / scaling (all layers share one config object)."""
-    cfg = model.cfg
-    old = (cfg.rope_base, cfg.rope_scaling)
-    cfg.rope_base, cfg.rope_scaling = base, rope_scaling
-    try:
-        yield model
-    finally:
-        cfg.rope_base, cfg.rope_scaling = old
 
 
 @torch.no_grad()
@@ -140,14 +150,13 @@ def per_position_loss(model: TinyLM, ids: torch.Tensor, scheme: dict, prompt_len
     """Cross-entropy at every position [n, T] for windows ``ids`` [n, T + 1] under one scheme; cached schemes
     prefill ``prompt_len`` tokens and then decode one token per step."""
     inputs, targets = ids[:, :-1], ids[:, 1:]
-    with rope_settings(model, scheme["base"], scheme["rope_scaling"]):
-        policy = scheme.get("policy")
-        if policy is None:
-            logits = model(inputs)
-        else:
-            adapter = TinyLMAdapter(model)
-            sched = adapter.schedule(bucket_growth=2.0 if policy == "bucketed" else None)
-            logits = decode(adapter, inputs, sched, policy, prompt_len=prompt_len)
+    spec = replace(model.cfg.rope, base=scheme["base"], scaling=scheme["scaling"])
+    policy = scheme.get("policy")
+    if policy is None:
+        logits = model(inputs, rope=spec)
+    else:
+        sched = RopeSchedule(spec, model.cfg.head_dim, bucket_growth=2.0 if policy == "bucketed" else None)
+        logits = decode(TinyLMAdapter(model), inputs, sched, policy, prompt_len=prompt_len).logits
     return torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
 
 
@@ -179,6 +188,7 @@ def summarize(result: dict, edges=(0, 256, 512, 768, 1024)) -> dict[str, list[fl
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m ropelab.lm corpus | train | eval``."""
     parser = argparse.ArgumentParser(prog="python -m ropelab.lm", description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=["corpus", "train", "eval"])
     parser.add_argument("--steps", type=int, default=1500)
@@ -192,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"final: {history[-1]}; wrote {CHECKPOINT}")
     else:
         result = evaluate_schemes(load_lm())
-        out = DATA_DIR.parent / "build" / "lm_eval.json"
+        out = BUILD_DIR / "lm_eval.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result) + "\n")
         for name, bands in summarize(result).items():

@@ -6,12 +6,15 @@ Small and readable on purpose: the notebooks train it on two CPU cores. Position
 - ``"none"``: NoPE, causal masking alone (Kazemnejad et al. 2023, arXiv 2305.19466);
 - ``"learned"``: a learned absolute embedding added to the tokens (GPT-2);
 - ``"sinusoidal"``: the fixed absolute encoding of Vaswani et al. 2017 (arXiv 1706.03762);
-- ``"rope"``: rotary embedding of q and k, any style, base or scaling (``ropelab.apply_rope``);
+- ``"rope"``: rotary embedding of q and k, any style, base or scaling (``ModelConfig.rope``, a
+  :class:`ropelab.spec.RopeSpec`, applied by ``ropelab.apply_rope``);
 - ``"alibi"``: a linear distance penalty per head, slopes :math:`2^{-8h/H}` (Press et al. 2021, arXiv 2108.12409);
 - ``"cope"``: Contextual Position Encoding (Golovneva et al. 2024, arXiv 2405.18719; ``ropelab.cope``);
 - ``"cope+rope"``: both.
 
-Attention is computed explicitly (no fused kernel) so notebooks can read the attention maps.
+Attention is computed explicitly (no fused kernel) so notebooks can read the attention maps
+(:meth:`TinyLM.forward_with_attention`). :class:`TinyLMAdapter` drives the model layer by layer for
+``ropelab.kvcache.decode``.
 """
 
 from __future__ import annotations
@@ -19,22 +22,44 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .cope import CoPE
-from .core import apply_rope, check_style
+from .core import apply_rope
+from .spec import RopeSpec
 
-__all__ = ["PE_TYPES", "ModelConfig", "TinyLM", "alibi_slopes", "sinusoidal_table", "train"]
+__all__ = [
+    "PE_TYPES",
+    "ModelConfig",
+    "Attention",
+    "Block",
+    "TinyLM",
+    "LMOutput",
+    "TinyLMAdapter",
+    "alibi_slopes",
+    "sinusoidal_table",
+    "masked_loss",
+    "train",
+]
 
 PE_TYPES = ("none", "learned", "sinusoidal", "rope", "alibi", "cope", "cope+rope")
 
 
-@dataclass
+# The flat RoPE fields of checkpoints written before ModelConfig.rope existed (data/lm/*.pt), and where
+# each now lives in RopeSpec. Read by ModelConfig.from_dict; nothing writes them any more.
+_LEGACY_ROPE_KEYS = {"rope_style": "style", "rope_base": "base", "rope_scaling": "scaling",
+                     "max_position_embeddings": "max_position_embeddings"}
+
+
+@dataclass(frozen=True)
 class ModelConfig:
+    """The model's sizes and its position encoding ``pe`` (one of ``PE_TYPES``); ``rope`` is the RoPE of
+    every layer when ``pe`` has RoPE. Frozen: another RoPE is ``dataclasses.replace(cfg, rope=...)``."""
+
     vocab_size: int
     d_model: int = 64
     n_layers: int = 2
@@ -42,15 +67,11 @@ class ModelConfig:
     d_ff: int | None = None  # default 4 * d_model
     pe: str = "rope"
     max_len: int = 1024  # table size for learned / sinusoidal
-    rope_style: str = "half"
-    rope_base: float = 10000.0
-    rope_scaling: Mapping[str, Any] | None = None
-    max_position_embeddings: int | None = None  # trained context, for length-dependent scalings
+    rope: RopeSpec = field(default_factory=RopeSpec)
     cope_npos_max: int = 64
     cope_per_head: bool = False
     cope_scale: str = "after"  # position term added after the 1/sqrt(d) scaling (paper's listing)
     dropout: float = 0.0
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.pe not in PE_TYPES:
@@ -59,14 +80,33 @@ class ModelConfig:
             raise ValueError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}.")
         if (self.d_model // self.n_heads) % 2 and "rope" in self.pe:
             raise ValueError("RoPE needs an even head dim; change d_model or n_heads.")
-        check_style(self.rope_style)
+        if not isinstance(self.rope, RopeSpec):
+            raise ValueError(f"rope must be a ropelab.spec.RopeSpec, got {type(self.rope).__name__}.")
 
     @property
     def head_dim(self) -> int:
+        """d_model / n_heads."""
         return self.d_model // self.n_heads
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain types only (what a checkpoint stores); ``ModelConfig.from_dict`` reads it back."""
+        out = {k: v for k, v in asdict(self).items() if k != "rope"}
+        out["rope"] = self.rope.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
+        """Inverse of :meth:`to_dict`; also reads checkpoints written with the earlier flat RoPE fields
+        (``rope_style``, ``rope_base``, ``rope_scaling``, ``max_position_embeddings``; an ``extra`` dict, unused
+        by any model, must be empty)."""
+        d = dict(d)
+        if d.pop("extra", None):
+            raise ValueError("this checkpoint's config has a non-empty 'extra' dict, which ModelConfig no longer has.")
+        legacy = {new: d.pop(old) for old, new in _LEGACY_ROPE_KEYS.items() if old in d}
+        if legacy and "rope" in d:
+            raise ValueError(f"config has both 'rope' and the flat fields {sorted(legacy)}; keep one.")
+        rope = d.pop("rope", legacy)
+        return cls(**d, rope=RopeSpec(**rope))
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> torch.Tensor:
@@ -95,6 +135,8 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    """Multi-head causal self-attention with the position encoding of ``cfg.pe``."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -122,19 +164,16 @@ class Attention(nn.Module):
         b, _, s, _ = y.shape
         return self.out(y.transpose(1, 2).reshape(b, s, self.cfg.d_model))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, return_attn: bool = False):
+    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+                rope: RopeSpec | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output [b, s, d_model], attention [b, h, s, s]) for x [b, s, d_model]; ``rope`` overrides
+        ``cfg.rope`` for this call."""
         cfg = self.cfg
         s = x.shape[1]
         q, k, v = self.project(x)
         if "rope" in cfg.pe:
-            rope = dict(
-                layout="b h s d",
-                style=cfg.rope_style,
-                base=cfg.rope_base,
-                rope_scaling=cfg.rope_scaling,
-                max_position_embeddings=cfg.max_position_embeddings,
-            )
-            q, k = apply_rope(q, positions, **rope), apply_rope(k, positions, **rope)
+            spec = cfg.rope if rope is None else rope
+            q, k = apply_rope(q, positions, layout="b h s d", spec=spec), apply_rope(k, positions, layout="b h s d", spec=spec)
         qk = q @ k.transpose(-1, -2)  # [b h s s], unscaled
         mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
         if self.cope is not None:
@@ -146,10 +185,12 @@ class Attention(nn.Module):
                 logits = logits - self.slopes[:, None, None] * dist
             logits = logits.masked_fill(~mask, float("-inf"))
         attn = logits.softmax(dim=-1)
-        return self.merge(attn @ v), (attn if return_attn else None)
+        return self.merge(attn @ v), attn
 
 
 class Block(nn.Module):
+    """Pre-LN transformer block: x + attn(ln1 x), then + mlp(ln2 x)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d_ff = cfg.d_ff or 4 * cfg.d_model
@@ -158,11 +199,19 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, d_ff), nn.GELU(), nn.Linear(d_ff, cfg.d_model))
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, positions, return_attn=False):
-        a, attn = self.attn(self.ln1(x), positions, return_attn)
+    def forward(self, x, positions, rope: RopeSpec | None = None):
+        """(hidden states, this block's attention [b, h, s, s])."""
+        a, attn = self.attn(self.ln1(x), positions, rope)
         x = x + self.drop(a)
         x = x + self.drop(self.mlp(self.ln2(x)))
         return x, attn
+
+
+class LMOutput(NamedTuple):
+    """What :meth:`TinyLM.forward_with_attention` returns."""
+
+    logits: torch.Tensor  # [b, s, vocab]
+    attention: list[torch.Tensor]  # one [b, h, s, s] per layer
 
 
 class TinyLM(nn.Module):
@@ -189,8 +238,15 @@ class TinyLM(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
 
-    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None, return_attn: bool = False):
-        """Logits [b, s, vocab] for token ids [b, s]; with ``return_attn`` also each layer's attention [b h s s]."""
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None, *,
+                rope: RopeSpec | None = None) -> torch.Tensor:
+        """Logits [b, s, vocab] for token ids [b, s]. ``rope`` runs the model with another RoPE than
+        ``cfg.rope`` for this call (the weights are shared; nothing is mutated)."""
+        return self.forward_with_attention(idx, positions, rope=rope).logits
+
+    def forward_with_attention(self, idx: torch.Tensor, positions: torch.Tensor | None = None, *,
+                               rope: RopeSpec | None = None) -> LMOutput:
+        """Logits and every layer's attention probabilities [b, h, s, s] (:class:`LMOutput`)."""
         b, s = idx.shape
         if positions is None:
             positions = torch.arange(s, device=idx.device)
@@ -206,14 +262,44 @@ class TinyLM(nn.Module):
             x = x + self.pos_table[positions]
         maps = []
         for block in self.blocks:
-            x, attn = block(x, positions, return_attn)
+            x, attn = block(x, positions, rope)
             maps.append(attn)
-        logits = self.logits(x)
-        return (logits, maps) if return_attn else logits
+        return LMOutput(self.logits(x), maps)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and the tied output head: hidden states [b, s, d_model] -> logits [b, s, vocab]."""
         return self.ln_f(h) @ self.embed.weight.T
+
+
+class TinyLMAdapter:
+    """Drives a ``TinyLM`` (pe='rope') layer by layer for ``ropelab.kvcache.decode``: the adapter protocol is
+    ``n_layers``, ``head_dim``, ``rope`` (the model's :class:`RopeSpec`), ``embed(ids)``, ``layer_qkv(i, h)`` ->
+    q, k, v [b, heads, s, d] before RoPE, ``layer_out(i, h, attention_output)`` and ``head(h)`` -> logits."""
+
+    def __init__(self, model: TinyLM):
+        if model.cfg.pe != "rope":
+            raise ValueError(f"TinyLMAdapter needs a model with pe='rope', got {model.cfg.pe!r}.")
+        self.model, self.cfg = model, model.cfg
+        self.n_layers, self.head_dim, self.rope = model.cfg.n_layers, model.cfg.head_dim, model.cfg.rope
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [b, s, d_model]."""
+        return self.model.embed(ids)
+
+    def layer_qkv(self, i: int, h: torch.Tensor):
+        """Block i's q, k, v [b, h, s, head_dim], before RoPE."""
+        block = self.model.blocks[i]
+        return block.attn.project(block.ln1(h))
+
+    def layer_out(self, i: int, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The residual stream after block i, given its attention output [b, h, s, head_dim]."""
+        block = self.model.blocks[i]
+        h = h + block.attn.merge(attn)
+        return h + block.mlp(block.ln2(h))
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits from the last hidden states."""
+        return self.model.logits(h)
 
 
 def masked_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None) -> torch.Tensor:

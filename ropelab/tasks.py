@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -36,6 +37,7 @@ __all__ = [
     "run_selective_copy",
     "summarize_runs",
     "gate_statistics",
+    "GateStatistics",
 ]
 
 BLANK, SEP, FIRST_SYMBOL = 0, 1, 2
@@ -222,11 +224,19 @@ def summarize_runs(results: list[dict], metric: str = "sequence_error") -> dict:
     return summary
 
 
-def gate_statistics(gates: torch.Tensor, is_symbol: torch.Tensor, threshold: float = 0.05) -> tuple:
+class GateStatistics(NamedTuple):
+    """What :func:`gate_statistics` returns (a named tuple: ``sym, blank, stats = ...`` still unpacks)."""
+
+    sym: torch.Tensor  # [b, h, queries]: mean gate on symbol keys
+    blank: torch.Tensor  # [b, h, queries]: mean gate on blank keys
+    stats: dict  # the summary shares and means
+
+
+def gate_statistics(gates: torch.Tensor, is_symbol: torch.Tensor, threshold: float = 0.05) -> GateStatistics:
     """What CoPE's gates count on Selective Copy.
 
     ``gates`` [b, h, queries, keys] are one layer's gates of the answer queries over the context keys;
-    ``is_symbol`` [b, 1, 1, keys] marks the symbol keys (the rest are blanks). Returns ``(sym, blank, stats)``:
+    ``is_symbol`` [b, 1, 1, keys] marks the symbol keys (the rest are blanks). Returns ``GateStatistics``:
     the mean gate of every (sequence, head, query) row on its symbol keys and on its blank keys, and a dict
     with the share of answer queries that have at least one *blank-blind* head (mean blank gate below
     ``threshold``: that head's contextual position counts symbols only), the share of blank-blind rows, and
@@ -246,4 +256,4 @@ def gate_statistics(gates: torch.Tensor, is_symbol: torch.Tensor, threshold: flo
         "blank_gate_in_blind_rows": float(blank[blind].mean()) if blind.any() else None,
         "symbol_gate_in_blind_rows": float(sym[blind].mean()) if blind.any() else None,
     }
-    return sym, blank, stats
+    return GateStatistics(sym, blank, stats)

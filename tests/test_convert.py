@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import UNIT_ROUNDOFF, rope_error_bound
+from _helpers import UNIT_ROUNDOFF, rope_error_bound
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import UNIT_ROUNDOFF
+from _helpers import UNIT_ROUNDOFF
 
 from ropelab.cope import CoPE, contextual_positions, reference_cope
 
@@ -191,7 +191,7 @@ def test_tinylm_with_cope_learns_its_table(pe, per_head):
     cope = model.blocks[0].attn.cope
     assert cope.pos_emb.shape == ((2, 8, 8) if per_head else (8, 8))
     idx = torch.randint(0, 11, (3, 10))
-    logits, maps = model(idx, return_attn=True)
+    logits, maps = model.forward_with_attention(idx)
     logits.logsumexp(-1).sum().backward()
     assert cope.pos_emb.grad is not None and cope.pos_emb.grad.abs().max() > 0
     assert torch.allclose(maps[0].sum(-1), torch.ones(3, 2, 10), atol=16 * UNIT_ROUNDOFF[torch.float32])

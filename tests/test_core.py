@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import UNIT_ROUNDOFF, rope_error_bound
+from _helpers import UNIT_ROUNDOFF, rope_error_bound
 
 import ropelab
 from ropelab import apply_rope, frequencies, reference_complex, reference_matrix, rotation_matrix

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import UNIT_ROUNDOFF
+from _helpers import UNIT_ROUNDOFF
 
 from ropelab import frequencies, pair_indices
 from ropelab.decay import decay_envelope, rope_logits, similarity_bound, smallest_nonnegative_base

@@ -24,7 +24,8 @@ def test_save_is_byte_stable(tmp_path):
     for run in range(2):
         fig, ax = plt.subplots()
         ax.plot([0, 1, 2], [1, 0, 1])
-        png, svg = figures.save(fig, "probe", tmp_path / str(run))
+        assert figures.save(fig, "probe", tmp_path / str(run)) is None  # a cell ending in save() prints nothing
+        png, svg = tmp_path / str(run) / "probe.png", tmp_path / str(run) / "probe.svg"
         plt.close(fig)
         digests.append((_digest(png), _digest(svg)))
         assert b"Date" not in svg.read_bytes()

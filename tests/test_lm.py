@@ -37,8 +37,17 @@ def test_cached_decoding_equals_full_forward_without_length_dependent_scaling(mo
     how they handle a base that moves."""
     _, val = lm.load_corpus()
     ids = lm.val_windows(val, 2, 40)
-    full = lm.per_position_loss(model, ids, {"base": 10000.0, "rope_scaling": None})
+    full = lm.per_position_loss(model, ids, {"base": 10000.0, "scaling": None})
     for policy in ("post_rope", "recompute", "rope_on_load"):
-        cached = lm.per_position_loss(model, ids, {"base": 10000.0, "rope_scaling": None, "policy": policy},
+        cached = lm.per_position_loss(model, ids, {"base": 10000.0, "scaling": None, "policy": policy},
                                       prompt_len=8)
         assert (cached - full).abs().max() < 1e-4, policy
+
+
+def test_schemes_switch_rope_without_touching_the_shared_config(model):
+    """Every scheme runs the same weights with another RopeSpec passed in; the model's config is unchanged."""
+    before = model.cfg
+    _, val = lm.load_corpus()
+    ids = lm.val_windows(val, 1, 24)
+    lm.per_position_loss(model, ids, lm.schemes(model.cfg.head_dim)["linear (PI)"])
+    assert model.cfg is before and model.cfg.rope.scaling is None

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import dataclasses
+
 from ropelab.models import PE_TYPES, ModelConfig, TinyLM, alibi_slopes, masked_loss, sinusoidal_table, train
+from ropelab.spec import RopeSpec
 
 
 @pytest.mark.parametrize("pe", PE_TYPES)
@@ -63,3 +66,28 @@ def test_training_learns_a_copy_task():
     x, y, mask = sample(torch.Generator().manual_seed(9))
     with torch.no_grad():
         assert float(masked_loss(model(x), y, mask)) < 0.3
+
+
+def test_config_round_trips_and_reads_the_flat_legacy_layout():
+    cfg = ModelConfig(vocab_size=7, rope=RopeSpec(style="interleaved", base=500.0, max_position_embeddings=64))
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    legacy = {k: v for k, v in cfg.to_dict().items() if k != "rope"}
+    legacy.update(rope_style="interleaved", rope_base=500.0, rope_scaling=None, max_position_embeddings=64, extra={})
+    assert ModelConfig.from_dict(legacy) == cfg
+    with pytest.raises(ValueError, match="both"):
+        ModelConfig.from_dict({**cfg.to_dict(), "rope_base": 2.0})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.rope = RopeSpec()
+
+
+def test_forward_rope_override_equals_a_model_built_with_that_spec():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=11, d_model=32, n_heads=4, n_layers=2, pe="rope")
+    model = TinyLM(cfg)
+    spec = RopeSpec(style="interleaved", base=100.0)
+    other = TinyLM(dataclasses.replace(cfg, rope=spec))
+    other.load_state_dict(model.state_dict())
+    x = torch.randint(0, 11, (2, 9))
+    assert torch.equal(model(x, rope=spec), other(x))
+    out = model.forward_with_attention(x)
+    assert torch.equal(out.logits, model(x)) and len(out.attention) == 2 and out.attention[0].shape == (2, 4, 9, 9)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import UNIT_ROUNDOFF
+from _helpers import UNIT_ROUNDOFF
 
 from ropelab import frequencies
 from ropelab.attention import causal_logits, kl_by_position, relative_logit_error_by_position

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import rope_error_bound
+from _helpers import rope_error_bound
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -1,0 +1,96 @@
+r"""How stale post-RoPE cached keys are under a length-dependent scaling, and what it does to attention.
+
+A cache that rotates each key once, when it enters (Hugging Face's, the ``post_rope`` policy of
+``ropelab.kvcache``), keeps the key written at step :math:`L_m` (position m) in the frame of
+:math:`\omega(L_m)` while the query at current length L uses :math:`\omega(L)`. The score then carries the
+phase error :math:`\varepsilon_i(m, L) = m\,(\omega_i(L) - \omega_i(L_m))` on pair i (the NormXU / gante
+thread, transformers issue #25104, "Dynamic NTK RoPE scaling cache inconsistency").
+
+- :func:`stale_phase_error`: :math:`\varepsilon_i(m, L)` for every cached key and pair;
+- :func:`effective_position`: the position each pair sees, :math:`m\,\omega_i(L_m)/\omega_i(L)`;
+- :func:`pair_energy`: each rotary pair's mean norm, to weight the error by what the model puts there;
+- :class:`DriftProbe` / :func:`drift_probe`: decode with the stale cache and measure, at every step and layer,
+  the KL divergence and logit error against the consistent frame for the same queries and keys.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import grouped_scores, kl_divergence
+from .core import pair_indices
+from .kvcache import Frame, RopeSchedule, RotaryKVCache, _Store, decode
+
+__all__ = ["write_lengths", "stale_phase_error", "effective_position", "pair_energy", "DriftProbe", "drift_probe"]
+
+
+def write_lengths(length: int, prompt_len: int = 1) -> torch.Tensor:
+    """:math:`L_m`, the length at which the key at position m entered the cache: the prompt's keys all
+    enter at ``prompt_len``, each decoded key at m + 1."""
+    return torch.arange(length).add(1).clamp(min=prompt_len)
+
+
+def _inv_at_lengths(schedule: RopeSchedule, lengths: torch.Tensor) -> torch.Tensor:
+    cache: dict[int, torch.Tensor] = {}
+    rows = []
+    for n in lengths.tolist():
+        if n not in cache:
+            cache[n] = schedule.at(n)[0]
+        rows.append(cache[n])
+    return torch.stack(rows)
+
+
+def stale_phase_error(schedule: RopeSchedule, length: int, prompt_len: int = 1) -> torch.Tensor:
+    r"""Phase error of every post-RoPE cached key against the current query's frame at length L,
+    :math:`\varepsilon_i(m, L) = m\,(\omega_i(L) - \omega_i(L_m))`, shape [L, r/2] (key position, pair), float64.
+    (Not wrapped: ``ropelab.precision.phase_error`` is the different, rounding error of one angle.)"""
+    inv_now, _ = schedule.at(length)
+    inv_then = _inv_at_lengths(schedule, write_lengths(length, prompt_len))
+    m = torch.arange(length, dtype=torch.float64)[:, None]
+    return m * (inv_now[None, :] - inv_then)
+
+
+def effective_position(schedule: RopeSchedule, length: int, prompt_len: int = 1) -> torch.Tensor:
+    r"""The position each pair *sees* for an old key in the current frame, :math:`m_i^{eff} = m\,
+    \omega_i(L_m) / \omega_i(L)`, shape [L, r/2]: the warp a stale key undergoes (m itself when consistent)."""
+    inv_now, _ = schedule.at(length)
+    inv_then = _inv_at_lengths(schedule, write_lengths(length, prompt_len))
+    return torch.arange(length, dtype=torch.float64)[:, None] * inv_then / inv_now[None, :]
+
+
+def pair_energy(x: torch.Tensor, style: str = "half") -> torch.Tensor:
+    """Mean norm of each rotary pair of ``x`` [..., d] over all leading dims, shape [d/2]."""
+    a, b = pair_indices(x.shape[-1], style)
+    return torch.sqrt(x[..., a].double() ** 2 + x[..., b].double() ** 2).reshape(-1, a.numel()).mean(0)
+
+
+class DriftProbe(RotaryKVCache):
+    """A ``post_rope`` cache that also keeps the raw keys, and at every step and layer measures what the
+    consistent frame would have given for the *same* query and keys: the KL divergence
+    KL(consistent || post_rope) of the last query's attention and the largest absolute logit error."""
+
+    def __init__(self, schedule: RopeSchedule, n_layers: int):
+        super().__init__(schedule, "post_rope", n_layers)
+        self.raw = [_Store() for _ in range(n_layers)]
+        self.kl: list[list[float]] = [[] for _ in range(n_layers)]
+        self.logit_err: list[list[float]] = [[] for _ in range(n_layers)]
+
+    def step(self, layer, q, k, v, positions, length):
+        """The post_rope step, plus this step's KL and logit error of the last query."""
+        out = super().step(layer, q, k, v, positions, length)
+        self.raw[layer].append(k)
+        inv, af = self.schedule.at(length)
+        q_rot = self.rope(q[:, :, -1:], positions[-1:], inv, af)
+        s_stale = grouped_scores(q_rot, self.k[layer].view())
+        s_true = grouped_scores(q_rot, self.rope_cached(self.raw[layer].view(), Frame(inv, af, length)))
+        self.kl[layer].append(float(kl_divergence(s_true, s_stale).mean()))
+        self.logit_err[layer].append(float((s_true - s_stale).abs().max()))
+        return out
+
+
+@torch.no_grad()
+def drift_probe(adapter, ids: torch.Tensor, schedule: RopeSchedule, *, prompt_len: int = 1) -> DriftProbe:
+    """Run post_rope (Hugging Face's) cached decoding and return the probe with per-layer, per-step KL and
+    logit error of the stale frame against the consistent one."""
+    return decode(adapter, ids, schedule, "post_rope", prompt_len=prompt_len,
+                  cache=DriftProbe(schedule, adapter.n_layers)).cache
