@@ -101,7 +101,8 @@ def grouped_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bhgsd,bhnd->bhgsn", _group(q, k.shape[1]), k) / math.sqrt(q.shape[-1])
 
 
-def attend_scores(scores: torch.Tensor, values: torch.Tensor, q_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+def attend_scores(scores: torch.Tensor, values: torch.Tensor, q_pos: torch.Tensor,
+                  key_pos: torch.Tensor) -> torch.Tensor:
     """Causal softmax of ``grouped_scores`` [b, hkv, g, s, n] and the weighted values: output [b, hq, s, d]."""
     mask = key_pos[None, :] <= q_pos[:, None]  # causal: a query sees keys at or before its position
     probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)

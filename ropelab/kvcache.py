@@ -55,6 +55,8 @@ __all__ = [
     "register_policy",
     "RopeSchedule",
     "KeyTraffic",
+    "Frame",
+    "GrowableBuffer",
     "RotaryKVCache",
     "Decoded",
     "decode",
@@ -131,14 +133,16 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, inv: torch.Tensor, af: float
     return rotate(x, c[None, None], s[None, None], style=style)
 
 
-class _Store:
-    """A growable [b, h, capacity, d] buffer; ``view()`` is the filled part."""
+class GrowableBuffer:
+    """A growable [b, h, capacity, d] buffer along the sequence axis; ``view()`` is the filled part, ``n`` its
+    length (capacity doubles, so appending one position at a time is amortised O(1))."""
 
     def __init__(self) -> None:
         self.buf: torch.Tensor | None = None
         self.n = 0
 
     def append(self, x: torch.Tensor) -> None:
+        """Append x [b, h, s, d] after the filled part."""
         b, h, s, d = x.shape
         if self.buf is None or self.n + s > self.buf.shape[2]:
             cap = max(2 * (self.buf.shape[2] if self.buf is not None else 0), self.n + s, 16)
@@ -150,6 +154,7 @@ class _Store:
         self.n += s
 
     def view(self) -> torch.Tensor:
+        """The filled part [b, h, n, d] (a view, not a copy)."""
         return self.buf[:, :, : self.n]
 
 
@@ -219,6 +224,20 @@ class PostRope(CachePolicy):
 
 
 @register_policy
+class Recompute(CachePolicy):
+    """Cache keys before RoPE; every step rotate all of them into a rotated copy (consistent; O(L))."""
+
+    name = "recompute"
+    rotated = False
+
+    def attend(self, cache, layer, q_rot, positions, frame):
+        K, V = cache.k[layer], cache.v[layer]
+        keys = cache.rope_cached(K.view(), frame)  # the rotated copy is written, then read
+        cache.traffic.count(K.n, K.n, cache.key_bytes(keys))
+        return attend(q_rot, keys, V.view(), positions, torch.arange(K.n))
+
+
+@register_policy
 class Bucketed(CachePolicy):
     """Cache rotated keys; when the (bucketed) frequencies change, re-rotate the cached keys in place by the
     angle difference first (consistent at every step)."""
@@ -233,20 +252,6 @@ class Bucketed(CachePolicy):
             cache.traffic.count(n, n, cache.key_bytes(k))
         cache.frame[layer] = (frame.inv, frame.af)
         return super().store(cache, layer, k, positions, frame)
-
-
-@register_policy
-class Recompute(CachePolicy):
-    """Cache keys before RoPE; every step rotate all of them into a rotated copy (consistent; O(L))."""
-
-    name = "recompute"
-    rotated = False
-
-    def attend(self, cache, layer, q_rot, positions, frame):
-        K, V = cache.k[layer], cache.v[layer]
-        keys = cache.rope_cached(K.view(), frame)  # the rotated copy is written, then read
-        cache.traffic.count(K.n, K.n, cache.key_bytes(keys))
-        return attend(q_rot, keys, V.view(), positions, torch.arange(K.n))
 
 
 @register_policy
@@ -289,8 +294,8 @@ class RotaryKVCache:
 
     def __init__(self, schedule: RopeSchedule, policy: str | CachePolicy, n_layers: int, *, chunk: int = 1024):
         self.schedule, self.policy, self.chunk = schedule, _policy(policy), chunk
-        self.k = [_Store() for _ in range(n_layers)]  # rotated (policy.rotated) or raw keys
-        self.v = [_Store() for _ in range(n_layers)]
+        self.k = [GrowableBuffer() for _ in range(n_layers)]  # rotated (policy.rotated) or raw keys
+        self.v = [GrowableBuffer() for _ in range(n_layers)]
         self.frame: list[tuple[torch.Tensor, float] | None] = [None] * n_layers  # cached keys' (inv, af)
         self.traffic = KeyTraffic()
         self.rerotations = 0

@@ -173,7 +173,7 @@ class Attention(nn.Module):
         q, k, v = self.project(x)
         if "rope" in cfg.pe:
             spec = cfg.rope if rope is None else rope
-            q, k = apply_rope(q, positions, layout="b h s d", spec=spec), apply_rope(k, positions, layout="b h s d", spec=spec)
+            q, k = (apply_rope(t, positions, layout="b h s d", spec=spec) for t in (q, k))
         qk = q @ k.transpose(-1, -2)  # [b h s s], unscaled
         mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
         if self.cope is not None:

@@ -24,6 +24,8 @@ __all__ = [
     "ntk_base",
     "ROPE_TYPES",
     "ScalingParams",
+    "parse_scaling",
+    "check_rotary_dim",
 ]
 
 
@@ -238,7 +240,9 @@ ROPE_TYPES: dict[str, Callable[..., tuple[torch.Tensor, float]]] = {
 }
 
 
-def _parse_scaling(rope_scaling: Mapping[str, Any] | None) -> ScalingParams:
+def parse_scaling(rope_scaling: Mapping[str, Any] | None) -> ScalingParams:
+    """A Hugging Face rope dict (or None) as :class:`ScalingParams` with its ``rope_type`` resolved from the key
+    ``rope_type`` or the legacy ``type``; ValueError for a non-dict or an unknown type."""
     if rope_scaling is None:
         params = ScalingParams()
         params.rope_type = "default"
@@ -295,7 +299,7 @@ def frequencies(
             f"frequencies are computed in float32 or float64, got {dtype}; low-precision frequencies are "
             "the bug ropelab.diagnose looks for. Cast the cos/sin tables instead."
         )
-    params = _parse_scaling(rope_scaling)
+    params = parse_scaling(rope_scaling)
     if params.get("rope_theta") is not None:
         base = float(params["rope_theta"])
     if not (isinstance(head_dim, int) and head_dim > 0):

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from .core import check_style
-from .scaling import _parse_scaling, check_rotary_dim, frequencies
+from .scaling import check_rotary_dim, frequencies, parse_scaling
 
 __all__ = ["RopeSpec", "SCALING_KEYS"]
 
@@ -109,7 +109,7 @@ class RopeSpec:
         ):
             raise ValueError(f"max_position_embeddings must be a positive int, got {self.max_position_embeddings!r}.")
         if self.scaling is not None:
-            params = _parse_scaling(self.scaling)  # a Mapping with a known rope_type, or ValueError
+            params = parse_scaling(self.scaling)  # a Mapping with a known rope_type, or ValueError
             lifted = [k for k in _lifted(params.rope_type) if k in self.scaling]
             if lifted:
                 raise ValueError(
@@ -127,7 +127,7 @@ class RopeSpec:
     @property
     def rope_type(self) -> str:
         """The scaling's type, ``"default"`` when there is none."""
-        return "default" if self.scaling is None else _parse_scaling(self.scaling).rope_type
+        return "default" if self.scaling is None else parse_scaling(self.scaling).rope_type
 
     def frequencies(self, head_dim: int, *, seq_len: int | None = None,
                     dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, float]:
@@ -161,14 +161,14 @@ class RopeSpec:
             raise ValueError(f"a rope dict must be a Mapping such as {{'rope_type': 'default', 'rope_theta': 1e4}}, "
                              f"got {type(params).__name__}.")
         base = _need(params, "rope_theta", "the rope dict")
-        lifted = _lifted(_parse_scaling({k: v for k, v in params.items() if k not in _LIFTED}).rope_type)
+        lifted = _lifted(parse_scaling({k: v for k, v in params.items() if k not in _LIFTED}).rope_type)
         factor = params.get("partial_rotary_factor") if "partial_rotary_factor" in lifted else None
         rotary_dim = None
         if factor is not None:
             rotary_dim = int(head_dim * float(factor))
             check_rotary_dim(rotary_dim, head_dim)
         scaling = {k: v for k, v in params.items() if k not in lifted}
-        if _parse_scaling(scaling).rope_type == "default" and set(scaling) <= {"rope_type", "type"}:
+        if parse_scaling(scaling).rope_type == "default" and set(scaling) <= {"rope_type", "type"}:
             scaling = None
         if rotary_dim == head_dim:
             rotary_dim = None
@@ -204,7 +204,8 @@ class RopeSpec:
         if len(distinct) != 1:
             raise ValueError(
                 f"this model's layers use {len(distinct)} different RoPE settings (layer_types "
-                f"{sorted(set(_get(config, 'layer_types') or []))}); use RopeSpec.per_layer(config), one spec per layer."
+                f"{sorted(set(_get(config, 'layer_types') or []))}); use RopeSpec.per_layer(config), one spec per "
+                "layer."
             )
         return distinct[0]
 

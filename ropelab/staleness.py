@@ -19,7 +19,7 @@ import torch
 
 from .attention import grouped_scores, kl_divergence
 from .core import pair_indices
-from .kvcache import Frame, RopeSchedule, RotaryKVCache, _Store, decode
+from .kvcache import Frame, GrowableBuffer, RopeSchedule, RotaryKVCache, decode
 
 __all__ = ["write_lengths", "stale_phase_error", "effective_position", "pair_energy", "DriftProbe", "drift_probe"]
 
@@ -71,7 +71,7 @@ class DriftProbe(RotaryKVCache):
 
     def __init__(self, schedule: RopeSchedule, n_layers: int):
         super().__init__(schedule, "post_rope", n_layers)
-        self.raw = [_Store() for _ in range(n_layers)]
+        self.raw = [GrowableBuffer() for _ in range(n_layers)]
         self.kl: list[list[float]] = [[] for _ in range(n_layers)]
         self.logit_err: list[list[float]] = [[] for _ in range(n_layers)]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _helpers import tiny_llama as _tiny_llama
+
 from ropelab import apply_rope
 from ropelab.attention import attend as ropelab_attend
 from ropelab.hf import HFLlamaAdapter

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-
-import dataclasses
 
 from ropelab.models import PE_TYPES, ModelConfig, TinyLM, alibi_slopes, masked_loss, sinusoidal_table, train
 from ropelab.spec import RopeSpec

@@ -10,7 +10,6 @@ import torch
 from _helpers import UNIT_ROUNDOFF
 
 from ropelab import frequencies
-from ropelab.attention import causal_logits, kl_by_position, relative_logit_error_by_position
 from ropelab.precision import (
     PERTURBED,
     PRECISION_DTYPES,
@@ -109,31 +108,3 @@ def test_hf_rotary_cast_to_bf16_matches_bf16_inv_freq():
     errbf = rotary_phase_error(rotary, positions, INV_FREQ).amax(dim=-1)
     predicted = first_position_past(0.1, INV_FREQ, where="inv_freq", dtype=torch.bfloat16, limit=2048)
     assert int((errbf > 0.1).nonzero()[0]) == predicted
-
-
-# --------------------------------------------------------------------------------------------------
-# ropelab.attention
-# --------------------------------------------------------------------------------------------------
-
-
-def test_attention_comparisons():
-    gen = torch.Generator().manual_seed(0)
-    q, k = torch.randn(2, 3, 6, 8, generator=gen), torch.randn(2, 3, 6, 8, generator=gen)
-    ref = causal_logits(q, k)
-    assert ref.dtype == torch.float64 and torch.isinf(ref[..., 0, 1:]).all()
-    assert relative_logit_error_by_position(ref, ref).abs().max() == 0
-    assert kl_by_position(ref, ref).abs().max() == 0
-    other = causal_logits(q, k.flip(-2))
-    kl = kl_by_position(ref, other)
-    # KL by hand for one row, one (batch, head).
-    p, pq = ref[0, 0, 3, :4].softmax(-1), other[0, 0, 3, :4].softmax(-1)
-    by_hand = (p * (p.log() - pq.log())).sum()
-    per_row = kl_by_position(ref[:1, :1], other[:1, :1])
-    torch.testing.assert_close(per_row[3], by_hand, rtol=1e-12, atol=0)
-    assert kl[0] == 0 and (kl[1:] > 0).all()  # position 0 attends to itself only
-    rel = relative_logit_error_by_position(ref, other)
-    assert rel.shape == (6,) and (rel[1:] > 0).all()
-    with pytest.raises(ValueError, match="same shape"):
-        causal_logits(q, k[..., :4])
-    with pytest.raises(ValueError, match=r"\[\.\.\., S, S\]"):
-        kl_by_position(ref, ref[..., :5])

@@ -132,7 +132,8 @@ def test_v4_gemma3_dict_with_local_base():
          "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
     specs = RopeSpec.per_layer(d)
     assert specs[0] == RopeSpec(base=1e4, max_position_embeddings=131072)
-    assert specs[5] == RopeSpec(base=1e6, scaling={"rope_type": "linear", "factor": 8.0}, max_position_embeddings=131072)
+    linear = {"rope_type": "linear", "factor": 8.0}
+    assert specs[5] == RopeSpec(base=1e6, scaling=linear, max_position_embeddings=131072)
 
 
 def test_v4_llama_dict_legacy_type_key_and_partial_rotary():
@@ -150,12 +151,16 @@ def test_deepseek_v3_is_interleaved_and_rotates_its_rope_slice():
     assert spec.style == "interleaved" and spec.rotary_dim is None
 
 
+BASE = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2}
+
+
 @pytest.mark.parametrize(
     "config, key",
     [
-        ({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": 8}, "rope_theta"),
-        ({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2, "rope_theta": 1e4}, "max_position_embeddings"),
-        ({"num_hidden_layers": 2, "num_attention_heads": 2, "rope_theta": 1e4, "max_position_embeddings": 8}, "hidden_size"),
+        ({**BASE, "max_position_embeddings": 8}, "rope_theta"),
+        ({**BASE, "rope_theta": 1e4}, "max_position_embeddings"),
+        ({"num_hidden_layers": 2, "num_attention_heads": 2, "rope_theta": 1e4, "max_position_embeddings": 8},
+         "hidden_size"),
         ({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": 8,
           "rope_parameters": {"rope_type": "yarn"}}, "rope_theta"),
         ({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": 8,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _helpers import tiny_llama
+
 from ropelab import frequencies
 from ropelab.hf import HFLlamaAdapter
 from ropelab.kvcache import RopeSchedule
