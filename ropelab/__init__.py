@@ -4,13 +4,39 @@ The core API::
 
     inv_freq, attention_factor = ropelab.frequencies(head_dim, base, rope_scaling=...)
     q = ropelab.apply_rope(q, layout="b s h d", style="half")
+    spec = ropelab.RopeSpec.from_hf_config(config)          # or RopeSpec.per_layer(config)
+    q = ropelab.apply_rope(q, layout="b s h d", spec=spec)
 
-Submodules, each with one job: ``scaling`` (frequency ladders), ``core`` (tables, rotation,
-``apply_rope``, float64 oracles), ``convert`` (between the two styles), ``figures`` (notebook runner
-and plot helpers), ``bench`` (benchmarks).
+Modules, each with one job (its public names are its ``__all__``; the names below are also importable from
+``ropelab`` itself). Imports flow one way: ``scaling`` <- ``core`` <- ``spec`` <- the rest; no module imports
+the runner ``figures``.
+
+- ``scaling``: the frequency ladder and every Hugging Face scaling (``frequencies``, ``ROPE_TYPES``);
+- ``core``: layouts, positions, cos/sin tables, the rotation, ``apply_rope`` and two float64 oracles
+  (``apply_rope``, ``rotate``, ``cos_sin``, ``pair_indices``, ``parse_layout``, ``Layout``, ``STYLES``,
+  ``resolve_positions``, ``varlen_positions``, ``rotation_matrix``, ``reference_matrix``, ``reference_complex``);
+- ``spec``: one RoPE setting, validated once, read from a Hugging Face config (``RopeSpec``);
+- ``convert``: the permutation between the two styles, for vectors and q/k weights;
+- ``diagnose``: the black-box checker (``diagnose``, ``compare``, ``Diagnosis``, ``Comparison``);
+- ``zoo``: real and deliberately wrong RoPE implementations the checker and notebooks examine;
+- ``precision``: the phase error of RoPE held in bf16 / fp16 / fp32;
+- ``attention``: causal logits, attention rows and their comparisons; the decoder's grouped-query attention;
+- ``cope``: Contextual Position Encoding (``CoPE``);
+- ``decay``: RoPE's decay envelopes;
+- ``models``: a tiny decoder-only transformer with a pluggable position encoding, its training loop and
+  its layer-by-layer adapter;
+- ``tasks``: the CoPE paper's synthetic tasks (Selective Copy) and their evaluation;
+- ``kvcache``: KV-cache decoding under length-dependent scalings: the schedule, the cache, its policies
+  (a registry) and ``decode``;
+- ``staleness``: how stale post-RoPE cached keys are, and the attention drift that follows;
+- ``hf``: a Hugging Face Llama model driven layer by layer for ``kvcache``;
+- ``lm``: the byte-level LM trained for notebook 05 (corpus, training, evaluation of schemes);
+- ``paths``: where the repository, data, build and figure directories are (works from an installed package);
+- ``figures``: the notebook runner and the ``setup`` / ``save`` helpers notebooks call;
+- ``bench``: benchmarks that print ratios measured in one run.
 """
 
-from . import attention, convert, cope, decay, precision, scaling, tasks
+from . import attention, convert, cope, decay, precision, scaling, spec, tasks
 from .cope import CoPE
 from .core import (
     STYLES,
@@ -27,6 +53,7 @@ from .core import (
     varlen_positions,
 )
 from .scaling import ROPE_TYPES, frequencies
+from .spec import RopeSpec
 
 __version__ = "0.1.0"
 
@@ -51,6 +78,7 @@ __all__ = [
     "diagnose",
     "STYLES",
     "ROPE_TYPES",
+    "RopeSpec",
     "Layout",
     "apply_rope",
     "attention",
@@ -68,6 +96,7 @@ __all__ = [
     "rotate",
     "rotation_matrix",
     "scaling",
+    "spec",
     "tasks",
     "varlen_positions",
 ]

@@ -119,6 +119,7 @@ class CoPE(nn.Module):
         self.pos_emb = nn.Parameter(torch.zeros(shape))  # zero: an untrained layer is content-only attention
 
     def extra_repr(self) -> str:
+        """The sizes shown by ``print(module)``."""
         heads = "shared" if self.n_heads is None else f"per head ({self.n_heads})"
         return f"npos_max={self.npos_max}, head_dim={self.head_dim}, table={heads}, scale={self.scale!r}"
 
@@ -161,6 +162,8 @@ class CoPE(nn.Module):
         return torch.einsum("bhsd,hdn->bhsn", q, self.pos_emb)
 
     def forward(self, q: torch.Tensor, qk: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Attention logits [b, h, s, s]: the content logits ``qk`` plus the interpolated position logits at
+        the contextual positions, scaled as ``scale`` says, -inf where ``mask`` is False."""
         _, p = self.positions(q, qk, mask)
         z = interpolate_position_logits(self.integer_logits(q), p)
         root_d = math.sqrt(self.head_dim)

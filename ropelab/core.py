@@ -72,6 +72,7 @@ class Layout:
     axes: tuple[str, ...]
 
     def index(self, axis: str) -> int | None:
+        """The position of ``axis`` in the layout, None if absent."""
         return self.axes.index(axis) if axis in self.axes else None
 
     @property
@@ -122,6 +123,7 @@ def parse_layout(layout: str, ndim: int | None = None) -> Layout:
 
 
 def check_style(style: str) -> None:
+    """Raise ValueError unless ``style`` is one of ``STYLES``, saying which models use which."""
     if style not in STYLES:
         raise ValueError(
             f"style must be 'half' (pairs (i, i+r/2): Llama, GPT-NeoX, ESM) or 'interleaved' (pairs (2i, 2i+1): "

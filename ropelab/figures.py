@@ -143,6 +143,7 @@ def _run_one(args: tuple[str, bool, int]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m ropelab.figures [--smoke] [--only NAME ...] [--jobs N]``; non-zero if a notebook failed."""
     parser = argparse.ArgumentParser(prog="python -m ropelab.figures", description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes; write only under build/smoke/")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these notebooks (name or prefix)")

@@ -53,6 +53,10 @@ __all__ = [
     "POLICIES",
     "CachePolicy",
     "register_policy",
+    "PostRope",
+    "Recompute",
+    "Bucketed",
+    "RopeOnLoad",
     "RopeSchedule",
     "KeyTraffic",
     "Frame",
@@ -231,6 +235,7 @@ class Recompute(CachePolicy):
     rotated = False
 
     def attend(self, cache, layer, q_rot, positions, frame):
+        """Rotate every cached key into the current frame (a copy), then attend."""
         K, V = cache.k[layer], cache.v[layer]
         keys = cache.rope_cached(K.view(), frame)  # the rotated copy is written, then read
         cache.traffic.count(K.n, K.n, cache.key_bytes(keys))
@@ -245,6 +250,7 @@ class Bucketed(CachePolicy):
     name = "bucketed"
 
     def store(self, cache, layer, k, positions, frame):
+        """Re-rotate the cache in place if the frame moved, then store k rotated in the current frame."""
         old = cache.frame[layer]
         n = cache.k[layer].n
         if old is not None and n and not torch.equal(old[0], frame.inv):
@@ -262,6 +268,7 @@ class RopeOnLoad(CachePolicy):
     rotated = False
 
     def attend(self, cache, layer, q_rot, positions, frame):
+        """Scores chunk by chunk, each chunk of raw keys rotated into the current frame as it is read."""
         keys, values = cache.k[layer].view(), cache.v[layer].view()
         scores = []
         for start in range(0, keys.shape[2], cache.chunk):

@@ -53,6 +53,7 @@ class ScalingParams(dict):
     rope_type: str = "default"
 
     def need(self, key: str) -> Any:
+        """``self[key]``, or a ValueError naming the key and the rope_type that needs it."""
         if self.get(key) is None:
             raise ValueError(
                 f"rope_scaling of type {self.rope_type!r} needs the key {key!r}; add it to the dict "

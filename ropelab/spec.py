@@ -34,7 +34,7 @@ import torch
 from .core import check_style
 from .scaling import check_rotary_dim, frequencies, parse_scaling
 
-__all__ = ["RopeSpec", "SCALING_KEYS"]
+__all__ = ["RopeSpec", "SCALING_KEYS", "INTERLEAVED_MODEL_TYPES", "head_dim_of"]
 
 # The keys each rope_type reads (besides rope_type / type), as transformers' own validation lists them
 # (PreTrainedConfig._validate_*_rope_parameters in modeling_rope_utils); a key outside this list is a typo

@@ -61,10 +61,12 @@ class SelectiveCopy:
 
     @property
     def vocab_size(self) -> int:
+        """Blank, separator and the ``alphabet`` symbols."""
         return FIRST_SYMBOL + self.alphabet
 
     @property
     def context_len(self) -> int:
+        """Tokens before the separator: symbols and blanks."""
         return self.n_symbols + self.n_blanks
 
     @property
@@ -93,6 +95,7 @@ class SelectiveCopy:
         return inputs, targets, loss_mask
 
     def to_dict(self) -> dict:
+        """The split's settings as a plain dict (for JSON)."""
         return asdict(self)
 
     @staticmethod
