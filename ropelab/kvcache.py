@@ -423,7 +423,10 @@ def decode(adapter, ids: torch.Tensor, schedule: RopeSchedule, policy: str | Cac
             "policy 'bucketed' needs a bucketed schedule: RopeSchedule(..., bucket_growth=2.0) (or "
             "RopeSchedule.of(adapter, bucket_growth=2.0)); without buckets it would re-rotate at every step."
         )
-    cache = RotaryKVCache(schedule, policy, adapter.n_layers) if cache is None else cache
+    if cache is None:
+        cache = RotaryKVCache(schedule, policy, adapter.n_layers)
+    elif cache.policy.name != _policy(policy).name or cache.schedule != schedule or len(cache):
+        raise ValueError("the cache given to decode must be empty and have this policy and schedule.")
     out = [run_step(adapter, cache, ids[:, :prompt_len], torch.arange(prompt_len), prompt_len)]
     for t in range(prompt_len, ids.shape[1]):
         out.append(run_step(adapter, cache, ids[:, t : t + 1], torch.tensor([t]), t + 1))

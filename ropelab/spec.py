@@ -11,7 +11,8 @@ changed. :meth:`RopeSpec.from_hf_config` reads both schemas of ``transformers``:
 
 - v4: ``rope_theta``, ``rope_scaling`` (its type under ``rope_type``, or the legacy key ``type``),
   ``partial_rotary_factor``, ``head_dim`` (else ``hidden_size // num_attention_heads``), and Gemma 3's
-  ``rope_local_base_freq`` for its sliding-window layers;
+  ``rope_local_base_freq`` for its sliding-window layers (which layers slide: ``layer_types``, or the older
+  ``sliding_window_pattern``);
 - v5: ``rope_parameters``, either one dict or one dict per layer type (``layer_types``; Gemma 3's
   ``full_attention`` / ``sliding_attention``).
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -142,11 +143,6 @@ class RopeSpec:
                 "scaling": None if self.scaling is None else dict(self.scaling),
                 "max_position_embeddings": self.max_position_embeddings}
 
-    def with_scaling(self, scaling: Mapping[str, Any] | None, **changes: Any) -> RopeSpec:
-        """A copy with another scaling dict (and any other field changed): ``replace`` spelled for the
-        common case of switching a context-extension scheme."""
-        return replace(self, scaling=scaling, **changes)
-
     # ----------------------------------------------------------------------------------------------
     # Hugging Face configs
     # ----------------------------------------------------------------------------------------------
@@ -184,6 +180,11 @@ class RopeSpec:
         style = _style_of(config)
         max_pos = _need(config, "max_position_embeddings")
         layer_types = _get(config, "layer_types")
+        pattern = _get(config, "sliding_window_pattern")
+        if layer_types is None and pattern is not None:
+            # Older Gemma 3 configs give the pattern instead of the list; transformers' own rule
+            # (Gemma3TextConfig): every pattern-th layer is global, the others slide.
+            layer_types = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(n_layers)]
         if layer_types is not None and len(layer_types) != n_layers:
             raise ValueError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={n_layers}.")
         by_type = _rope_dicts(config, layer_types)
@@ -255,7 +256,8 @@ def _rope_dicts(config: Any, layer_types: Sequence[str] | None) -> dict[str | No
     if layer_types is None:
         return {None: global_dict}
     out = {t: global_dict for t in set(layer_types)}
-    if "sliding_attention" in out and _get(config, "rope_local_base_freq") is not None:
+    if "sliding_attention" in out and str(_get(config, "model_type")).startswith("gemma3"):
+        _need(config, "rope_local_base_freq")  # Gemma 3's sliding layers have their own base: never guess it
         # Gemma 3: sliding-window layers use their own base and stay unscaled.
         out["sliding_attention"] = {**top, "rope_theta": _get(config, "rope_local_base_freq"), "rope_type": "default"}
     return out

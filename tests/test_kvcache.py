@@ -131,6 +131,11 @@ def test_byte_counters_and_errors():
         decode(ad, ids, RopeSchedule.of(ad), "bucketed")
     with pytest.raises(ValueError, match="policy must be one of"):
         RotaryKVCache(RopeSchedule.of(ad), "lazy", 1)
+    used = decode(ad, ids[:, :9], RopeSchedule.of(ad), "post_rope", prompt_len=8).cache
+    with pytest.raises(ValueError, match="must be empty"):
+        decode(ad, ids, RopeSchedule.of(ad), "post_rope", cache=used)
+    with pytest.raises(ValueError, match="this policy"):
+        decode(ad, ids, RopeSchedule.of(ad), "recompute", cache=RotaryKVCache(RopeSchedule.of(ad), "post_rope", 1))
 
 
 def test_a_registered_policy_runs_by_name():

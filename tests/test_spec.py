@@ -136,6 +136,17 @@ def test_v4_gemma3_dict_with_local_base():
     assert specs[5] == RopeSpec(base=1e6, scaling=linear, max_position_embeddings=131072)
 
 
+def test_v4_gemma3_dict_with_a_sliding_window_pattern_instead_of_layer_types():
+    d = {"model_type": "gemma3_text", "num_hidden_layers": 12, "head_dim": 256, "max_position_embeddings": 131072,
+         "sliding_window_pattern": 6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+         "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    bases = [s.base for s in RopeSpec.per_layer(d)]
+    assert bases == [1e4] * 5 + [1e6] + [1e4] * 5 + [1e6]  # layers 6 and 12 are global, as in transformers
+    del d["rope_local_base_freq"]
+    with pytest.raises(ValueError, match="rope_local_base_freq"):
+        RopeSpec.per_layer(d)
+
+
 def test_v4_llama_dict_legacy_type_key_and_partial_rotary():
     d = {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 4096,
          "rope_theta": 50000.0, "partial_rotary_factor": 0.5, "rope_scaling": {"type": "linear", "factor": 2.0}}
