@@ -9,7 +9,7 @@ Hugging Face rotates a key once, when it enters the cache, with the frequencies 
 query at step L uses :math:`\omega(L)`. The score of query (position L - 1) and a key written at step
 :math:`L_m` (position m) then carries the phase error
 :math:`\varepsilon_i(m, L) = m\,(\omega_i(L) - \omega_i(L_m))` on pair i (see the NormXU / gante thread,
-transformers issue #25104; ``shared/seeds/dynamic-ntk-cache-inconsistency.txt``).
+huggingface/transformers issue #25104, https://github.com/huggingface/transformers/issues/25104).
 
 Policies (``POLICIES``, a registry of :class:`CachePolicy` objects by name):
 
