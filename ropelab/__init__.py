@@ -6,11 +6,12 @@ The core API::
     q = ropelab.apply_rope(q, layout="b s h d", style="half")
 
 Submodules, each with one job: ``scaling`` (frequency ladders), ``core`` (tables, rotation,
-``apply_rope``, float64 oracles), ``convert`` (between the two styles), ``figures`` (notebook runner
-and plot helpers), ``bench`` (benchmarks).
+``apply_rope``, float64 oracles), ``convert`` (between the two styles), ``diagnosis`` (the black-box
+checker ``diagnose`` and ``compare``, its zoo, and the ``ropelab-diagnose`` command), ``figures``
+(notebook runner and plot helpers), ``bench`` (benchmarks).
 """
 
-from . import attention, convert, cope, decay, precision, scaling, tasks
+from . import attention, convert, cope, decay, diagnosis, precision, scaling, tasks
 from .cope import CoPE
 from .core import (
     STYLES,
@@ -26,22 +27,10 @@ from .core import (
     rotation_matrix,
     varlen_positions,
 )
+from .diagnosis import Comparison, Diagnosis, compare, diagnose
 from .scaling import ROPE_TYPES, frequencies
 
 __version__ = "0.1.0"
-
-# ropelab.diagnose is a callable module (the checker and its command); imported on first use so that
-# `python -m ropelab.diagnose` does not find it already loaded.
-_LAZY = {"diagnose": None, "compare": "compare", "Diagnosis": "Diagnosis", "Comparison": "Comparison"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        module = importlib.import_module(".diagnose", __name__)
-        return module if _LAZY[name] is None else getattr(module, _LAZY[name])
-    raise AttributeError(f"module 'ropelab' has no attribute {name!r}")
 
 __all__ = [
     "CoPE",
@@ -58,6 +47,7 @@ __all__ = [
     "cope",
     "cos_sin",
     "decay",
+    "diagnosis",
     "frequencies",
     "pair_indices",
     "precision",

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from .attention import kl_divergence
-from .core import check_style, cos_sin, pair_indices, rotate
+from .core import check_positions, check_style, cos_sin, pair_indices, rotate
 from .scaling import frequencies, ntk_base
 
 __all__ = [
@@ -203,6 +203,7 @@ class RotaryKVCache:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}.")
         self.schedule, self.policy, self.chunk = schedule, policy, chunk
+        schedule.at(schedule.threshold or 1)  # checks base and scaling values now, not at the first step
         self.k = [_Store() for _ in range(n_layers)]  # rotated (post_rope, bucketed) or raw keys
         self.v = [_Store() for _ in range(n_layers)]
         self.frame: list[tuple[torch.Tensor, float] | None] = [None] * n_layers  # bucketed: cached keys' (inv, af)
@@ -239,6 +240,7 @@ class RotaryKVCache:
         self.rerotations += 1
 
     def step(self, layer: int, q, k, v, positions: torch.Tensor, length: int) -> torch.Tensor:
+        positions = check_positions(positions, "positions")
         inv, af = self.schedule.at(length)
         K, V = self.k[layer], self.v[layer]
         esize = k.element_size() * k.shape[0] * k.shape[1] * k.shape[3]  # bytes per cached position
