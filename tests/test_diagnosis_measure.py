@@ -239,7 +239,7 @@ def test_rope_applied_twice_is_a_problem():
 
 
 def test_linear_factor_below_one_is_a_problem():
-    fn = zoo.ropelab_rope("b s h d", rope_scaling={"rope_type": "linear", "factor": 0.25})
+    fn = zoo.ropelab_rope("b s h d", rope_scaling={"rope_type": "linear", "factor": 0.8})
     dg = diagnose(fn, layout="b s h d", max_position=MAXPOS)
     assert not dg.ok and "scaling" in dg.codes and "below 1" in " ".join(dg.problems), str(dg)
 

@@ -98,6 +98,17 @@ def _explain(A: Diagnosis, B: Diagnosis, names, sz, lay: Layout) -> list[str]:
         for D, nm in ((A, names[0]), (B, names[1])):
             if D.has(code) and not (code == "positions" and D.has("seq_axis")):
                 out.append(f"{nm}: " + D.problems[D.codes.index(code)])
+    if A.output_permutation != B.output_permutation:
+        for D, nm in ((A, names[0]), (B, names[1])):
+            if D.output_permutation is not None:
+                perm = D.output_permutation
+                moved = [k for k in range(len(perm)) if perm[k] != k]
+                out.append(
+                    f"{nm} permutes its output dims: output dim k holds input dim perm[k] (perm[{moved[0]}.."
+                    f"{moved[-1]}] = {[perm[k] for k in moved][:8]}{' ...' if len(moved) > 8 else ''}), as "
+                    "DeepSeek's rope_interleave does. Scores q.k agree when q and k both pass through it; to compare "
+                    f"outputs dim by dim, read {nm}'s output at torch.argsort(perm)."
+                )
     if A.style in STYLES and B.style in STYLES and A.style != B.style:
         conv = "interleaved_to_half" if A.style == "half" else "half_to_interleaved"
         out.append(

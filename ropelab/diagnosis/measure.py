@@ -2,6 +2,7 @@ r"""``diagnose``: the measuring pipeline (structure, frequencies, expectations, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -10,8 +11,8 @@ import torch
 
 from ..core import STYLES, Layout, parse_layout
 from ..precision import DTYPE_NAMES, UNIT_ROUNDOFF, perturbed_angle, phase_tolerance, wrap_angle
-from ..scaling import frequencies
-from .ladder import LADDER_RESEMBLES, LADDER_RTOL, fit_base, fit_ladder, fmt, rel_err
+from ..scaling import default_inv_freq, frequencies
+from .ladder import LADDER_RESEMBLES, LADDER_RTOL, fit_ladder, fmt, head_base, rel_err
 from .probes import STRUCT_TOL, NotATensor, call, one_thread, probe_cu_seqlens, probe_sizes
 from .report import Diagnosis
 from .structure import Structure, measure_structure
@@ -97,7 +98,8 @@ def _diagnose(fn, lay: Layout, sz: dict[str, int], dtype, max_position, expect, 
     if st is not None:
         _frequencies(st, dg)
         _expectations(dg, expect or {})
-        if dg.seq_axis == lay.seq and dg.inv_freq is not None and not dg.has("varlen") and not dg.has("positions"):
+        positions_wrong = any(map(dg.has, ("varlen", "positions", "restart")))
+        if dg.seq_axis == lay.seq and dg.inv_freq is not None and not positions_wrong:
             _phase(fn, lay, sz, dtype, max_position, st, dg)
     return dg
 
@@ -111,22 +113,7 @@ def _frequencies(st: Structure, dg: Diagnosis) -> None:
     if dg.style in STYLES and dg.rotary_dim == d and len(omega) < d // 2:  # proportional: zero tail
         omega = torch.cat([omega, torch.zeros(d // 2 - len(omega), dtype=torch.float64)])
     dg.inv_freq = omega
-    # Norm scale: one factor for every pair and token.
-    spread = float((st.scale - dg.norm_scale).abs().max())
-    if STRUCT_TOL * max(1.0, dg.norm_scale) < spread <= 4 * UNIT_ROUNDOFF[torch.bfloat16]:
-        dg.problem(
-            "precision",
-            f"cos and sin are rounded to a 16-bit dtype even for {DTYPE_NAMES[st.probe_dtype]} input: the norm "
-            f"scale wobbles by {spread:.1e} (cos^2 + sin^2 != 1). Build the tables in float32 and cast them to "
-            "the input's dtype, not lower.",
-        )
-    elif spread > STRUCT_TOL * max(1.0, dg.norm_scale):
-        dg.problem(
-            "norm_scale",
-            f"the norm scale varies with position or pair (from {float(st.scale.min()):.4g} to "
-            f"{float(st.scale.max()):.4g}): RoPE multiplies every pair by one constant (1, or the attention "
-            "factor of yarn/longrope). Remove the extra position-dependent factor (xPos-style decay?).",
-        )
+    _norm_scale(st, dg)
     if dg.direction == -1:
         dg.problem(
             "direction",
@@ -137,17 +124,34 @@ def _frequencies(st: Structure, dg: Diagnosis) -> None:
     if dg.style not in STYLES:
         return
     lad = fit_ladder(omega, dg.rotary_dim, d)
+    twice = lad is None or (lad.name == "linear" and lad.rope_scaling["factor"] == 0.5)
+    if twice:  # doubled angles read as a linear factor 0.5, or (on a yarn / llama3 ladder) as nothing known
+        half = fit_ladder(omega / 2, dg.rotary_dim, d)
+        if half is not None and half.exact and (lad is None or half.name != "linear"):
+            dg.problem(
+                "twice",
+                f"every angle is twice that of the {half.describe()} ladder with base {half.base:.6g} (it reads as "
+                "a linear factor 0.5, which Hugging Face rejects: factors are >= 1): RoPE is applied twice, "
+                "e.g. in the attention layer and again in a fused kernel or the cache. Apply it once.",
+            )
+            lad = dataclasses.replace(half, inv_freq=2 * half.inv_freq)  # the doubled ladder, for the phase check
     if lad is None:
-        dg.scaling = "other (per-frequency factors, e.g. longrope)"
-        dg.base = fit_base(omega, dg.rotary_dim)
-        if abs(dg.norm_scale - 1) > STRUCT_TOL:
-            dg.notes.append(f"norm scale {dg.norm_scale:.6g}: an attention factor folded into cos/sin.")
+        _unrecognised(omega, dg)
         return
     dg.base = lad.base
     dg.rope_scaling = lad.rope_scaling
     dg.scaling = lad.describe()
     st.ladder = lad
+    if lad.note:
+        dg.notes.append(lad.note + ".")
     dg.ladder_rel_err = lad.rel_err if not lad.exact else None
+    if lad.name == "linear" and lad.rope_scaling["factor"] < 1 and not dg.has("twice"):
+        dg.problem(
+            "scaling",
+            f"the ladder is linear with factor {lad.rope_scaling['factor']:.4g}, below 1: positions are stretched, "
+            "not interpolated (Hugging Face rejects factors below 1). Check the factor (inverted?) and that RoPE "
+            "is applied once.",
+        )
     if not lad.exact:
         cause = next((dt for dt in (torch.float16, torch.bfloat16) if lad.rel_err <= 2 * UNIT_ROUNDOFF[dt]), None)
         if cause is not None:
@@ -166,12 +170,72 @@ def _frequencies(st: Structure, dg: Diagnosis) -> None:
                 f"inv_freq resembles the {lad.describe()} ladder but deviates by up to {lad.rel_err:.1e} "
                 "relative: compute it as ropelab.frequencies(...) does, in float64 or float32.",
             )
+    _attention_factor(lad, dg)
+
+
+def _unrecognised(omega: torch.Tensor, dg: Diagnosis) -> None:
+    """No known ladder reproduces omega: say so and show it; no base is printed (a line fit through a
+    scaled ladder can be wrong by 100x)."""
+    dg.scaling = "unrecognised (no default, linear, yarn, llama3 or proportional ladder reproduces it)"
+    dg.notes.append("measured inv_freq: [" + ", ".join(f"{v:.6g}" for v in omega.tolist()) + "].")
+    head = head_base(omega, dg.rotary_dim)
+    if head is not None and head[1] >= 3:
+        b, k = head
+        factors = omega / default_inv_freq(dg.rotary_dim, b)
+        dg.notes.append(
+            f"its first {k + 1} pairs follow base^(-2i/r) with base {b:.6g}; relative to that ladder the per-pair "
+            "factors are [" + ", ".join(f"{v:.4g}" for v in factors.tolist()) + "] (longrope-style per-frequency "
+            "factors?)."
+        )
+    if abs(dg.norm_scale - 1) > STRUCT_TOL:
+        dg.notes.append(f"norm scale {dg.norm_scale:.6g}: an attention factor folded into cos/sin.")
+
+
+def _norm_scale(st: Structure, dg: Diagnosis) -> None:
+    """One norm scale for every pair and token; else name what varies: 16-bit rounding of cos and sin
+    (a wobble without trend), or a factor that grows or decays with position (xPos)."""
+    spread = float((st.scale - dg.norm_scale).abs().max())
+    if spread <= STRUCT_TOL * max(1.0, dg.norm_scale):
+        return
+    # log a_i(m) against the position m, per pair: xPos is exactly linear (zeta_i^((m - c) / scale_base)).
+    m = st.positions.reshape(-1).to(torch.float64)
+    la = st.scale.reshape(m.numel(), -1).clamp_min(1e-300).log()
+    A = torch.stack([m, torch.ones_like(m)], 1)
+    coef = torch.linalg.lstsq(A, la).solution
+    resid = float((la - A @ coef).abs().max())
+    trend = float((coef[0] * (m.max() - m.min())).abs().max())
+    if m.unique().numel() >= 3 and trend > 8 * resid and trend > STRUCT_TOL:
+        lo, hi = float(st.scale.min()), float(st.scale.max())
+        dg.problem(
+            "norm_scale",
+            f"the norm scale changes with position, per pair, by a factor up to exp({trend:.3g}) over positions "
+            f"{int(m.min())}..{int(m.max())} (from {lo:.4g} to {hi:.4g}; log-linear in position to {resid:.1e}): an "
+            "xPos-style decay (q scaled by zeta^(m/scale_base), k by its inverse), not a plain rotation. It is "
+            "right only if the model was trained with xPos; RoPE multiplies every pair by one constant.",
+        )
+    elif spread <= 4 * UNIT_ROUNDOFF[torch.bfloat16]:
+        dg.problem(
+            "precision",
+            f"cos and sin are rounded to a 16-bit dtype even for {DTYPE_NAMES[st.probe_dtype]} input: the norm "
+            f"scale wobbles by {spread:.1e} without trend (cos^2 + sin^2 != 1). Build the tables in float32 and "
+            "cast them to the input's dtype, not lower.",
+        )
+    else:
+        dg.problem(
+            "norm_scale",
+            f"the norm scale varies with position or pair (from {float(st.scale.min()):.4g} to "
+            f"{float(st.scale.max()):.4g}): RoPE multiplies every pair by one constant (1, or the attention "
+            "factor of yarn/longrope). Remove the extra factor.",
+        )
+
+
+def _attention_factor(lad, dg: Diagnosis) -> None:
     expected_af = lad.attention_factor
     s = dg.norm_scale
     tol = STRUCT_TOL * max(1.0, s)
-    if abs(s - expected_af) <= tol:
-        pass
-    elif expected_af != 1.0 and abs(s - expected_af**2) <= tol:
+    if dg.has("norm_scale") or dg.has("precision") or abs(s - expected_af) <= tol:
+        return
+    if expected_af != 1.0 and abs(s - expected_af**2) <= tol:
         dg.problem(
             "attention_factor",
             f"the norm scale is {s:.6g} = {expected_af:.6g}^2: the {lad.name} attention factor {expected_af:.6g} is "
@@ -180,7 +244,13 @@ def _frequencies(st: Structure, dg: Diagnosis) -> None:
     elif expected_af != 1.0 and abs(s - 1) <= tol:
         dg.notes.append(
             f"the {lad.name} attention factor {expected_af:.6g} is not folded into the rotation (norm scale 1); "
-            "that is right only if it is applied to the attention logits elsewhere."
+            "that is right only if it is applied to the attention logits elsewhere (or mscale = mscale_all_dim)."
+        )
+    elif lad.name == "yarn":  # yarn's factor is a config value of its own (attention_factor, mscale)
+        dg.rope_scaling = {**lad.rope_scaling, "attention_factor": round(s, 6)}
+        dg.notes.append(
+            f"the norm scale {s:.6g} is yarn's attention factor as configured (attention_factor or mscale / "
+            f"mscale_all_dim), not the default 0.1 ln(s) + 1 = {expected_af:.6g}."
         )
     else:
         dg.problem(
@@ -188,7 +258,6 @@ def _frequencies(st: Structure, dg: Diagnosis) -> None:
             f"the norm scale is {s:.6g}, expected {expected_af:.6g} for {lad.describe()}: RoPE is a rotation "
             "(times yarn's attention factor). Remove the extra factor.",
         )
-
 
 
 def _expectations(dg: Diagnosis, expect: Mapping[str, Any]) -> None:
@@ -219,12 +288,20 @@ def _expectations(dg: Diagnosis, expect: Mapping[str, Any]) -> None:
             )
     if "rope_scaling" in expect and dg.inv_freq is not None and dg.rotary_dim:
         base = float(expect.get("base", dg.base or 10000.0))
-        want, af = frequencies(
-            dg.head_dim,
-            base,
-            rotary_dim=dg.rotary_dim if dg.rotary_dim < dg.head_dim else None,
-            rope_scaling=expect["rope_scaling"],
-        )
+        try:
+            want, af = frequencies(
+                dg.head_dim,
+                base,
+                rotary_dim=dg.rotary_dim if dg.rotary_dim < dg.head_dim else None,
+                rope_scaling=expect["rope_scaling"],
+                max_position_embeddings=expect.get("max_position_embeddings"),
+                seq_len=dg.sizes[dg.declared_seq] if dg.declared_seq in dg.sizes else None,
+            )
+        except ValueError as e:  # name the way to give it to diagnose
+            raise ValueError(
+                f"expect['rope_scaling'] cannot be evaluated: {e} Give it to diagnose as "
+                "expect['max_position_embeddings'] (or add the key to the dict)."
+            ) from e
         if want.shape != dg.inv_freq.shape or rel_err(dg.inv_freq, want) > LADDER_RTOL:
             wanted = (expect["rope_scaling"] or {}).get("rope_type", "default") if expect["rope_scaling"] else "default"
             dg.problem(
@@ -242,7 +319,7 @@ def _expectations(dg: Diagnosis, expect: Mapping[str, Any]) -> None:
             )
 
 
-def _phase_call(fn, lay: Layout, sz, pdt, L, pairs_ab, st_dir) -> torch.Tensor:
+def _phase_call(fn, lay: Layout, sz, pdt, L, pairs_ab, st_dir, perm=None) -> torch.Tensor:
     """Angles [L, P] read back from a call with positions 0 .. L-1 and every pair set to (1, 0)."""
     shape = [L if a == lay.seq else (sz[a] if a in ("d", "h") else 1) for a in lay.axes]
     a, b = pairs_ab
@@ -253,6 +330,8 @@ def _phase_call(fn, lay: Layout, sz, pdt, L, pairs_ab, st_dir) -> torch.Tensor:
     y = call(fn, x, lay, cu)
     y = y.reshape(shape).to(torch.float64).movedim(d_idx, -1).movedim(lay.index(lay.seq), 0)
     y = y.reshape(L, -1, y.shape[-1])[:, 0]
+    if perm is not None:  # back to input dims: output dim k holds input dim perm[k]
+        y = y[:, torch.argsort(torch.tensor(perm))]
     return torch.atan2(y[:, b], y[:, a]) * st_dir
 
 
@@ -264,8 +343,11 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
     a, b = a[:k], b[:k]
     m = torch.arange(L, dtype=torch.float64)
     try:
-        hi = _phase_call(fn, lay, sz, st.probe_dtype, L, (a, b), dg.direction)
-        lo = hi if dtype == st.probe_dtype else _phase_call(fn, lay, sz, dtype, L, (a, b), dg.direction)
+        # The low-precision call first: a module that caches its tables by length (rotary-embedding-torch)
+        # would otherwise serve it the tables the high-precision call at this length just built.
+        args = (lay, sz), L, (a, b), dg.direction, dg.output_permutation
+        lo = _phase_call(fn, *args[0], dtype, *args[1:])
+        hi = lo if dtype == st.probe_dtype else _phase_call(fn, *args[0], st.probe_dtype, *args[1:])
     except NotATensor:
         raise
     except Exception as e:  # noqa: BLE001
@@ -280,10 +362,13 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
         w_long = (m[:n, None] * unw).sum(0) / (m[:n] ** 2).sum()
     full = torch.cat([w_long, dg.inv_freq[k:]])
     lad = fit_ladder(full, dg.rotary_dim, dg.head_dim) if dg.style in STYLES else None
-    if lad is not None and st.ladder is not None:
-        changed = (lad.describe(), lad.base) != (st.ladder.describe(), st.ladder.base)
-    else:
-        changed = rel_err(w_long, w0) > (LADDER_RESEMBLES if lad is None and st.ladder is None else LADDER_RTOL)
+    # Changed only beyond what the two measurements can resolve: each omega_i comes from angles at positions
+    # <= 64, each within phase_tolerance of the probe dtype, so it is known to ~that / 64 (absolute), and the
+    # structure's to LADDER_RTOL relative. (Comparing the two fitted bases as floats flagged 12345.678.)
+    resolution = 4 * phase_tolerance(st.probe_dtype, 65 * float(w0.abs().max())) / 64 + LADDER_RTOL * w0.abs()
+    if lad is None and st.ladder is None:
+        resolution = torch.maximum(resolution, LADDER_RESEMBLES * w0.abs())
+    changed = bool(((w_long - w0).abs() > resolution).any())
     if changed:
         dg.length_dependent = True
         dg.notes.append(
@@ -306,9 +391,12 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
         return
     first = int((per_pos > dg.phase_allowed).nonzero()[0])
     best = None
-    for where in ("positions", "inv_freq", "angle", "all"):
+    for where in ("positions", "inv_freq", "angle", "all", "tables"):
         for tag, dt in LOW_PRECISION.items():
-            pred = perturbed_angle(m, ref, where=where, dtype=dt)
+            if where == "tables":  # exact angles, cos and sin rounded to dt
+                pred = torch.atan2(exact.sin().to(dt).double(), exact.cos().to(dt).double())
+            else:
+                pred = perturbed_angle(m, ref, where=where, dtype=dt)
             e = float(wrap_angle(lo - pred).abs().max())
             if best is None or e < best[0]:
                 best = (e, where, tag, dt)
@@ -317,6 +405,7 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
         "inv_freq": "inv_freq",
         "angle": "the angles m * inv_freq",
         "all": "positions, inv_freq and their product",
+        "tables": "the cos/sin tables",
     }
     # Tables rounded to 16 bits add up to ~2u(bf16) on top of the named cause; the causes themselves differ
     # by whole steps m*omega, far more than that.
@@ -329,6 +418,7 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
             "an angle error of m * inv_freq times that",
             "angle": f"{tag} keeps {int(-math.log2(UNIT_ROUNDOFF[dt]))} bits of m * inv_freq",
             "all": f"{tag} positions are not all exact above {int(1 / UNIT_ROUNDOFF[dt])} and inv_freq is rounded",
+            "tables": f"cos and sin rounded to {tag} err by up to {UNIT_ROUNDOFF[dt]:.1e} rad at every position",
         }[where]
         text = (
             f"fn holds {what[where]} in {DTYPE_NAMES[dt]}: phase error {dg.phase_error:.2g} rad at position {worst} "
@@ -341,6 +431,7 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
             f"{DTYPE_NAMES[dtype]} (allowed {dg.phase_allowed:.1e}, first exceeded at position {first}). Form "
             "positions, inv_freq and angles in float32 or float64."
         )
-    dg.problem("precision", text)
+    if not dg.has("precision"):  # the structure probe may have named 16-bit tables already
+        dg.problem("precision", text)
 
 

@@ -20,8 +20,11 @@ class Diagnosis:
 
     ``problems`` holds plain-English findings, each with its fix; ``codes`` the short name of each (one of
     ``error, dtype, shape, not_linear, no_rotation, mixing, not_rotation, tables, seq_axis, positions, varlen,
-    batch, heads, direction, norm_scale, attention_factor, inv_freq_precision, precision, style,
-    rotary_dim, base, scaling``); ``notes`` what is worth knowing but not wrong.
+    restart, batch, heads, direction, norm_scale, attention_factor, twice, inv_freq_precision, precision,
+    style, rotary_dim, base, scaling``); ``notes`` what is worth knowing but not wrong. ``style`` and
+    ``pairs`` are read in input dims (after undoing an ``output_permutation``); the rotary slice is head
+    dims ``rotary_start .. rotary_start + rotary_dim - 1``; ``phase_allowed`` is the phase error a correct
+    implementation may show (``ropelab.precision.phase_tolerance``).
     """
 
     name: str
@@ -39,6 +42,8 @@ class Diagnosis:
     style: str | None = None  # "half", "interleaved" or "other" (pairs in dg.pairs)
     pairs: list[tuple[int, int]] = field(default_factory=list)
     rotary_dim: int | None = None
+    rotary_start: int = 0  # the rotary slice is head dims rotary_start .. rotary_start + rotary_dim - 1
+    output_permutation: list[int] | None = None  # output dim k holds input dim output_permutation[k]
     head_dim: int | None = None
     inv_freq: torch.Tensor | None = None
     base: float | None = None
@@ -93,6 +98,8 @@ class Diagnosis:
                 r = self.rotary_dim
                 pairs = f"(i, i+{r // 2})" if self.style == "half" else "(2i, 2i+1)"
                 desc = f"{self.style} {pairs}"
+                if self.rotary_start:
+                    desc += f" within dims {self.rotary_start}..{self.rotary_start + r - 1}"
             else:
                 desc = (
                     "other: "
@@ -101,7 +108,11 @@ class Diagnosis:
                 )
             rows.append(("style (pairs)", desc, flag(c & {"style", "mixing", "not_rotation", "tables"})))
         if self.rotary_dim is not None:
-            rows.append(("rotary_dim", f"{self.rotary_dim} of {self.head_dim}", flag("rotary_dim" in c)))
+            where = ""
+            if self.rotary_dim < self.head_dim:
+                end = self.rotary_start + self.rotary_dim - 1
+                where = f" (dims {self.rotary_start}..{end}, {'trailing' if self.rotary_start else 'leading'})"
+            rows.append(("rotary_dim", f"{self.rotary_dim} of {self.head_dim}{where}", flag("rotary_dim" in c)))
         if self.inv_freq is not None:
             w = [fmt(v) for v in self.inv_freq.tolist()]
             shown = ", ".join(w if len(w) <= 4 else w[:3] + ["...", w[-1]])

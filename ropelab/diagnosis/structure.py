@@ -15,6 +15,10 @@ from .report import Diagnosis
 
 __all__ = ["Structure", "measure_structure"]
 
+# Tolerance when angles are only 16-bit accurate (cos/sin tables in bf16 err by up to ~2**-8 rad, times the
+# few positions of the probe): neighbouring integer positions still differ by >= 0.28 rad on the fastest pair.
+LOOSE_ANGLE_TOL = 2.0**-4
+
 
 @dataclass
 class Structure:
@@ -108,22 +112,52 @@ def _components(C: torch.Tensor) -> list[list[int]]:
     return sorted(groups.values())
 
 
-def _classify_pairs(pairs: list[tuple[int, int]], d: int) -> tuple[str, int | None, list[int]]:
-    """(style, rotary_dim, order) if the pairs are a style's (a prefix of one for proportional), else other."""
+def _classify_pairs(pairs: list[tuple[int, int]], d: int) -> tuple[str, int | None, list[int], int]:
+    """(style, rotary_dim, order, start) if the pairs are a style's on the slice [start, start + rotary_dim)
+    of the head (leading dims as in Llama, trailing ones as in DeepSeek's MLA), or a prefix of the full-dim
+    style (proportional); else ("other", None, identity order, 0)."""
     S = {p: k for k, p in enumerate(pairs)}
-    for r in range(2, d + 1, 2):
+    start = min(min(p) for p in pairs)
+    r = 2 * len(pairs)
+    if start + r <= d:
         for style in STYLES:
             a, b = pair_indices(r, style)
-            P = list(zip(a.tolist(), b.tolist()))
+            P = list(zip((a + start).tolist(), (b + start).tolist()))
             if set(P) == set(S):
-                return style, r, [S[p] for p in P]
+                return style, r, [S[p] for p in P], start
     for style in STYLES:  # proportional: the first pairs of the full-dim style rotate, the rest are zero
         a, b = pair_indices(d, style)
         P = list(zip(a.tolist(), b.tolist()))
         k = len(S)
         if set(P[:k]) == set(S):
-            return style, d, [S[p] for p in P[:k]]
-    return "other", None, list(range(len(pairs)))
+            return style, d, [S[p] for p in P[:k]], 0
+    return "other", None, list(range(len(pairs))), 0
+
+
+def _output_permutation(M: torch.Tensor, dg: Diagnosis) -> torch.Tensor:
+    """Undo a permutation of the output dims: at the first token (position 0) a RoPE is the identity
+    (times its norm scale); a permutation matrix there means fn reorders its output, as DeepSeek's
+    ``rope_interleave`` does (interleaved pairs in, rotate_half layout out). ``dg.output_permutation[k]``
+    is the input dim that output dim k holds; the returned M is in input order."""
+    M0 = M.reshape(-1, *M.shape[-2:])[0]
+    big = M0.abs() > 0.5
+    if not bool((big.sum(0) == 1).all() and (big.sum(1) == 1).all()):
+        return M
+    if bool((M0.abs() * ~big).amax() > STRUCT_TOL) or bool((M0[big] <= 0).any()):
+        return M
+    perm = big.to(torch.int8).argmax(1)
+    if torch.equal(perm, torch.arange(M0.shape[0])):
+        return M
+    dg.output_permutation = perm.tolist()
+    moved = [k for k in range(len(perm)) if int(perm[k]) != k]
+    dg.notes.append(
+        f"fn permutes its output dims: output dim k holds input dim perm[k] for k = {moved[0]}..{moved[-1]} "
+        f"(perm = {[int(perm[k]) for k in moved][:12]}{' ...' if len(moved) > 12 else ''}). Scores q.k are "
+        "unchanged when q and k both pass through fn (DeepSeek's rope_interleave does this: interleaved pairs "
+        "in, rotate_half layout out), but outputs compared dim by dim with another implementation differ. "
+        "The rotation below is read in input order."
+    )
+    return M[..., torch.argsort(perm), :]
 
 
 def measure_structure(fn, lay: Layout, sz, cu, dg: Diagnosis) -> Structure | None:
@@ -159,6 +193,7 @@ def measure_structure(fn, lay: Layout, sz, cu, dg: Diagnosis) -> Structure | Non
         raise
     except Exception:  # noqa: BLE001 - the probe with e_j worked; a failure here is not informative
         pass
+    M = _output_permutation(M, dg)
     Mf = M.reshape(-1, d, d)
     C = Mf.abs().amax(0)
     comps = _components(C)
@@ -192,10 +227,11 @@ def measure_structure(fn, lay: Layout, sz, cu, dg: Diagnosis) -> Structure | Non
     b = torch.tensor([p[1] for p in pairs])
     Maa, Mab, Mba, Mbb = M[..., a, a], M[..., a, b], M[..., b, a], M[..., b, b]
     is_rot = ((Maa - Mbb).abs().amax() <= STRUCT_TOL) and ((Mab + Mba).abs().amax() <= STRUCT_TOL)
-    style, r, order = _classify_pairs(pairs, d)
+    style, r, order, start = _classify_pairs(pairs, d)
     dg.pairs = [pairs[k] for k in order] if style != "other" else pairs
     dg.style = style
     dg.rotary_dim = r
+    dg.rotary_start = start
     if not bool(is_rot):
         _explain_not_rotation(M, pairs, a, b, tok_axes, lay, dg)
         return None
@@ -318,6 +354,8 @@ def _positions(st: Structure, lay: Layout, sz, cu, dg: Diagnosis) -> None:
     free = dg.style == "other"  # no canonical order (a, b) within a pair: orient each by its own step
     for step_axis in [lay.seq] * (lay.seq in varies) + [a for a in varies if a != lay.seq]:
         fit = _integer_positions(theta, tok_axes, step_axis, free)
+        if fit == "fit":  # angles noisier than float32 (16-bit tables): match positions loosely, judge later
+            fit = _integer_positions(theta, tok_axes, step_axis, free, tol=LOOSE_ANGLE_TOL)
         if isinstance(fit, tuple):
             break
     if not isinstance(fit, tuple):
@@ -352,7 +390,7 @@ def _positions(st: Structure, lay: Layout, sz, cu, dg: Diagnosis) -> None:
     dg.norm_scale = float(st.scale.median())
 
 
-def _integer_positions(theta: torch.Tensor, tok_axes, step_axis: str, free: bool = False):
+def _integer_positions(theta: torch.Tensor, tok_axes, step_axis: str, free: bool = False, tol: float = 4 * ANGLE_TOL):
     """(positions, omega, sign) taking index 0 -> 1 along ``step_axis`` as one position step, or the reason
     it does not fit ("step", "direction", "fit"). ``sign`` [P] is the direction of each pair: all +1 or all
     -1, unless ``free`` (pairs without a canonical orientation), where each pair gets its own."""
@@ -382,7 +420,7 @@ def _integer_positions(theta: torch.Tensor, tok_axes, step_axis: str, free: bool
     for s in range(0, flat.shape[0], chunk):
         res = wrap_angle(flat[s : s + chunk, None, :] - cand[None, :, None] * omega[None, None, :]).abs().amax(-1)
         best, arg = res.min(-1)
-        if bool((best > ANGLE_TOL * 4).any()):
+        if bool((best > tol).any()):
             return "fit"
         pos[s : s + chunk] = cand[arg].long()
     return pos.reshape(theta.shape[:-1]), omega, direction
@@ -450,6 +488,20 @@ def _judge_positions(st: Structure, lay: Layout, sz, cu, grid, dg: Diagnosis) ->
                 f"are counted over the flattened batch. Give every sequence positions 0 .. {sz[seq] - 1}.",
             )
             return
+    if seq != "t" and _restarts(pos, st.tok_axes.index(seq)):
+        ks = st.tok_axes.index(seq)
+        line = pos[tuple(slice(None) if j == ks else 0 for j in range(pos.ndim))].tolist()
+        at = [i for i in range(1, len(line)) if line[i] == 0]
+        dg.seq_axis = seq
+        dg.problem(
+            "restart",
+            f"positions restart at 0 part-way along '{seq}' (positions {line}, restarting at index "
+            f"{', '.join(map(str, at))}): each later chunk (a decode step, or a chunk of a chunked prefill) is "
+            "rotated as if it began the sequence, so its keys and queries land at the positions of the first "
+            "tokens. Pass the number of tokens already cached as the offset: ropelab.apply_rope(x, layout=..., "
+            "offset=past_len), or position_ids = past_len + arange(new tokens) (Hugging Face: cache_position).",
+        )
+        return
     along_each = []
     for i, a in enumerate(st.tok_axes):
         line = pos[tuple(slice(None) if j == i else 0 for j in range(pos.ndim))]
@@ -463,3 +515,16 @@ def _judge_positions(st: Structure, lay: Layout, sz, cu, grid, dg: Diagnosis) ->
     )
 
 
+
+
+def _restarts(pos: torch.Tensor, k: int) -> bool:
+    """Positions the same on every other axis, counting 0, 1, 2, ... along axis k and dropping back to 0
+    at least once: chunks (decode steps) rotated without their offset."""
+    line = pos[tuple(slice(None) if j == k else 0 for j in range(pos.ndim))]
+    shape = [pos.shape[j] if j == k else 1 for j in range(pos.ndim)]
+    if not torch.equal(pos, line.reshape(shape).expand_as(pos)) or int(line[0]) != 0:
+        return False
+    steps = [int(line[i]) for i in range(1, len(line))]
+    prev = [int(line[i - 1]) for i in range(1, len(line))]
+    ok = all(c == 0 or c == p + 1 for c, p in zip(steps, prev))
+    return ok and any(c == 0 for c in steps)
