@@ -186,7 +186,7 @@ def check_positions(values: Any, name: str = "positions") -> torch.Tensor:
         got = type(values).__name__
         raise ValueError(f"{name} must be numbers (an int, a list or a tensor), got {got}: {e}") from e
     if t.dtype == torch.bool or t.is_complex():
-        raise ValueError(f"{name} must be integer or real numbers, got {t.dtype}.")
+        raise ValueError(f"{name} must be integer or float numbers, got {t.dtype}.")
     if t.is_floating_point() and not t.is_meta and t.numel() and not bool(torch.isfinite(t).all()):
         raise ValueError(f"{name} holds NaN or inf; give finite {name} (integers 0, 1, 2, ... usually).")
     return t

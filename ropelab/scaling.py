@@ -368,10 +368,10 @@ def check_base(base: Any) -> None:
     """Raise ValueError naming ``base`` unless it is a finite real number > 1."""
     if not _is_real(base) and not (isinstance(base, torch.Tensor) and base.numel() == 1):
         raise ValueError(
-            f"base must be a number > 1 (RoPE's rope_theta, usually 10000), got {type(base).__name__} {base!r}."
+            f"base must be > 1, a number (RoPE's rope_theta, usually 10000), got {type(base).__name__} {base!r}."
         )
     if not (math.isfinite(float(base)) and float(base) > 1):
-        raise ValueError(f"base must be a finite number > 1 (RoPE's rope_theta, usually 10000), got {float(base)}.")
+        raise ValueError(f"base must be > 1 and finite (RoPE's rope_theta, usually 10000), got {float(base)}.")
 
 
 def check_scaling_values(params: Mapping[str, Any]) -> None:
