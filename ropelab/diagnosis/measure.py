@@ -72,8 +72,9 @@ def diagnose(
         dtype: the dtype of the phase check (where low-precision positions or frequencies show).
         max_position: the last position of the phase check.
         expect: what fn should do, each a problem when it differs: ``style`` ("half"/"interleaved"),
-            ``base``, ``rotary_dim``, ``rope_scaling`` (a Hugging Face dict; None for default),
-            ``attention_factor``.
+            ``base``, ``rotary_dim``, ``rope_scaling`` (a Hugging Face dict; None for default) with
+            ``max_position_embeddings`` where the type needs it (dynamic), ``attention_factor``. The old key
+            ``pairing`` is refused with a message naming ``style`` (one name per idea, as ``apply_rope``).
         name: how the report names fn.
     """
     lay = check_args(fn, layout, dtype, max_position, expect)
