@@ -131,6 +131,8 @@ def fit_ladder(omega: torch.Tensor, rotary_dim: int, head_dim: int) -> Ladder | 
         rho = omega / default_inv_freq(rotary_dim, b)
         if float((rho / rho[0] - 1).abs().max()) <= RHO_TOL:  # one factor for every pair: default or linear
             for s in _roundings(1 / float(rho[0]), one=True):
+                if s != 1.0 and abs(s - 1) <= RHO_TOL:  # a factor indistinguishable from 1 is the default
+                    continue
                 sc = None if s == 1.0 else {"rope_type": "linear", "factor": s}
                 cands.append(_candidate("default" if sc is None else "linear", rotary_dim, rotary_dim, b, sc, omega))
             continue
@@ -145,7 +147,7 @@ def fit_ladder(omega: torch.Tensor, rotary_dim: int, head_dim: int) -> Ladder | 
         slope, icpt = line_fit(x, omega.log())
         for b in _roundings(math.exp(-slope))[:3]:
             for s in _roundings(math.exp(-icpt), one=True)[:3]:
-                if b > 1:
+                if b > 1 and (s == 1.0 or abs(s - 1) > RHO_TOL):
                     sc = None if s == 1.0 else {"rope_type": "linear", "factor": s}
                     c = _candidate("default" if sc is None else "linear", rotary_dim, rotary_dim, b, sc, omega)
                     cands += [c] if c else []

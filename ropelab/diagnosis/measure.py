@@ -153,7 +153,12 @@ def _frequencies(st: Structure, dg: Diagnosis) -> None:
             "not interpolated (Hugging Face rejects factors below 1). Check the factor (inverted?) and that RoPE "
             "is applied once.",
         )
-    if not lad.exact:
+    if not lad.exact and dg.has("precision"):  # 16-bit cos/sin tables: the ladder is read to that accuracy
+        dg.notes.append(
+            f"inv_freq is read only to {lad.rel_err:.1e} relative through the 16-bit tables; it resembles the "
+            f"{lad.describe()} ladder."
+        )
+    elif not lad.exact:
         cause = next((dt for dt in (torch.float16, torch.bfloat16) if lad.rel_err <= 2 * UNIT_ROUNDOFF[dt]), None)
         if cause is not None:
             dg.problem(
@@ -369,7 +374,13 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
     resolution = 4 * phase_tolerance(st.probe_dtype, 65 * float(w0.abs().max())) / 64 + LADDER_RTOL * w0.abs()
     if lad is None and st.ladder is None:
         resolution = torch.maximum(resolution, LADDER_RESEMBLES * w0.abs())
+    if dg.has("precision"):  # angles read through 16-bit tables (named by the structure probe)
+        resolution = resolution + 4 * UNIT_ROUNDOFF[torch.bfloat16] / 64
+    if st.ladder is not None and not st.ladder.exact:  # w0 itself is known only to the ladder's deviation
+        resolution = resolution + 2 * st.ladder.rel_err * w0.abs()
     changed = bool(((w_long - w0).abs() > resolution).any())
+    if changed and lad is not None and st.ladder is not None and lad.describe() == st.ladder.describe():
+        changed = abs(lad.base / st.ladder.base - 1) > 1e-6  # the same ladder read twice
     if changed:
         dg.length_dependent = True
         dg.notes.append(
