@@ -37,7 +37,7 @@ def test_zoo_is_a_table_of_rows():
 @pytest.mark.parametrize("row", CORRECT, ids=[r.name for r in CORRECT])
 def test_correct_rows_pass(row):
     dg = run(row)
-    assert dg.ok, str(dg)
+    assert dg.ok, f"{row.about}\n{dg}"
     assert dg.seq_axis == dg.declared_seq
     assert dg.style in STYLES
     if row.expect and "style" in row.expect:
@@ -65,7 +65,7 @@ def test_correct_rows_pass(row):
 def test_broken_rows_are_named(row):
     dg = run(row)
     assert not dg.ok
-    assert row.finding in dg.codes, str(dg)
+    assert row.finding in dg.codes, f"{row.about}\n{dg}"
     assert all(p.strip() for p in dg.problems)
 
 
