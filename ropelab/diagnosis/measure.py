@@ -443,7 +443,13 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
             f"{DTYPE_NAMES[dtype]} (allowed {dg.phase_allowed:.1e}, first exceeded at position {first}). Form "
             "positions, inv_freq and angles in float32 or float64."
         )
-    if not dg.has("precision"):  # the structure probe may have named 16-bit tables already
+    tables_named = dg.has("precision")  # the structure probe named 16-bit cos/sin tables already
+    if dg.phase_cause in ("inv_freq in bf16", "inv_freq in fp16", "all in bf16", "all in fp16"):
+        if tables_named and not dg.has("inv_freq_precision"):  # drift growing with m: more than the tables
+            dg.problem("inv_freq_precision", text)
+        elif not tables_named:
+            dg.problem("precision", text)
+    elif not (tables_named and (dg.phase_cause or "").startswith("tables")):
         dg.problem("precision", text)
 
 
