@@ -17,8 +17,8 @@ the runner ``figures``.
   ``resolve_positions``, ``varlen_positions``, ``rotation_matrix``, ``reference_matrix``, ``reference_complex``);
 - ``spec``: one RoPE setting, validated once, read from a Hugging Face config (``RopeSpec``);
 - ``convert``: the permutation between the two styles, for vectors and q/k weights;
-- ``diagnose``: the black-box checker (``diagnose``, ``compare``, ``Diagnosis``, ``Comparison``);
-- ``zoo``: real and deliberately wrong RoPE implementations the checker and notebooks examine;
+- ``diagnosis``: the black-box checker, a package (``diagnose``, ``compare``, ``Diagnosis``, ``Comparison``;
+  its zoo of real and deliberately wrong implementations; the ``ropelab-diagnose`` command);
 - ``precision``: the phase error of RoPE held in bf16 / fp16 / fp32;
 - ``attention``: causal logits, attention rows and their comparisons; the decoder's grouped-query attention;
 - ``cope``: Contextual Position Encoding (``CoPE``);
@@ -36,7 +36,7 @@ the runner ``figures``.
 - ``bench``: benchmarks that print ratios measured in one run.
 """
 
-from . import attention, convert, cope, decay, precision, scaling, spec, tasks
+from . import attention, convert, cope, decay, diagnosis, precision, scaling, spec, tasks
 from .cope import CoPE
 from .core import (
     STYLES,
@@ -52,23 +52,11 @@ from .core import (
     rotation_matrix,
     varlen_positions,
 )
+from .diagnosis import Comparison, Diagnosis, compare, diagnose
 from .scaling import ROPE_TYPES, frequencies
 from .spec import RopeSpec
 
 __version__ = "0.1.0"
-
-# ropelab.diagnose is a callable module (the checker and its command); imported on first use so that
-# `python -m ropelab.diagnose` does not find it already loaded.
-_LAZY = {"diagnose": None, "compare": "compare", "Diagnosis": "Diagnosis", "Comparison": "Comparison"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        module = importlib.import_module(".diagnose", __name__)
-        return module if _LAZY[name] is None else getattr(module, _LAZY[name])
-    raise AttributeError(f"module 'ropelab' has no attribute {name!r}")
 
 __all__ = [
     "CoPE",
@@ -86,6 +74,7 @@ __all__ = [
     "cope",
     "cos_sin",
     "decay",
+    "diagnosis",
     "frequencies",
     "pair_indices",
     "precision",

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .scaling import frequencies
+from .scaling import LENGTH_DEPENDENT, frequencies, rope_type_of
 
 __all__ = [
     "Layout",
@@ -37,6 +37,8 @@ __all__ = [
     "check_style",
     "pair_indices",
     "varlen_positions",
+    "check_positions",
+    "check_not_meta",
     "resolve_positions",
     "cos_sin",
     "rotate",
@@ -56,8 +58,6 @@ AXIS_NAMES = {
     "t": "packed tokens (varlen)",
 }
 
-# Types whose frequencies depend on the current length: apply_rope passes them max(position) + 1.
-LENGTH_DEPENDENT = ("dynamic", "longrope")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -182,6 +182,31 @@ def varlen_positions(cu_seqlens: torch.Tensor) -> torch.Tensor:
     return torch.arange(int(cu_seqlens[-1]), device=cu_seqlens.device) - starts
 
 
+def check_positions(values: Any, name: str = "positions") -> torch.Tensor:
+    r"""``values`` as a tensor of positions (integer or real), or ValueError naming ``name``.
+
+    NaN and inf are refused (they would rotate by a NaN angle silently). Negative positions are valid:
+    position -m rotates by :math:`-m\,\omega_i`, the inverse rotation (a re-rotation uses it)."""
+    try:
+        t = values if isinstance(values, torch.Tensor) else torch.as_tensor(values)
+    except (TypeError, ValueError, RuntimeError) as e:
+        got = type(values).__name__
+        raise ValueError(f"{name} must be numbers (an int, a list or a tensor), got {got}: {e}") from e
+    if t.dtype == torch.bool or t.is_complex():
+        raise ValueError(f"{name} must be integer or float numbers, got {t.dtype}.")
+    if t.is_floating_point() and not t.is_meta and t.numel() and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} holds NaN or inf; give finite {name} (integers 0, 1, 2, ... usually).")
+    return t
+
+
+def check_not_meta(t: torch.Tensor, what: str) -> None:
+    """Raise ValueError when ``t`` is a meta tensor and ``what`` needs its values."""
+    if t.is_meta:
+        raise ValueError(
+            f"{what} reads the largest position, which a meta tensor does not hold; pass seq_len=... explicitly."
+        )
+
+
 def resolve_positions(
     x: torch.Tensor,
     layout: Layout,
@@ -218,10 +243,7 @@ def resolve_positions(
         else:
             p, axes = torch.arange(n, device=x.device), (seq,)
     else:
-        p = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions)
-        if p.dtype == torch.bool or p.is_complex():
-            raise ValueError(f"positions must be integer or float, got {p.dtype}.")
-        p = p.to(x.device)
+        p = check_positions(positions, "positions").to(x.device)
         if p.ndim == 1:
             if p.shape[0] != n:
                 raise ValueError(
@@ -246,7 +268,7 @@ def resolve_positions(
             raise ValueError(
                 f"positions must be 1-D ([{seq}]) or 2-D ([b, {seq}]), got shape {tuple(p.shape)}."
             )
-    off = offset if isinstance(offset, torch.Tensor) else torch.as_tensor(offset)
+    off = check_positions(offset, "offset")
     if off.ndim == 0:
         p = p + off.to(p.device)
     elif off.ndim == 1:
@@ -392,7 +414,8 @@ def apply_rope(
         x: queries or keys, e.g. [batch, seq, heads, head_dim] with ``layout="b s h d"``.
         positions: None (0, 1, 2, ... along the sequence axis, restarting at each ``cu_seqlens``
             boundary for ``t``), a 1-D tensor with one position per token of the sequence axis, or a
-            2-D [b, s] tensor with one row per batch element.
+            2-D [b, s] tensor with one row per batch element. Negative positions are valid (a rotation
+            by :math:`-m\,\omega_i`); NaN or inf raise ValueError.
         layout: einops-style names of x's axes: b batch, s sequence, h heads, d head dim, t packed
             tokens (varlen). ``"b s h d"``, ``"b h s d"``, ``"s h d"``, ``"t h d"``, ...
         style: ``"half"`` pairs (i, i + r/2) (Llama, GPT-NeoX, ESM); ``"interleaved"`` pairs
@@ -422,10 +445,8 @@ def apply_rope(
     lay = parse_layout(layout, x.ndim)
     check_style(style)
     p, p_axes = resolve_positions(x, lay, positions, cu_seqlens=cu_seqlens, offset=offset)
-    rope_type = None
-    if rope_scaling is not None and isinstance(rope_scaling, Mapping):
-        rope_type = rope_scaling.get("rope_type", rope_scaling.get("type"))
-    if seq_len is None and rope_type in LENGTH_DEPENDENT and p.numel():
+    if seq_len is None and rope_type_of(rope_scaling) in LENGTH_DEPENDENT and p.numel():
+        check_not_meta(p, "a length-dependent rope_type (dynamic, longrope) without seq_len")
         seq_len = int(p.max()) + 1
     d_idx = lay.index("d")
     inv_freq, attention_factor = frequencies(

@@ -45,7 +45,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 
 from .attention import attend, attend_scores, grouped_scores
-from .core import cos_sin, rotate
+from .core import check_positions, cos_sin, rotate
 from .scaling import ntk_base
 from .spec import RopeSpec
 
@@ -305,6 +305,7 @@ class RotaryKVCache:
         self.v = [GrowableBuffer() for _ in range(n_layers)]
         self.frame: list[tuple[torch.Tensor, float] | None] = [None] * n_layers  # cached keys' (inv, af)
         self.traffic = KeyTraffic()
+        schedule.at(schedule.threshold or 1)  # checks base and scaling values now, not at the first step
         self.rerotations = 0
         self._memo: tuple | None = None  # (length, n, cos, sin): the whole cache's table at this step
 
@@ -376,6 +377,7 @@ class RotaryKVCache:
 
     def step(self, layer: int, q, k, v, positions: torch.Tensor, length: int) -> torch.Tensor:
         """Append this step's k, v (before RoPE) to ``layer`` and return the attention output of q."""
+        positions = check_positions(positions, "positions")
         inv, af = self.schedule.at(length)
         frame = Frame(inv, af, length)
         q_rot = self.rope(q, positions, inv, af)

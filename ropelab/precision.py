@@ -35,6 +35,10 @@ __all__ = [
     "max_phase_error",
     "first_position_past",
     "rotary_phase_error",
+    "UNIT_ROUNDOFF",
+    "DTYPE_NAMES",
+    "wrap_angle",
+    "phase_tolerance",
 ]
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -154,3 +158,32 @@ def rotary_phase_error(
     exact = positions.double()[:, None] * inv_freq.double()[None, :]
     return _wrapped(angle - exact)
 
+
+
+# --------------------------------------------------------------------------------------------------
+# Unit roundoff, dtype names, angle wrapping and the phase error a correct implementation may show
+# --------------------------------------------------------------------------------------------------
+
+# Unit roundoff u: round-to-nearest errs by at most u |value| (Higham, "Accuracy and Stability of
+# Numerical Algorithms", 2nd ed., section 2.1: u = 2^-t for a t-bit significand).
+UNIT_ROUNDOFF = {
+    torch.float64: 2.0**-53,
+    torch.float32: 2.0**-24,
+    torch.bfloat16: 2.0**-8,
+    torch.float16: 2.0**-11,
+}
+DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def wrap_angle(x: torch.Tensor) -> torch.Tensor:
+    """Angles folded onto [-pi, pi) (signed; ``phase_error`` reports the magnitude)."""
+    return torch.remainder(x + math.pi, 2 * math.pi) - math.pi
+
+
+def phase_tolerance(dtype: torch.dtype, max_angle: float) -> float:
+    r"""The phase error (radians) a correct RoPE may show in ``dtype`` with angles up to ``max_angle``:
+    the output rounded to ``dtype`` (:math:`4u_{dtype}`) plus the angle :math:`m\,\omega` formed in float32
+    (:math:`8u_{fp32}(1 + |\theta|_{max})`, as Hugging Face and most implementations do)."""
+    if dtype not in UNIT_ROUNDOFF:
+        raise ValueError(f"dtype must be one of {list(DTYPE_NAMES.values())} (torch dtypes), got {dtype}.")
+    return 4 * UNIT_ROUNDOFF[dtype] + 8 * UNIT_ROUNDOFF[torch.float32] * (1 + max_angle)

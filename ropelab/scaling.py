@@ -26,6 +26,10 @@ __all__ = [
     "ScalingParams",
     "parse_scaling",
     "check_rotary_dim",
+    "LENGTH_DEPENDENT",
+    "rope_type_of",
+    "check_base",
+    "check_scaling_values",
 ]
 
 
@@ -261,6 +265,7 @@ def parse_scaling(rope_scaling: Mapping[str, Any] | None) -> ScalingParams:
             "Check the spelling (Hugging Face uses the key 'rope_type', older configs 'type')."
         )
     params.rope_type = rope_type
+    check_scaling_values(params)
     return params
 
 
@@ -308,8 +313,7 @@ def frequencies(
     if rotary_dim is None:
         rotary_dim = int(head_dim * float(params.get("partial_rotary_factor", 1.0)))
     check_rotary_dim(rotary_dim, head_dim)
-    if base <= 1:
-        raise ValueError(f"base must be > 1 (RoPE's rope_theta, usually 10000), got {base}.")
+    check_base(base)
     if params.rope_type == "proportional":
         params["_head_dim"] = head_dim
     fn = ROPE_TYPES[params.rope_type]
@@ -331,3 +335,63 @@ def check_rotary_dim(rotary_dim: int, head_dim: int) -> None:
             f"rotary_dim={rotary_dim} is larger than the head dim {head_dim}; it must be at most {head_dim} "
             "(dims past rotary_dim pass through unrotated)."
         )
+
+
+# --------------------------------------------------------------------------------------------------
+# The rope-type lookup and the checks on numbers a config carries
+# --------------------------------------------------------------------------------------------------
+
+# Types whose frequencies depend on the current length L (callers pass seq_len = max(position) + 1).
+LENGTH_DEPENDENT = frozenset({"dynamic", "longrope"})
+
+# Keys of a scaling dict that must be finite and > 0 when present (partial_rotary_factor also <= 1).
+_POSITIVE_KEYS = (
+    "factor",
+    "rope_theta",
+    "original_max_position_embeddings",
+    "low_freq_factor",
+    "high_freq_factor",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+    "attention_factor",
+    "partial_rotary_factor",
+)
+
+
+def rope_type_of(rope_scaling: Mapping[str, Any] | None) -> str:
+    """The rope type a scaling dict names (``rope_type``, or the legacy ``type``); "default" for None."""
+    return parse_scaling(rope_scaling).rope_type
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_base(base: Any) -> None:
+    """Raise ValueError naming ``base`` unless it is a finite real number > 1."""
+    if not _is_real(base) and not (isinstance(base, torch.Tensor) and base.numel() == 1):
+        raise ValueError(
+            f"base must be > 1, a number (RoPE's rope_theta, usually 10000), got {type(base).__name__} {base!r}."
+        )
+    if not (math.isfinite(float(base)) and float(base) > 1):
+        raise ValueError(f"base must be > 1 and finite (RoPE's rope_theta, usually 10000), got {float(base)}.")
+
+
+def check_scaling_values(params: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the key when a number of a scaling dict is not finite and positive
+    (a NaN or zero factor would otherwise give NaN or infinite frequencies silently)."""
+    for key in _POSITIVE_KEYS:
+        v = params.get(key)
+        if v is None:
+            continue
+        if not _is_real(v) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"rope_scaling[{key!r}] must be a finite number > 0, got {v!r}.")
+    if params.get("partial_rotary_factor") is not None and params["partial_rotary_factor"] > 1:
+        got = params["partial_rotary_factor"]
+        raise ValueError(f"rope_scaling['partial_rotary_factor'] must be in (0, 1], got {got}.")
+    for key in ("long_factor", "short_factor"):
+        v = params.get(key)
+        if v is not None and not all(_is_real(f) and math.isfinite(f) and f > 0 for f in v):
+            raise ValueError(f"rope_scaling[{key!r}] must hold finite numbers > 0, got {list(v)[:4]}...")

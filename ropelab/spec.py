@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from .core import check_style
-from .scaling import check_rotary_dim, frequencies, parse_scaling
+from .scaling import check_base, check_rotary_dim, frequencies, parse_scaling
 
 __all__ = ["RopeSpec", "SCALING_KEYS", "INTERLEAVED_MODEL_TYPES", "head_dim_of"]
 
@@ -100,8 +100,9 @@ class RopeSpec:
 
     def __post_init__(self) -> None:
         check_style(self.style)
-        if isinstance(self.base, bool) or not isinstance(self.base, (int, float)) or not self.base > 1:
+        if isinstance(self.base, bool):
             raise ValueError(f"base must be a number > 1 (RoPE's rope_theta, usually 10000), got {self.base!r}.")
+        check_base(self.base)
         object.__setattr__(self, "base", float(self.base))
         if self.rotary_dim is not None:
             check_rotary_dim(self.rotary_dim, self.rotary_dim)
