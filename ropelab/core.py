@@ -434,7 +434,7 @@ def apply_rope(
     # The accelerated backends live in ropelab.kernels, which builds on this module: imported on first
     # use, so core never depends on it (and never on triton) otherwise.
     if backend == "triton":
-        from .kernels.rope import rope_positions
+        from .kernels.fused_rope import rope_positions
 
         return rope_positions(x, lay, p, p_axes, inv_freq, attention_factor, style=style, angle_dtype=angle_dtype)
     cos, sin = _tables_for(x, lay, p, p_axes, inv_freq, attention_factor, angle_dtype)

@@ -1,7 +1,7 @@
 """Fused RoPE kernels and what they are measured against.
 
 - :mod:`ropelab.kernels.rope_triton`: the Triton program (math and memory access only);
-- :mod:`ropelab.kernels.rope`: its checks, launch and ``autograd.Function``; :func:`rope` is the entry
+- :mod:`ropelab.kernels.fused_rope`: its checks, launch and ``autograd.Function``; :func:`rope` is the entry
   point, ``ropelab.apply_rope(..., backend="triton")`` the same kernel behind the usual API;
 - :mod:`ropelab.kernels.compiled`: ``backend="compile"``, ``torch.compile`` of one single-pass formula
   (the CPU path at the memory floor);
@@ -11,6 +11,6 @@
 Importing this package never needs triton; :func:`rope` says clearly when it cannot run.
 """
 
-from .rope import as_bshd, available, rope, why_unavailable
+from .fused_rope import as_bshd, available, rope, why_unavailable
 
 __all__ = ["rope", "available", "why_unavailable", "as_bshd"]
