@@ -379,3 +379,27 @@ def main(out_dir: str = "data/bench", quick: bool = False, flash_rotary: str | N
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
     return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading results back (notebook 06)
+# --------------------------------------------------------------------------------------------------
+
+
+def load_gpu_results(data_dir: str | os.PathLike) -> list[dict]:
+    """Every committed ``gpu-<device>.json`` measured on a GPU (the CPU fallback's file is not one)."""
+    out = []
+    for path in sorted(Path(data_dir).glob("gpu-*.json")):
+        result = json.loads(path.read_text())
+        if result.get("device_kind") == "cuda":
+            out.append(result)
+    return out
+
+
+def bandwidth_series(result: dict, mode: str, kind: str = "padded", head_dim: int = 128) -> dict[str, list]:
+    """implementation -> [(bytes, GB/s, % of copy)] sorted by bytes, for one mode and shape family."""
+    series: dict[str, list] = {}
+    for r in result["rows"]:
+        if r["mode"] == mode and r["kind"] == kind and r["head_dim"] == head_dim:
+            series.setdefault(r["implementation"], []).append((r["bytes"], r["gb_per_s"], r["pct_of_copy"]))
+    return {k: sorted(v) for k, v in series.items()}
