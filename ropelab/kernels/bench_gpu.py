@@ -142,7 +142,8 @@ def implementations(case: dict, device: str, flash_apply, compiled_hf) -> dict[s
             return fn
 
         impls["ropelab apply_rope (torch)"] = ropelab_on("torch")
-        impls["ropelab apply_rope (compile)"] = ropelab_on("compile")
+        if compiled_hf is not None:  # compiling is wanted in this run
+            impls["ropelab apply_rope (compile)"] = ropelab_on("compile")
     try:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
     except ImportError:
@@ -255,28 +256,31 @@ def versions(flash_path: str | None) -> dict:
     return v
 
 
-def run(device: str, quick: bool = False, flash_rotary: str | None = None, budget_s: float = 150.0) -> dict:
+def run(device: str, quick: bool = False, flash_rotary: str | None = None, budget_s: float = 150.0,
+        shapes: list | None = None, compile: bool = True) -> dict:
+    """Time every implementation on every shape; ``shapes`` overrides the default list (tests use tiny ones)."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     flash_apply, flash_note = load_flash_rotary(flash_rotary) if device == "cuda" else (None, "GPU only")
     try:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-        compiled_hf = torch.compile(apply_rotary_pos_emb, dynamic=True)
+        compiled_hf = torch.compile(apply_rotary_pos_emb, dynamic=True) if compile else None
     except ImportError:
         compiled_hf = None
     if device == "cuda":
-        shapes = [("padded",) + s for s in GPU_SHAPES] + [("varlen", "varlen-128k", 1, VARLEN_TOKENS, 128),
-                                                          ("decode", "decode", DECODE_BATCH, 1, 128)]
+        shapes_default = [("padded",) + s for s in GPU_SHAPES] + [
+            ("varlen", "varlen-128k", 1, VARLEN_TOKENS, 128), ("decode", "decode", DECODE_BATCH, 1, 128)]
         if quick:
-            shapes = [shapes[0], shapes[2], shapes[-2], shapes[-1]]
+            shapes_default = [shapes_default[i] for i in (0, 2, -2, -1)]
         modes = ("fwd", "fwd+bwd")
         timer = time_gpu
     else:
-        shapes = [("padded",) + s for s in CPU_SHAPES] + [("decode", "decode", 16, 1, 128)]
+        shapes_default = [("padded",) + s for s in CPU_SHAPES] + [("decode", "decode", 16, 1, 128)]
         if quick:
-            shapes = shapes[:1]
+            shapes_default = shapes_default[:1]
         modes = ("fwd",)
         timer = time_cpu
+    shapes = shapes if shapes is not None else shapes_default
     t_start = time.perf_counter()
     rows, notes = [], {"flash-attn": flash_note} if flash_note else {}
     for kind, name, b, s, d in shapes:
