@@ -115,7 +115,7 @@ def rope_kernel(
         length = tl.load(CU_SEQLENS + pid_b + 1).to(tl.int64) - start
         s_mask = local < length
         s = start + local
-        b = 0
+        b = pid_b * 0  # packed tokens have no batch axis: an int tensor zero, like pid_b's type
     else:
         s_mask = local < seqlen
         s = local
