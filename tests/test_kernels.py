@@ -350,3 +350,29 @@ def test_compiles_for_hopper_without_a_gpu():
     if "compiled" not in out.stdout and "ptxas" in out.stderr and "not found" in out.stderr:
         pytest.skip("this triton build ships no ptxas")
     assert "compiled 3" in out.stdout, out.stderr[-3000:]
+
+
+def test_parity_with_flash_attn_triton_rotary(monkeypatch):
+    """flash-attn's own Triton rotary (its rotary.py from the sdist, as scripts/fetch_wheels.sh fetches it,
+    or $FLASH_ROTARY), run by the same interpreter, on the same fp32 tables: the same numbers, both styles,
+    partial rotary, per-sequence offsets. Skipped where the file is absent (flash-attn is opt-in)."""
+    import contextlib
+
+    from ropelab.kernels import bench_gpu
+
+    found = sorted(REPO.glob(".whl/flash_attn-*/flash_attn/ops/triton/rotary.py"))
+    path = os.environ.get("FLASH_ROTARY") or (str(found[-1]) if found else None)
+    flash_apply, why = bench_gpu.load_flash_rotary(path)
+    if flash_apply is None:
+        pytest.skip(why)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())  # it selects a CUDA device
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 7, 3, 64, generator=g)
+    inv, _ = ropelab.frequencies(64, rotary_dim=48)
+    c, s = ropelab.cos_sin(torch.arange(20), inv)
+    off = torch.tensor([1, 4])
+    for style in ("half", "interleaved"):
+        theirs = flash_apply(x, c, s, seqlen_offsets=off, interleaved=style == "interleaved")
+        ours = rope(x, layout="b s h d", style=style, cos=c, sin=s, offset=off)
+        # each errs by at most 4u(|x_a| + |x_b|) <= 8u max|x| from the exact rotation by these tables
+        assert (theirs - ours).abs().max() <= 16 * UNIT_ROUNDOFF[torch.float32] * x.abs().max()
