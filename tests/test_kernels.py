@@ -376,3 +376,34 @@ def test_parity_with_flash_attn_triton_rotary(monkeypatch):
         ours = rope(x, layout="b s h d", style=style, cos=c, sin=s, offset=off)
         # each errs by at most 4u(|x_a| + |x_b|) <= 8u max|x| from the exact rotation by these tables
         assert (theirs - ours).abs().max() <= 16 * UNIT_ROUNDOFF[torch.float32] * x.abs().max()
+
+
+def test_gpu_bench_implementations_agree(monkeypatch):
+    """The GPU benchmark's own closures (ropelab's kernel, HF eager, flash-attn's rotary when fetched), run
+    here through the interpreter on tiny cases of every kind (padded, decode, varlen): the same outputs and
+    gradients, so a GPU run times implementations that compute the same thing."""
+    import contextlib
+
+    from ropelab.kernels import bench_gpu
+
+    found = sorted(REPO.glob(".whl/flash_attn-*/flash_attn/ops/triton/rotary.py"))
+    flash_apply, _ = bench_gpu.load_flash_rotary(os.environ.get("FLASH_ROTARY") or (str(found[-1]) if found else None))
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    for kind, b, s in (("padded", 2, 6), ("decode", 3, 1), ("varlen", 1, 40)):
+        case = bench_gpu.make_case(kind, b, s, 32, "cpu", torch.float32, heads=(4, 2), varlen_range=(9, 16))
+        impls = bench_gpu.implementations(case, "cuda", flash_apply, None)
+        assert "ropelab triton" in impls and "HF eager" in impls
+        q, k = case["q"], case["k"]
+        ref = [t.reshape(x.shape) for t, x in zip(impls["ropelab triton"](q, k), (q, k))]
+        gq, gk = torch.randn_like(q), torch.randn_like(k)
+        grads = {}
+        for name, fn in impls.items():
+            out = fn(q, k)
+            for o, r in zip(out, ref):
+                assert (o.reshape(r.shape) - r).abs().max() < 1e-5, (kind, name)
+            if kind != "decode":  # forward + backward as the benchmark times it (decode: forward only here)
+                qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
+                grads[name] = bench_gpu._fwd_bwd(fn, qq, kk, gq, gk)()
+        for name, (dq, dk) in grads.items():
+            assert (dq - grads["ropelab triton"][0]).abs().max() < 1e-5, (kind, name)
+            assert (dk - grads["ropelab triton"][1]).abs().max() < 1e-5, (kind, name)

@@ -74,18 +74,20 @@ def load_flash_rotary(path: str | None):
     return mod.apply_rotary, None
 
 
-def make_case(kind: str, b: int, s: int, d: int, device: str, dtype: torch.dtype) -> dict:
-    """q, k in b s h d (or t h d), per-token positions, the tables each implementation takes."""
+def make_case(kind: str, b: int, s: int, d: int, device: str, dtype: torch.dtype, heads=HEADS,
+              varlen_range: tuple[int, int] | None = None) -> dict:
+    """q, k in b s h d (or [1, t, h, d] for varlen: s tokens packed), per-token positions, each peer's tables."""
     g = torch.Generator(device="cpu").manual_seed(0)
-    hq, hk = HEADS
-    if kind == "varlen":
-        lengths = torch.randint(512, 8192, (64,), generator=g)
-        lengths = lengths[torch.cumsum(lengths, 0) <= VARLEN_TOKENS]
-        lengths = torch.cat([lengths, torch.tensor([VARLEN_TOKENS - int(lengths.sum())])])
+    hq, hk = heads
+    if kind == "varlen":  # sequences of s/256 .. s/16 tokens (512 .. 8192 for 128k), the last one topping up
+        low, high = varlen_range or (max(1, s // 256), max(2, s // 16))
+        lengths = torch.randint(low, high, (4096,), generator=g)
+        lengths = lengths[torch.cumsum(lengths, 0) <= s]
+        lengths = torch.cat([lengths, torch.tensor([s - int(lengths.sum())])])
         lengths = lengths[lengths > 0]
         cu = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)]).to(torch.int32)
-        pos = torch.cat([torch.arange(int(n)) for n in lengths])
-        b, s = 1, VARLEN_TOKENS
+        pos = torch.cat([torch.arange(int(n)) for n in lengths])[None]
+        b = 1
         offset = None
     elif kind == "decode":
         cu = None
