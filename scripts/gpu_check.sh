@@ -20,8 +20,8 @@ FLASH_ROTARY=$(compgen -G ".whl/flash_attn-*/flash_attn/ops/triton/rotary.py" | 
 export FLASH_ROTARY
 
 STEPS=(
-    "env|30|nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())'"
-    "tests|120|$PY -m pytest tests/test_kernels_gpu.py -q -p no:cacheprovider -x --timeout 110"
+    "env|20|nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())'"
+    "tests|120|$PY -m pytest tests/test_kernels_gpu.py -q -p no:cacheprovider -n 8 --timeout 110"
     "bench|200|$PY -m ropelab.bench gpu --out-dir $OUT"
 )
 

@@ -43,8 +43,10 @@ def test_kernel_matches_oracle(d, r, style, dtype):
                                   offset=off.cuda())
     for x, y in ((q, oq), (k, ok)):
         check(y, x, oracle(x, "b s h d", style=style, rotary_dim=r, offset=off), r, style, dtype)
-    y = ropelab.apply_rope(q.cuda(), layout="b s h d", style=style, rotary_dim=r, offset=off.cuda(), backend="triton")
-    check(y, q, oracle(q, "b s h d", style=style, rotary_dim=r, offset=off), r, style, dtype)
+    if dtype == torch.bfloat16:  # apply_rope's path: cos/sin made in the kernel in float64 (one dtype: compile time)
+        y = ropelab.apply_rope(q.cuda(), layout="b s h d", style=style, rotary_dim=r, offset=off.cuda(),
+                               backend="triton")
+        check(y, q, oracle(q, "b s h d", style=style, rotary_dim=r, offset=off), r, style, dtype)
 
 
 def test_layouts_varlen_strides_inplace_grad():
