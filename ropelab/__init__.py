@@ -33,6 +33,9 @@ the runner ``figures``.
 - ``lm``: the byte-level LM trained for notebook 05 (corpus, training, evaluation of schemes);
 - ``paths``: where the repository, data, build and figure directories are (works from an installed package);
 - ``figures``: the notebook runner and the ``setup`` / ``save`` helpers notebooks call;
+- ``kernels``: a fused Triton RoPE (forward and backward), ``backend="compile"`` for the CPU, the byte model
+  and the GPU benchmark; imported on first use, never by the core;
+- ``machine``: the CPU, threads and library versions a measurement ran on;
 - ``bench``: benchmarks that print ratios measured in one run.
 """
 

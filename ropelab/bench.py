@@ -1,6 +1,7 @@
 """Benchmarks: ratios measured in one run on the same inputs (not timed tests).
 
     python -m ropelab.bench cpu [--shape 1 32 4096 128] [--repeats 20] [--out data/bench/cpu.json]
+    python -m ropelab.bench gpu [--out-dir data/bench] [--quick]   (ropelab.kernels.bench_gpu)
     python -m ropelab.bench decode [--lengths 1024 4096 16384 32768] [--batches 1 8] [--out data/bench/decode.json]
 
 ``cpu`` times, on the same q and k ([b, h, s, d] float32 by default, the issue's Llama-7B-like head
@@ -15,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -26,38 +25,12 @@ from pathlib import Path
 import torch
 
 from .core import apply_rope, cos_sin, rotate
+from .machine import machine_info
 from .paths import DATA_DIR
 from .scaling import frequencies
 from .spec import RopeSpec
 
 __all__ = ["machine_info", "time_methods", "bench_cpu", "bench_decode", "print_table", "print_decode", "main"]
-
-
-def machine_info() -> dict:
-    """CPU model, thread counts and library versions, for a benchmark's JSON."""
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {
-        "cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    return info
 
 
 def time_methods(methods: dict[str, Callable[[], object]], repeats: int, warmup: int = 3) -> dict[str, list[float]]:
@@ -90,6 +63,20 @@ def bench_cpu(shape=(1, 32, 4096, 128), repeats: int = 20, threads: int = 2, com
         "ropelab.rotate (tables given)": lambda: (rotate(q, c4, s4), rotate(k, c4, s4)),
     }
     notes = {}
+    if compile:  # backend="compile": one single-pass formula through torch.compile; compile time apart
+        from .kernels import compiled as rope_compiled
+
+        try:
+            t0 = time.perf_counter()
+            rope_compiled.rotate_compiled(q, c4, s4), rope_compiled.rotate_compiled(k, c4, s4)
+            apply_rope(q, layout="b h s d", backend="compile")
+            notes["compile_seconds_ropelab"] = time.perf_counter() - t0
+            methods["ropelab compiled (tables given)"] = lambda: (rope_compiled.rotate_compiled(q, c4, s4),
+                                                                  rope_compiled.rotate_compiled(k, c4, s4))
+            methods["ropelab.apply_rope(backend='compile')"] = lambda: (
+                apply_rope(q, layout="b h s d", backend="compile"), apply_rope(k, layout="b h s d", backend="compile"))
+        except Exception as e:  # no C++ toolchain, etc.
+            notes["ropelab compile"] = f"skipped: {type(e).__name__}: {str(e)[:200]}"
     try:
         from transformers import LlamaConfig
         from transformers.models.llama import modeling_llama
@@ -101,7 +88,9 @@ def bench_cpu(shape=(1, 32, 4096, 128), repeats: int = 20, threads: int = 2, com
         if compile:
             compiled = torch.compile(hf, dynamic=False)
             try:
+                t0 = time.perf_counter()
                 compiled(q, k, hf_cos, hf_sin)
+                notes["compile_seconds_hf"] = time.perf_counter() - t0
                 methods["torch.compile(HF apply_rotary_pos_emb)"] = lambda: compiled(q, k, hf_cos, hf_sin)
             except Exception as e:  # no C++ toolchain, etc.: report rather than fail the benchmark
                 notes["torch.compile"] = f"skipped: {type(e).__name__}: {str(e)[:200]}"
@@ -134,6 +123,9 @@ def bench_cpu(shape=(1, 32, 4096, 128), repeats: int = 20, threads: int = 2, com
             ratios["hf_compiled / ropelab.apply_rope"] = (
                 by["torch.compile(HF apply_rotary_pos_emb)"] / by["ropelab.apply_rope"]
             )
+    if "ropelab compiled (tables given)" in by and "torch.compile(HF apply_rotary_pos_emb)" in by:
+        ratios["hf_compiled / ropelab compiled"] = (
+            by["torch.compile(HF apply_rotary_pos_emb)"] / by["ropelab compiled (tables given)"])
     return {
         "benchmark": "cpu",
         "shape_bhsd": list(shape),
@@ -272,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     cpu.add_argument("--threads", type=int, default=2)
     cpu.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     cpu.add_argument("--out", default=str(DATA_DIR / "bench" / "cpu.json"))
+    gpu = sub.add_parser("gpu", help="fused RoPE kernels vs peers on a GPU (CPU implementations without one)")
+    gpu.add_argument("--out-dir", default=str(DATA_DIR / "bench"))
+    gpu.add_argument("--quick", action="store_true", help="fewer shapes (a smoke run)")
+    gpu.add_argument("--flash-rotary", default=None, help="path to flash-attn's flash_attn/ops/triton/rotary.py")
     dec = sub.add_parser("decode", help="time per decoding step for the four KV-cache policies")
     dec.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     dec.add_argument("--batches", type=int, nargs="+", default=[1, 8])
@@ -281,6 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--threads", type=int, default=2)
     dec.add_argument("--out", default=str(DATA_DIR / "bench" / "decode.json"))
     args = parser.parse_args(argv)
+    if args.which == "gpu":
+        from .kernels import bench_gpu
+
+        return bench_gpu.main(out_dir=args.out_dir, quick=args.quick, flash_rotary=args.flash_rotary)
     if args.which == "decode":
         result = bench_decode(tuple(args.lengths), tuple(args.batches), tuple(args.heads), args.head_dim,
                               args.repeats, args.threads, l0=min(4096, min(args.lengths)))

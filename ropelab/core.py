@@ -49,6 +49,7 @@ __all__ = [
 ]
 
 STYLES = ("half", "interleaved")
+BACKENDS = ("torch", "compile", "triton")
 
 AXIS_NAMES = {
     "b": "batch",
@@ -407,6 +408,7 @@ def apply_rope(
     seq_len: int | None = None,
     angle_dtype: torch.dtype = torch.float64,
     spec: Any = None,
+    backend: str = "torch",
 ) -> torch.Tensor:
     r"""Apply RoPE to ``x``, whose every axis is named by ``layout``.
 
@@ -432,6 +434,10 @@ def apply_rope(
         angle_dtype: float64 (default) or float32 for the angles :math:`m\,\omega_i`.
         spec: a :class:`ropelab.spec.RopeSpec` giving style, base, rotary_dim, scaling and
             max_position_embeddings at once (then leave those keywords at their defaults).
+        backend: ``"torch"`` (eager PyTorch, :func:`rotate`), ``"compile"`` (one single-pass formula
+            through ``torch.compile``: the CPU path at the memory floor) or ``"triton"`` (the fused
+            kernel of :mod:`ropelab.kernels`, CUDA or ``TRITON_INTERPRET=1``). Same checks, same
+            tables and the same error bound for all three.
 
     Returns a tensor of x's shape and dtype.
     """
@@ -444,6 +450,8 @@ def apply_rope(
         raise ValueError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}.")
     lay = parse_layout(layout, x.ndim)
     check_style(style)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}.")
     p, p_axes = resolve_positions(x, lay, positions, cu_seqlens=cu_seqlens, offset=offset)
     if seq_len is None and rope_type_of(rope_scaling) in LENGTH_DEPENDENT and p.numel():
         check_not_meta(p, "a length-dependent rope_type (dynamic, longrope) without seq_len")
@@ -457,7 +465,17 @@ def apply_rope(
         seq_len=seq_len,
         max_position_embeddings=max_position_embeddings,
     )
+    # The accelerated backends live in ropelab.kernels, which builds on this module: imported on first
+    # use, so core never depends on it (and never on triton) otherwise.
+    if backend == "triton":
+        from .kernels.fused_rope import rope_positions
+
+        return rope_positions(x, lay, p, p_axes, inv_freq, attention_factor, style=style, angle_dtype=angle_dtype)
     cos, sin = _tables_for(x, lay, p, p_axes, inv_freq, attention_factor, angle_dtype)
+    if backend == "compile":
+        from .kernels.compiled import rotate_compiled
+
+        return rotate_compiled(x.movedim(d_idx, -1), cos, sin, style=style).movedim(-1, d_idx)
     return rotate(x.movedim(d_idx, -1), cos, sin, style=style).movedim(-1, d_idx)
 
 

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import torch
 
-# Unit roundoff u = 2**-p for a p-bit significand: round-to-nearest errs by at most u * |value|.
-UNIT_ROUNDOFF = {
-    torch.float64: 2.0**-53,
-    torch.float32: 2.0**-24,
-    torch.bfloat16: 2.0**-8,
-    torch.float16: 2.0**-11,
-}
+from ropelab.precision import UNIT_ROUNDOFF  # u = 2**-p for a p-bit significand
+
+__all__ = ["UNIT_ROUNDOFF", "rope_error_bound"]
 
 
 def rope_error_bound(x64: torch.Tensor, y_ref: torch.Tensor, rotary_dim: int, style: str, dtype: torch.dtype):

@@ -1,0 +1,407 @@
+r"""The fused Triton RoPE as a PyTorch op: input checks, launch, and the ``autograd.Function``.
+
+:func:`rope` rotates q, and optionally k, in one kernel launch (see :mod:`ropelab.kernels.rope_triton`
+for the program itself)::
+
+    q, k = rope(q, k, layout="b s h d", cos=cos, sin=sin)                  # ropelab tables [P, r/2]
+    q, k = rope(q, k, layout="t h d", inv_freq=inv_freq, cu_seqlens=cu)     # cos/sin made in the kernel
+    q = rope(qkv[:, :, 0], layout="b s h d", cos=cos, sin=sin, offset=past) # a strided view, no copy
+
+It supports both styles, partial rotary (dims past ``r`` pass through in the same launch), any even
+head_dim up to 256, any layout whose axes ``layout`` names (``b s h d``, ``b h s d``, ``t h d`` with
+``cu_seqlens``, ...) with arbitrary strides, an int or per-sequence ``offset``, explicit position ids,
+q and k with different head counts, fp32/fp16/bf16 (fp32 math) and float64 (float64 math, for
+gradcheck), and ``inplace=True``, which writes into q and k and marks them dirty so that autograd
+raises, rather than silently corrupting a gradient, when another op still needs their old values.
+
+The design follows flash-attn's Triton rotary (``flash_attn/ops/triton/rotary.py``: a 2-D tile of
+tokens x pairs, cos/sin gathered per token, ``CONJUGATE`` for the backward pass) and differs where
+the peers miss a feature: the pass-through dims, q and k in one launch, cos/sin from ``inv_freq``
+in float64, the int64 addresses.
+
+It runs on CUDA tensors, or on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1`` set
+before triton is imported; slow, for tests). Anything else raises a ValueError that says what to use.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from ..core import _check_cu_seqlens, check_style, parse_layout
+
+__all__ = ["rope", "rope_positions", "available", "why_unavailable", "as_bshd"]
+
+MAX_HEAD_DIM = 256
+
+
+def why_unavailable(device: torch.device | str = "cuda") -> str | None:
+    """None if the Triton kernel can run on ``device``, else the reason in words (and what to do)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return (
+            "triton is not installed (pip install 'triton>=3.2', in the dev extra); use backend='torch' or "
+            "backend='compile' instead."
+        )
+    device = torch.device(device)
+    if device.type == "cuda":
+        return None if torch.cuda.is_available() else "CUDA is not available on this machine."
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from . import rope_triton
+
+    if isinstance(rope_triton.rope_kernel, InterpretedFunction):
+        return None
+    interp = os.environ.get("TRITON_INTERPRET")
+    hint = (
+        "TRITON_INTERPRET=1 was set after triton compiled the kernel; set it before the first import"
+        if interp == "1"
+        else "set TRITON_INTERPRET=1 before importing triton to run it on the CPU (slow: for tests)"
+    )
+    return (
+        f"the Triton kernel runs on CUDA tensors, not on {device.type}; {hint}, or use backend='torch' "
+        "or backend='compile' on the CPU."
+    )
+
+
+def available(device: torch.device | str = "cuda") -> bool:
+    return why_unavailable(device) is None
+
+
+def as_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """A [batch, seq (or t), heads, head_dim] *view* of ``x`` (axes permuted, missing ones size 1; no copy)."""
+    lay = parse_layout(layout, x.ndim)
+    seq = lay.seq
+    order = [lay.index(a) for a in ("b", seq, "h", "d") if a in lay.axes]
+    v = x.permute(order)
+    if "b" not in lay.axes:
+        v = v.unsqueeze(0)
+    if "h" not in lay.axes:
+        v = v.unsqueeze(2)
+    return v
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _launch(
+    q4: torch.Tensor,
+    oq4: torch.Tensor,
+    k4: torch.Tensor | None,
+    ok4: torch.Tensor | None,
+    ctx: dict,
+    *,
+    conjugate: bool,
+    copy_pass: bool,
+) -> None:
+    """One launch over q's and k's heads. ``ctx`` holds the checked position and cos/sin arguments."""
+    from . import rope_triton
+
+    B, S, Hq, D = q4.shape
+    Hk = k4.shape[2] if k4 is not None else 0
+    half = ctx["half"]
+    half_pad = _pow2(half)
+    pass_pad = _pow2(max(D - 2 * half, 1))
+    varlen = ctx["cu_seqlens"] is not None
+    n_seq = ctx["cu_seqlens"].numel() - 1 if varlen else B
+    span = ctx["max_seqlen"] if varlen else S
+    # Tile: about 2048 pairs per program and head (a few KB of loads in flight), fewer tokens for big d.
+    block_s = ctx.get("block_s") or max(1, min(_pow2(max(span, 1)), 2048 // half_pad))
+    n_sblocks = max(1, -(-span // block_s))
+    hpp = ctx.get("heads_per_program")
+    if hpp is None:
+        # Reuse cos/sin over several heads when there are enough programs to fill the machine anyway.
+        hpp = 1
+        while hpp < 8 and n_sblocks * n_seq * (-(-(Hq + Hk) // (2 * hpp))) >= 1024:
+            hpp *= 2
+    grid = (n_sblocks, -(-Hq // hpp) + (-(-Hk // hpp) if Hk else 0), n_seq)
+    if grid[1] > 65535 or grid[2] > 65535:
+        raise ValueError(f"too many heads or sequences for one launch (grid {grid}); split the batch.")
+    kk, okk = (k4, ok4) if k4 is not None else (q4, oq4)
+    cos, sin, inv = ctx["cos"], ctx["sin"], ctx["inv_freq"]
+    dummy = q4  # never read when the matching flag is off
+    pos = ctx["positions"]
+    off = ctx["offset_tensor"]
+    cdt = rope_triton.tl.float64 if q4.dtype == torch.float64 else rope_triton.tl.float32
+    rope_triton.rope_kernel[grid](
+        q4, oq4, kk, okk,
+        cos if cos is not None else dummy, sin if sin is not None else dummy,
+        inv if inv is not None else dummy,
+        pos if pos is not None else dummy,
+        off if off is not None else dummy,
+        ctx["cu_seqlens"] if varlen else dummy,
+        S, Hq, Hk, half, D, ctx["offset_int"],
+        *q4.stride(), *oq4.stride(), *kk.stride(), *okk.stride(),
+        *(ctx["pos_strides"]), cos.stride(0) if cos is not None else 0,
+        BLOCK_S=block_s, HEADS_PER_PROG=hpp, HALF_PAD=half_pad, PASS_PAD=pass_pad,
+        INTERLEAVED=ctx["style"] == "interleaved", CONJUGATE=conjugate, COPY_PASS=copy_pass and D > 2 * half,
+        HAS_K=k4 is not None, VARLEN=varlen, HAS_POS=pos is not None, OFFSET_PER_SEQ=off is not None,
+        FROM_TABLE=cos is not None, ANGLE_F64=ctx["angle_f64"], CDT=cdt,
+        num_warps=4,
+    )
+
+
+class _RopeFunction(torch.autograd.Function):
+    """y = R(p) x for q (and k); backward dx = R(p)^T dy, the same kernel with sin negated.
+
+    RoPE is linear in x, so backward needs only the positions and tables, never x itself: the in-place
+    variant saves nothing that it overwrites, and ``mark_dirty`` bumps q's and k's version counters so
+    autograd refuses (with an error) any other op's backward that saved their old values.
+    """
+
+    @staticmethod
+    def forward(ctx_autograd, q, k, ctx: dict, inplace: bool):
+        q4 = as_bshd(q, ctx["layout"])
+        k4 = as_bshd(k, ctx["layout"]) if k is not None else None
+        if inplace:
+            oq, ok = q, k
+        else:
+            oq = torch.empty_like(q)
+            ok = torch.empty_like(k) if k is not None else None
+        oq4 = as_bshd(oq, ctx["layout"])
+        ok4 = as_bshd(ok, ctx["layout"]) if ok is not None else None
+        _launch(q4, oq4, k4, ok4, ctx, conjugate=False, copy_pass=not inplace)
+        ctx_autograd.rope_ctx = ctx
+        ctx_autograd.has_k = k is not None
+        if inplace:
+            ctx_autograd.mark_dirty(*([q, k] if k is not None else [q]))
+        if k is None:
+            return oq, None
+        return oq, ok
+
+    @staticmethod
+    def backward(ctx_autograd, dq, dk):
+        ctx = ctx_autograd.rope_ctx
+        lay = ctx["layout"]
+        gq = gk = None
+        if dq is not None:
+            gq = torch.empty_like(dq)
+        if ctx_autograd.has_k and dk is not None:
+            gk = torch.empty_like(dk)
+        if gq is None and gk is None:
+            return None, None, None, None
+        if gq is None:  # only k's gradient flows: rotate it as the "q" of the launch
+            _launch(as_bshd(dk, lay), as_bshd(gk, lay), None, None, ctx, conjugate=True, copy_pass=True)
+        else:
+            _launch(as_bshd(dq, lay), as_bshd(gq, lay), as_bshd(dk, lay) if gk is not None else None,
+                    as_bshd(gk, lay) if gk is not None else None, ctx, conjugate=True, copy_pass=True)
+        return gq, gk, None, None
+
+
+def _positions_arg(positions: Any, q4: torch.Tensor, layout: str, varlen: bool) -> tuple[Any, tuple[int, int]]:
+    """Position ids as a tensor on q's device with (batch, token) strides, batch stride 0 for 1-D ids."""
+    lay = parse_layout(layout)
+    seq = lay.seq
+    B, S = q4.shape[0], q4.shape[1]
+    p = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions)
+    if p.dtype == torch.bool or p.is_complex():
+        raise ValueError(f"positions must be integer or float, got {p.dtype}.")
+    p = p.to(q4.device)
+    if p.ndim == 1:
+        if p.shape[0] != S:
+            raise ValueError(
+                f"positions has {p.shape[0]} entries but the sequence axis {seq!r} of layout '{layout}' has "
+                f"size {S}; pass one position per token along {seq!r}."
+            )
+        return p, (0, p.stride(0))
+    if p.ndim == 2:
+        if "b" not in lay.axes:
+            raise ValueError(
+                f"positions of shape {tuple(p.shape)} has a batch dim but layout '{layout}' has no 'b' axis; "
+                f"pass a 1-D tensor of {S} positions."
+            )
+        if tuple(p.shape) != (B, S):
+            raise ValueError(
+                f"positions has shape {tuple(p.shape)} but layout '{layout}' needs [b, {seq}] = {[B, S]} "
+                f"(one row per batch element) or a 1-D tensor of {S} positions."
+            )
+        return p, (p.stride(0), p.stride(1))
+    raise ValueError(f"positions must be 1-D ([{seq}]) or 2-D ([b, {seq}]), got shape {tuple(p.shape)}.")
+
+
+def rope(
+    q: torch.Tensor,
+    k: torch.Tensor | None = None,
+    *,
+    layout: str,
+    style: str = "half",
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+    inv_freq: torch.Tensor | None = None,
+    attention_factor: float = 1.0,
+    angle_dtype: torch.dtype = torch.float64,
+    positions: Any = None,
+    offset: int | torch.Tensor = 0,
+    cu_seqlens: Any = None,
+    max_seqlen: int | None = None,
+    inplace: bool = False,
+    block_s: int | None = None,
+    heads_per_program: int | None = None,
+):
+    r"""Rotate q (and k) by RoPE in one fused Triton launch; returns q' (or (q', k')).
+
+    Args:
+        q, k: tensors whose axes ``layout`` names; k may have another head count (GQA) but the same
+            other sizes, dtype and device. Any strides (a slice of a packed qkv works without a copy).
+        cos, sin: position-indexed tables ``[P, r/2]``, e.g. ``ropelab.cos_sin(torch.arange(P),
+            inv_freq)``: row p is position p. Or give ``inv_freq`` ``[r/2]`` instead and the kernel
+            forms :math:`a\cos(p\,\omega_i)`, :math:`a\sin(p\,\omega_i)` itself (``angle_dtype``
+            float64 by default, like :func:`ropelab.cos_sin`; ``a`` = ``attention_factor``).
+            ``r = 2 * (r/2)`` dims rotate; the rest of head_dim passes through.
+        positions: None (0, 1, ... along the sequence, restarting at each ``cu_seqlens`` boundary), or
+            ids ``[s]`` / ``[b, s]`` (``[t]`` for packed tokens).
+        offset: added to every position: an int, or one per sequence (``[b]``, or ``[n_seq]`` with
+            ``cu_seqlens``).
+        cu_seqlens: ``[n_seq + 1]`` cumulative lengths for a ``t`` layout. ``max_seqlen`` (the longest
+            sequence) spares a device-to-host read; without it cu_seqlens is read and checked.
+        inplace: write into q and k (autograd-safe: they are marked dirty, see :class:`_RopeFunction`).
+        block_s, heads_per_program: tile overrides (tokens per program, heads per program).
+    """
+    why = why_unavailable(q.device if isinstance(q, torch.Tensor) else "cpu")
+    if why is not None:
+        raise ValueError(f"ropelab.kernels.rope cannot run: {why}")
+    for name, t in (("q", q), ("k", k)):
+        if t is None and name == "k":
+            continue
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+            got = getattr(t, "dtype", type(t).__name__)
+            raise ValueError(f"{name} must be a floating-point torch.Tensor, got {got}.")
+        if t.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            raise ValueError(f"{name} has dtype {t.dtype}; the kernel takes float32, float16, bfloat16 or float64.")
+    lay = parse_layout(layout, q.ndim)
+    check_style(style)
+    q4 = as_bshd(q, layout)
+    B, S, Hq, D = q4.shape
+    if k is not None:
+        if k.ndim != q.ndim:
+            raise ValueError(f"k has {k.ndim} dims but layout '{layout}' (and q) have {q.ndim}.")
+        k4 = as_bshd(k, layout)
+        if (k4.shape[0], k4.shape[1], k4.shape[3]) != (B, S, D):
+            raise ValueError(
+                f"k {tuple(k.shape)} and q {tuple(q.shape)} must agree on every axis but 'h' (heads may differ: GQA)."
+            )
+        if k.dtype != q.dtype or k.device != q.device:
+            raise ValueError(f"q and k must share dtype and device, got {q.dtype}/{q.device} and {k.dtype}/{k.device}.")
+    if D % 2 or D > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be even and at most {MAX_HEAD_DIM}, got {D}.")
+    if (cos is None) == (inv_freq is None):
+        raise ValueError("give the tables (cos and sin, [P, r/2]) or inv_freq ([r/2]), exactly one of the two.")
+    if cos is not None:
+        if sin is None or cos.shape != sin.shape or cos.ndim != 2:
+            raise ValueError(
+                f"cos and sin must both be position-indexed tables [P, r/2], got {getattr(cos, 'shape', None)} "
+                f"and {getattr(sin, 'shape', None)}."
+            )
+        half = cos.shape[1]
+        cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+        if cos.dtype != cdt:
+            raise ValueError(
+                f"cos/sin must be {cdt} for {q.dtype} inputs (ropelab forms them in float64 and rounds once: "
+                f"ropelab.cos_sin(..., dtype={cdt})), got {cos.dtype}."
+            )
+        cos, sin = cos.to(q.device), sin.to(q.device)
+        if cos.stride(1) != 1 or sin.stride() != cos.stride():
+            cos, sin = cos.contiguous(), sin.contiguous()
+    else:
+        inv = torch.as_tensor(inv_freq)
+        if inv.ndim != 1:
+            raise ValueError(f"inv_freq must be 1-D [r/2], got shape {tuple(inv.shape)}.")
+        half = inv.shape[0]
+        # attention_factor travels after the frequencies, in float64 like them.
+        inv_freq = torch.cat([inv.to(torch.float64), torch.tensor([float(attention_factor)], dtype=torch.float64)])
+        inv_freq = inv_freq.to(q.device)
+    if angle_dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"angle_dtype must be torch.float32 or torch.float64, got {angle_dtype}.")
+    if half < 1 or 2 * half > D:
+        raise ValueError(f"the tables cover {2 * half} dims (r/2 = {half} pairs) but head_dim is {D}.")
+
+    varlen = lay.seq == "t"
+    if varlen and cu_seqlens is None and positions is None:
+        raise ValueError("layout with 't' (packed varlen tokens) needs cu_seqlens (the sequence boundaries) or "
+                         "explicit positions.")
+    if not varlen and cu_seqlens is not None:
+        raise ValueError("cu_seqlens describes packed (varlen) tokens; name the token axis 't' in the layout "
+                         "(e.g. 't h d') or drop cu_seqlens.")
+    if positions is not None and cu_seqlens is not None:
+        raise ValueError("give either positions or cu_seqlens, not both: cu_seqlens makes positions restart at 0 "
+                         "at each sequence start, explicit positions would silently override that.")
+    cu = None
+    if cu_seqlens is not None:
+        cu_t = cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else torch.as_tensor(cu_seqlens)
+        if max_seqlen is None:
+            cu_t = _check_cu_seqlens(cu_t, S)
+            max_seqlen = int((cu_t[1:] - cu_t[:-1]).max())
+        elif cu_t.ndim != 1 or cu_t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"cu_seqlens must be a 1-D int32 or int64 tensor, got {cu_t.dtype} {tuple(cu_t.shape)}.")
+        cu = cu_t.to(q.device)
+        if cu.numel() - 1 > 65535:
+            raise ValueError(f"at most 65535 sequences per launch, got {cu.numel() - 1}.")
+
+    pos, pos_strides = None, (0, 0)
+    if positions is not None:
+        pos, pos_strides = _positions_arg(positions, q4, layout, varlen)
+        if cos is not None and pos.dtype.is_floating_point:
+            raise ValueError("fractional positions need inv_freq (cos/sin made in the kernel), not a table.")
+    off = offset if isinstance(offset, torch.Tensor) else torch.as_tensor(offset)
+    offset_int, offset_tensor = 0, None
+    if off.ndim == 0:
+        if off.dtype.is_floating_point and (cos is not None or float(off) != int(off)):
+            raise ValueError(f"offset must be an integer (a KV-cache length), got {float(off)}.")
+        offset_int = int(off)
+    elif off.ndim == 1:
+        n = cu.numel() - 1 if cu is not None else (B if "b" in lay.axes else None)
+        if n is None or off.shape[0] != n:
+            raise ValueError(
+                f"offset of shape {tuple(off.shape)}: a per-sequence offset needs a 'b' axis (or cu_seqlens) of the "
+                "same size; pass an int to shift every sequence alike."
+            )
+        if off.dtype.is_floating_point:
+            raise ValueError(f"offset must hold integers, got {off.dtype}.")
+        offset_tensor = off.to(device=q.device, dtype=torch.int64)
+    else:
+        raise ValueError(
+            f"offset must be an int or a 1-D tensor with one entry per batch element, got {tuple(off.shape)}."
+        )
+    if cos is not None and pos is None and offset_tensor is None:
+        need = (max_seqlen if varlen else S) + offset_int
+        if offset_int < 0 or need > cos.shape[0]:
+            raise ValueError(
+                f"positions {offset_int} .. {need - 1} fall outside the cos/sin table of {cos.shape[0]} rows; "
+                "make the table longer (or pass inv_freq)."
+            )
+    ctx = {
+        "layout": layout, "style": style, "half": half, "cos": cos, "sin": sin,
+        "inv_freq": inv_freq if cos is None else None, "angle_f64": angle_dtype == torch.float64,
+        "positions": pos, "pos_strides": pos_strides, "offset_int": offset_int, "offset_tensor": offset_tensor,
+        "cu_seqlens": cu, "max_seqlen": max_seqlen, "block_s": block_s, "heads_per_program": heads_per_program,
+    }
+    if inplace and not torch.is_grad_enabled():
+        _launch(q4, q4, as_bshd(k, layout) if k is not None else None, as_bshd(k, layout) if k is not None else None,
+                ctx, conjugate=False, copy_pass=False)
+        return q if k is None else (q, k)
+    oq, ok = _RopeFunction.apply(q, k, ctx, inplace)
+    return oq if k is None else (oq, ok)
+
+
+def rope_positions(
+    x: torch.Tensor,
+    layout,
+    p: torch.Tensor,
+    p_axes: tuple[str, ...],
+    inv_freq: torch.Tensor,
+    attention_factor: float,
+    *,
+    style: str,
+    angle_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``apply_rope(..., backend="triton")``: positions already resolved and checked by
+    :func:`ropelab.core.resolve_positions` (``p`` of shape [s], [b, s] or [t]), cos/sin made in the
+    kernel from ``inv_freq`` in ``angle_dtype``, the same numbers as :func:`ropelab.cos_sin`."""
+    if p.ndim == 2 and p_axes[0] != "b":
+        raise ValueError(f"unexpected position axes {p_axes}.")
+    return rope(x, layout=str(layout), style=style, inv_freq=inv_freq, attention_factor=attention_factor,
+                angle_dtype=angle_dtype, positions=p)

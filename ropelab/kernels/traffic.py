@@ -1,0 +1,192 @@
+r"""Where the bytes go: the memory traffic of each RoPE implementation, counted op by op (a model).
+
+RoPE does a few flops per element, so on a GPU its time is bounded below by the bytes it moves divided
+by the memory bandwidth. This module counts those bytes on any machine, CPU included:
+
+- **eager paths** (Hugging Face's ``apply_rotary_pos_emb``, :func:`ropelab.rotate`): a
+  ``TorchDispatchMode`` sees every aten op; each op is charged the distinct bytes of its tensor inputs
+  (an expanded table counts once: stride-0 dims are not re-read) plus the bytes of its outputs.
+  View ops (slice, view, permute, expand, ...) move nothing and are charged nothing.
+- **compiled paths** (``torch.compile``): the dispatch mode does not see inside a compiled graph, so
+  the code Inductor generates is read instead (:func:`count_compiled`): graph inputs read once, each
+  buffer it allocates written once, intermediates read back once.
+- **the fused Triton kernel** (:mod:`ropelab.kernels.rope_triton`): from its loads and stores, by
+  hand: q and k read once and written once, plus the cos/sin rows of the positions used.
+- **the floor**: a copy of q and k (read once, write once).
+
+The model assumes each op's inputs come from memory (no reuse between ops through a cache). On a GPU
+whose L2 is smaller than the working set this is close; for small tensors that fit in L2 it
+overstates eager traffic. It says nothing about launch overhead. Label it as a model wherever it is
+drawn.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["OpTraffic", "Traffic", "count_eager", "count_compiled", "count_fused", "count_copy", "rope_traffic"]
+
+# aten ops that only make a new view of the same storage: no data moves.
+_VIEW_OPS = {
+    "view", "_unsafe_view", "slice", "select", "permute", "expand", "unsqueeze", "squeeze", "t", "transpose",
+    "as_strided", "alias", "detach", "reshape", "unbind", "split", "split_with_sizes", "narrow", "movedim",
+    "view_as_real", "view_as_complex", "lift_fresh", "diagonal",
+    # allocations and dtype queries: nothing read or written yet
+    "empty", "empty_like", "empty_strided", "promote_types", "result_type",
+}
+
+
+def distinct_bytes(t: torch.Tensor) -> int:
+    """Bytes of the distinct elements a tensor addresses: stride-0 (broadcast) dims count once."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
+    return n * t.element_size() if t.numel() else 0
+
+
+@dataclass
+class OpTraffic:
+    op: str
+    read: int
+    written: int
+
+
+@dataclass
+class Traffic:
+    """Bytes read and written by one implementation, and by which ops (or kernels)."""
+
+    name: str
+    ops: list[OpTraffic] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def read(self) -> int:
+        return sum(o.read for o in self.ops)
+
+    @property
+    def written(self) -> int:
+        return sum(o.written for o in self.ops)
+
+    @property
+    def total(self) -> int:
+        return self.read + self.written
+
+
+class _Counter(TorchDispatchMode):
+    def __init__(self, traffic: Traffic):
+        super().__init__()
+        self.traffic = traffic
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in _VIEW_OPS:
+            return out
+        ins = [a for a in tree_flatten((args, kwargs or {}))[0] if isinstance(a, torch.Tensor)]
+        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        # an in-place or out= op writes into one of its inputs: count that write once
+        self.traffic.ops.append(OpTraffic(name, sum(distinct_bytes(t) for t in ins),
+                                          sum(distinct_bytes(t) for t in outs)))
+        return out
+
+
+def count_eager(name: str, fn: Callable[[], object]) -> Traffic:
+    """Run ``fn()`` under the counting mode: one entry per aten op that moves data."""
+    traffic = Traffic(name, note="aten ops seen by a TorchDispatchMode")
+    with torch.no_grad(), _Counter(traffic):
+        fn()
+    return traffic
+
+
+_BUF = re.compile(r"(buf\d+) = empty_strided_\w+\(\(([^)]*)\), \(([^)]*)\), torch\.(\w+)\)")
+
+
+def count_compiled(name: str, fn: Callable, *args) -> Traffic:
+    """Compile ``fn`` afresh and count the buffers of the code Inductor generated for ``args``.
+
+    The graph's tensor inputs are read once (distinct bytes); every buffer Inductor allocates is written
+    once; a buffer it does not return (an intermediate, e.g. ``rotate_half``'s concatenation) is also
+    read back once. Counted from the generated wrapper code (its ``empty_strided`` calls and its
+    ``return``), so it describes the code Inductor made on *this* machine (C++ on a CPU; a GPU build
+    generates Triton and may keep intermediates in registers).
+    """
+    import torch._dynamo
+    from torch._inductor import config
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    with config.patch({"fx_graph_cache": False}), torch.no_grad():
+        _, codes = run_and_get_code(torch.compile(fn, dynamic=False), *args)
+    torch._dynamo.reset()
+    src = "\n".join(codes)
+    call = src[src.index("def call"):]
+    call = call[:call.index("\n        return") + 1 + call[call.index("\n        return") + 1:].index("\n")]
+    returned = set(re.findall(r"buf\d+", call.splitlines()[-1]))
+    ins = [a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)]
+    kernels = len(re.findall(r"^\s+(?:cpp_fused|triton_)\w*(?:\(|\.run\()", call, flags=re.M))
+    traffic = Traffic(name, note=f"buffers of Inductor's generated code: {kernels} kernel(s)")
+    traffic.ops.append(OpTraffic("read graph inputs", sum(distinct_bytes(t) for t in ins), 0))
+    for buf, shape, _stride, dtype in _BUF.findall(call):
+        n = math.prod(int(v) for v in shape.replace(" ", "").split(",") if v) * getattr(torch, dtype).itemsize
+        kind = "output" if buf in returned else "intermediate"
+        traffic.ops.append(OpTraffic(f"{buf} ({kind})", n if kind == "intermediate" else 0, n))
+    return traffic
+
+
+def count_fused(q: torch.Tensor, k: torch.Tensor, n_positions: int, half: int, table_itemsize: int = 4) -> Traffic:
+    """The fused kernel's loads and stores: q, k read and written once, cos/sin rows of the positions used."""
+    t = Traffic("fused Triton kernel (ropelab.kernels)", note="from the kernel's loads and stores")
+    t.ops.append(OpTraffic("load q, k", distinct_bytes(q) + distinct_bytes(k), 0))
+    t.ops.append(OpTraffic("load cos, sin rows", 2 * n_positions * half * table_itemsize, 0))
+    t.ops.append(OpTraffic("store q', k'", 0, distinct_bytes(q) + distinct_bytes(k)))
+    return t
+
+
+def count_copy(q: torch.Tensor, k: torch.Tensor) -> Traffic:
+    t = Traffic("copy of q and k (floor)", note="read once, write once")
+    t.ops.append(OpTraffic("copy", distinct_bytes(q) + distinct_bytes(k), distinct_bytes(q) + distinct_bytes(k)))
+    return t
+
+
+def rope_traffic(shape_q=(1, 32, 512, 128), heads_k: int = 8, dtype=torch.bfloat16, compile: bool = True
+                 ) -> list[Traffic]:
+    """Traffic of every implementation on q [b, h, s, d] and k with ``heads_k`` heads (Llama-3-8B-like).
+
+    Hugging Face's tables are [b, s, d] (cos repeated over both halves, as ``LlamaRotaryEmbedding``
+    returns them); ropelab's are [s, d/2] float32.
+    """
+    from ..core import cos_sin, rotate
+    from ..scaling import frequencies
+
+    b, h, s, d = shape_q
+    q = torch.randn(b, h, s, d).to(dtype)
+    k = torch.randn(b, heads_k, s, d).to(dtype)
+    inv, _ = frequencies(d)
+    c, si = cos_sin(torch.arange(s), inv)
+    hf_cos = torch.cat([c, c], -1)[None].to(dtype)
+    hf_sin = torch.cat([si, si], -1)[None].to(dtype)
+    out = [count_copy(q, k)]
+    try:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    except ImportError:
+        apply_rotary_pos_emb = None
+    if apply_rotary_pos_emb is not None:
+        out.append(count_eager("HF apply_rotary_pos_emb, eager", lambda: apply_rotary_pos_emb(q, k, hf_cos, hf_sin)))
+    out.append(count_eager("ropelab.rotate, eager", lambda: (rotate(q, c[None, None], si[None, None]),
+                                                             rotate(k, c[None, None], si[None, None]))))
+    if compile and apply_rotary_pos_emb is not None:
+        try:
+            out.append(count_compiled("torch.compile(HF apply_rotary_pos_emb)", apply_rotary_pos_emb,
+                                      q, k, hf_cos, hf_sin))
+        except Exception as e:  # no C++ toolchain: say so rather than fail
+            out.append(Traffic("torch.compile(HF apply_rotary_pos_emb)", note=f"not counted: {type(e).__name__}"))
+    out.append(count_fused(q, k, s, d // 2))
+    return out
