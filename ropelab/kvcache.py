@@ -22,6 +22,8 @@ Policies (``POLICIES``):
   :math:`R(m(\omega_{new} - \omega_{old}))` (consistent at every step; amortised O(1) keys per step).
 - ``rope_on_load``: cache keys before RoPE and rotate them chunk by chunk as attention reads them,
   never writing them back (consistent; reads like ``post_rope``, pays the rotation arithmetic).
+- ``kernel_rope_on_load``: the same cache, attended by the Triton decode kernel that rotates each key in
+  registers as it loads it (``ropelab.kernels.decode_policy``; its PyTorch path where triton cannot run).
 
 The decoder is driven through a small adapter (:class:`TinyLMAdapter` for ``ropelab.models.TinyLM``,
 :class:`HFLlamaAdapter` for a Hugging Face ``LlamaForCausalLM``), so the same cache code runs both.
@@ -59,7 +61,7 @@ __all__ = [
     "drift_probe",
 ]
 
-POLICIES = ("post_rope", "recompute", "bucketed", "rope_on_load")
+POLICIES = ("post_rope", "recompute", "bucketed", "rope_on_load", "kernel_rope_on_load")
 
 
 @dataclass
@@ -266,6 +268,11 @@ class RotaryKVCache:
         if self.policy == "rope_on_load":
             self.bytes_read += K.n * esize
             return self._attend_chunked(q_rot, keys, values, positions, key_pos, length, inv, af)
+        if self.policy == "kernel_rope_on_load":
+            from .kernels.decode_policy import kernel_attend  # the kernels sit below kvcache: imported on use
+
+            self.bytes_read += K.n * esize
+            return kernel_attend(q_rot, keys, values, positions, inv, af, self.schedule.style)
         self.bytes_read += K.n * esize
         return attend(q_rot, keys, values, positions, key_pos)
 
