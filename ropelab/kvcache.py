@@ -298,7 +298,8 @@ def _scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def _softmax_out(scores, values, q_pos, key_pos):
-    mask = key_pos[None, :] <= q_pos[:, None]  # causal: a query sees keys at or before its position
+    # causal: a query sees keys at or before its position (positions may live on the host, scores on a GPU)
+    mask = (key_pos[None, :] <= q_pos[:, None]).to(scores.device)
     probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     out = torch.einsum("bhgsn,bhnd->bhgsd", probs, values)
     b, hkv, g, s, d = out.shape

@@ -19,6 +19,7 @@ import torch  # noqa: E402
 pytest.importorskip("triton", reason="triton is not installed: the decode kernel's interpreter tests need it")
 
 import importlib  # noqa: E402
+import json  # noqa: E402
 
 from ropelab import ROPE_TYPES, frequencies  # noqa: E402
 from ropelab.kernels.decode_attention import (  # noqa: E402
@@ -39,11 +40,15 @@ def kernel_runs_here():
         pytest.fail(f"the decode kernel cannot run in this test process: {reason}")
 
 
+# scripts/gpu_check_decode.sh runs this file with TRITON_INTERPRET=0 on a GPU: then the tensors live there.
+DEVICE = "cuda" if os.environ["TRITON_INTERPRET"] == "0" and torch.cuda.is_available() else "cpu"
+
+
 def make(batch=3, hq=8, hkv=2, cap=200, d=64, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, hq, d, generator=g).to(dtype)
-    k = torch.randn(batch, hkv, cap, d, generator=g).to(dtype)
-    v = torch.randn(batch, hkv, cap, d, generator=g).to(dtype)
+    q = torch.randn(batch, hq, d, generator=g).to(DEVICE, dtype)
+    k = torch.randn(batch, hkv, cap, d, generator=g).to(DEVICE, dtype)
+    v = torch.randn(batch, hkv, cap, d, generator=g).to(DEVICE, dtype)
     return q, k, v
 
 
@@ -152,15 +157,15 @@ def test_angles_stay_accurate_at_128k_positions():
     assert ratio < 1, ratio
     # and the oracle with float32 angles (what an in-kernel float32 angle would compute) is not as close
     # to the float64 answer as the kernel is
-    exact = decode_attention_oracle(q, k, v, lengths, inv_freq=inv).double()
+    exact = decode_attention_oracle(q, k, v, lengths, inv_freq=inv).double().cpu()
     m = torch.arange(n, dtype=torch.float32)[:, None] * inv.float()[None, :]
-    kc = k[0, 0].double()
+    kc = k[0, 0].double().cpu()
     c, s = torch.cos(m.double()), torch.sin(m.double())
     r = kc.clone()
     r[:, :32], r[:, 32:] = kc[:, :32] * c - kc[:, 32:] * s, kc[:, 32:] * c + kc[:, :32] * s
-    p = (r @ q[0, 0].double() / 8).softmax(0)
-    fp32_angles = p @ v[0, 0].double()
-    assert (fp32_angles - exact[0, 0]).abs().max() > 10 * (got.double() - exact).abs().max()
+    p = (r @ q[0, 0].double().cpu() / 8).softmax(0)
+    fp32_angles = p @ v[0, 0].double().cpu()
+    assert (fp32_angles - exact[0, 0]).abs().max() > 10 * (got.double().cpu() - exact).abs().max()
 
 
 def test_bad_input_names_the_fix():
@@ -247,8 +252,8 @@ def test_kernel_policy_equals_the_full_forward_over_every_prefix(rope, monkeypat
     calls = []
     real = da._kernels
     monkeypatch.setattr(da, "_kernels", lambda: calls.append(1) or real())
-    model = tiny_llama(rope)
-    ids = torch.randint(0, 97, (1, T), generator=torch.Generator().manual_seed(2))
+    model = tiny_llama(rope).to(DEVICE)
+    ids = torch.randint(0, 97, (1, T), generator=torch.Generator().manual_seed(2)).to(DEVICE)
     ad = HFLlamaAdapter(model)
     with torch.no_grad():
         full = torch.stack([model(ids[:, :n]).logits[:, -1] for n in range(PROMPT, T + 1)], dim=1)
@@ -260,3 +265,45 @@ def test_kernel_policy_equals_the_full_forward_over_every_prefix(rope, monkeypat
     assert (got - torch_policy).abs().max() < 1e-5
     post = decode(ad, ids, ad.schedule(), "post_rope", prompt_len=PROMPT)[:, PROMPT - 1 :]
     assert (post - full).abs()[:, L0 + 1 - PROMPT :].amax(dim=(0, 2)).min() > 1e-5
+
+
+# --------------------------------------------------------------------------------------------------
+# The GPU benchmark's code path, dry on CPU, and the notebook reader
+# --------------------------------------------------------------------------------------------------
+
+
+def test_gpu_bench_code_runs_dry_and_the_reader_says_when_nothing_was_measured(tmp_path):
+    """The benchmark's own code, at a toy size on CPU (its times are not GPU numbers and the JSON says so):
+    every method and policy runs, the goal check reads the rows, and the notebook helpers either report the
+    rows or say plainly that no GPU measurement exists."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ropelab.kernels import decode_bench as db
+    from ropelab.kvcache import POLICIES
+
+    result = db.bench_decode_gpu(lengths=(96,), batches=(1, 2), heads=(4, 2), head_dim=32, dtype=torch.float32,
+                                 repeats=2, l0=64, token_budget=100, device="cpu", warmup=0,
+                                 partial_out=tmp_path / "partial.json")
+    assert "dry run" in result["machine"]["device"] and result["complete"]
+    partial = json.loads((tmp_path / "partial.json").read_text())  # written after each configuration
+    assert partial["complete"] is False and partial["rows"] == result["rows"]
+    methods = [r["method"] for r in result["rows"]]
+    assert methods == [*db.KERNEL_MODES, "sdpa post_rope", *(f"policy {p}" for p in POLICIES)]
+    assert result["skipped"] == [{"batch": 2, "cached_tokens": 96, "why": "192 cached tokens > token_budget 100"}]
+    by = {r["method"]: r for r in result["rows"]}
+    assert by["kernel rope_on_load"]["key_bytes_per_step"] == 1 * 2 * 96 * 32 * 4
+    assert by["policy recompute"]["key_bytes_per_step"] > by["policy post_rope"]["key_bytes_per_step"]
+    assert "boundary_ms" in by["policy bucketed"]
+    assert all(r["median_ms"] <= r["p99_ms"] <= r["max_ms"] for r in result["rows"])
+    assert db.goal_check(result, length=96) and db.goal_check(result) == []
+    assert db.gpu_decode_summary(result, length=96).count("\n") == len(methods)  # a header, one line per row
+    assert db.load_gpu_decode(tmp_path / "absent.json") is None
+    missing = db.gpu_decode_summary(result=None) if db.load_gpu_decode() is None else db.NO_GPU
+    assert missing.startswith(db.NO_GPU)
+    fig, ax = plt.subplots()
+    db.plot_gpu_decode(ax, result, batch=1)
+    assert len(ax.get_lines()) >= len(methods)
+    plt.close(fig)

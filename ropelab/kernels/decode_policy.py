@@ -32,8 +32,9 @@ def kernel_attend(q_rot: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         top = int(q_pos.max())
         raise ValueError(f"a query at position {top} needs {top + 1} cached keys, the cache has {n}.")
     q_rows = q_rot.permute(0, 2, 1, 3).reshape(b * s, hq, d)
-    rows = torch.arange(b, device=q_rot.device).repeat_interleave(s)
-    lengths = (q_pos.to(q_rot.device) + 1).repeat(b)
+    # rows and lengths stay on the host: the launcher validates them there without a device sync
+    rows = torch.arange(b).repeat_interleave(s)
+    lengths = (q_pos.cpu() + 1).repeat(b)
     out = decode_attention(q_rows, keys, values, lengths, rows=rows, mode="rope_on_load", inv_freq=inv_freq,
                            attention_factor=attention_factor, style=style, backend=backend)
     return out.view(b, s, hq, d).permute(0, 2, 1, 3)
