@@ -150,6 +150,8 @@ def test_angles_stay_accurate_at_128k_positions():
     n = 131072
     inv, _ = frequencies(64, base=500000.0)
     assert fp32_angle_error(inv, n) > 1e-3 > 1e3 * ANGLE_ERROR
+    positions = [*range(0, n, 331), *range(n - 64, n)]
+    assert da.kernel_table_error(inv, positions) < ANGLE_ERROR
     q, k, v = make(batch=1, hq=1, hkv=1, cap=n, d=64, seed=3)
     lengths = torch.tensor([n])
     got = decode_attention(q, k, v, lengths, inv_freq=inv, split_len=32768, block_n=4096, backend="triton")
@@ -225,7 +227,7 @@ def test_without_triton_the_torch_path_runs_and_triton_says_why(monkeypatch):
 # The KV-cache policy on a (tiny, random) Hugging Face Llama
 # --------------------------------------------------------------------------------------------------
 
-L0, PROMPT, T = 16, 4, 40
+L0, PROMPT, T = 16, 4, 32
 
 
 def tiny_llama(rope):

@@ -38,12 +38,13 @@ float32 rounding of cos/sin themselves. The kernel instead reduces the angle mod
 integer arithmetic: the launcher writes :math:`f_i = \operatorname{frac}(\omega_i / 2\pi)` as a 64-bit
 fixed-point fraction :math:`F_i = \operatorname{round}(f_i 2^{64})` (from the float64 :math:`\omega_i`);
 the kernel forms :math:`n F_i \bmod 2^{64}` with a wrapping int64 multiply, whose top bits are the
-fraction of a turn, rounds them to 24 bits (signed, so the turn lies in [-1/2, 1/2)), and only then
-converts to float32 and multiplies by :math:`2\pi`. The angle error is then at most
-:math:`2^{-25}\cdot 2\pi + \pi u_{32}` plus :math:`2\pi\, n\, 2^{-53} f_i` (float64 :math:`\omega`),
-about 4e-7 rad for any position below 2^31, and cos/sin are evaluated on [-pi, pi) where they are accurate.
-:data:`ANGLE_ERROR` is the bound the tests use (it also covers a GPU's fast sin/cos, 2^-20.9 absolute on
-[-pi, pi] per NVIDIA's PTX ISA for ``sin.approx.f32``).
+fraction of a turn, and rounds them to 24 bits. The nearest quarter turn is split off in integers too, so
+only the remainder :math:`x \in [-\pi/4, \pi/4)` becomes a float32, and cos and sin are Taylor polynomials
+in x (to :math:`x^{10}`, truncation below 3e-9) swapped and signed by the quarter: plain multiply-adds, the
+same arithmetic in Triton's interpreter and on a GPU. The table entries then err by at most
+:math:`2^{-25}\cdot 2\pi` (1.9e-7, the rounding to 24 bits) plus :math:`2\pi\, n\, 2^{-53} f_i` (the
+float64 :math:`\omega`; 1e-11 at n = 2^17) plus a few :math:`u_{32}` from the float32 polynomial, below
+5e-7 for any position below 2^31. :data:`ANGLE_ERROR` = 2^-20 (9.5e-7) is the bound the tests use.
 
 :func:`decode_attention` is the launcher (validation, split choice, fixed-point frequencies); its
 ``backend="torch"`` path is the same computation in PyTorch (float64 tables, float32 or float64 math), which
@@ -77,13 +78,14 @@ __all__ = [
     "fixed_point_turns",
     "fp32_angle_error",
     "kernel_available",
+    "kernel_table_error",
 ]
 
 MODES = ("post_rope", "rope_on_load")
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Bound on |cos error| and |sin error| of the in-kernel table entry (before the attention factor):
-#: 2^-25 turn of rounding (1.9e-7 rad), the float32 product by 2 pi, and the sin/cos evaluation on
-#: [-pi, pi) (2^-20.9 for a GPU's sin.approx.f32, far less in the interpreter); 2^-20 covers their sum.
+#: 2^-25 turn of rounding (1.9e-7), the float32 remainder and its polynomials (a few u32 = 2^-24 each),
+#: the float64 frequency (< 1e-11 at 2^17 positions); 2^-20 = 9.5e-7 covers their sum.
 ANGLE_ERROR = 2.0**-20
 _U = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 _MAX_HEAD_DIM = 256
@@ -130,6 +132,25 @@ def fp32_angle_error(inv_freq: torch.Tensor, max_position: int) -> float:
     exact = n[:, None] * inv64[None, :]
     fp32 = (n.float()[:, None] * inv64.float()[None, :]).double()
     return float((fp32 - exact).abs().max())
+
+
+def kernel_table_error(inv_freq: torch.Tensor, positions) -> float:
+    r"""Largest |cos| or |sin| error of the kernel's table entries against float64 :math:`\cos(n\omega_i)`,
+    over the given positions: the kernel's integer steps done exactly (Python integers), its float32 steps in
+    float32 (a GPU may fuse some multiply-adds, which moves results by a float32 rounding, not more)."""
+    freq = fixed_point_turns(inv_freq).tolist()
+    ns = [int(n) for n in positions]
+    w = torch.tensor([[((n * f + (1 << 39)) % 2**64) >> 40 for f in freq] for n in ns], dtype=torch.int64)
+    shifted = w + (1 << 21)
+    quadrant = (shifted >> 22) & 3
+    x = ((shifted & 0x3FFFFF) - (1 << 21)).to(torch.float32) * torch.tensor(3.745070282923929e-07, dtype=torch.float32)
+    x2 = x * x
+    sin_x = x * (1.0 + x2 * (-1.0 / 6 + x2 * (1.0 / 120 + x2 * (-1.0 / 5040 + x2 * (1.0 / 362880)))))
+    cos_x = 1.0 + x2 * (-0.5 + x2 * (1.0 / 24 + x2 * (-1.0 / 720 + x2 * (1.0 / 40320 - x2 / 3628800))))
+    s = torch.stack([sin_x, cos_x, -sin_x, -cos_x]).gather(0, quadrant[None]).squeeze(0)
+    c = torch.stack([cos_x, -sin_x, -cos_x, sin_x]).gather(0, quadrant[None]).squeeze(0)
+    angle = torch.tensor(ns, dtype=torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
+    return float(torch.maximum((c.double() - angle.cos()).abs(), (s.double() - angle.sin()).abs()).max())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -215,12 +236,21 @@ def _split_kernel(
         k_a = tl.load(k_rows + dim_a[None, :] * stride_kd, mask=kj_mask, other=0.0).to(tl.float32)
         k_b = tl.load(k_rows + dim_b[None, :] * stride_kd, mask=kj_mask, other=0.0).to(tl.float32)
         if ROTATE:
-            # n * F mod 2^64 (wrapping int64 multiply) = the angle in 2^-64 turns; keep 24 bits, rounded
-            # and signed, so the float32 angle lies in [-pi, pi) whatever the position.
-            turns = (n.to(tl.int64)[:, None] * freq[None, :] + (1 << 39)) >> 40
-            angle = turns.to(tl.float32) * 3.745070282923929e-07  # 2 pi / 2^24
-            c = tl.cos(angle) * attention_factor
-            s = tl.sin(angle) * attention_factor
+            # n * F mod 2^64 (wrapping int64 multiply) is the angle in 2^-64 turns; keep 24 bits, rounded:
+            # w in [0, 2^24). Split off the quarter turn nearest to it, so the rest x lies in [-pi/4, pi/4).
+            w = ((n.to(tl.int64)[:, None] * freq[None, :] + (1 << 39)) >> 40) & 0xFFFFFF
+            shifted = w + (1 << 21)
+            quadrant = (shifted >> 22) & 3
+            x = ((shifted & 0x3FFFFF) - (1 << 21)).to(tl.float32) * 3.745070282923929e-07  # 2 pi / 2^24
+            x2 = x * x
+            # Taylor to x^9 and x^10: truncation below 3e-9 on [-pi/4, pi/4]; plain FMAs, the same code in
+            # the interpreter and on a GPU (no libdevice range reduction, no approximate instructions)
+            sin_x = x * (1.0 + x2 * (-1.0 / 6 + x2 * (1.0 / 120 + x2 * (-1.0 / 5040 + x2 * (1.0 / 362880)))))
+            cos_x = 1.0 + x2 * (-0.5 + x2 * (1.0 / 24 + x2 * (-1.0 / 720 + x2 * (1.0 / 40320 - x2 / 3628800))))
+            s = tl.where(quadrant == 0, sin_x, tl.where(quadrant == 1, cos_x, tl.where(quadrant == 2, -sin_x, -cos_x)))
+            c = tl.where(quadrant == 0, cos_x, tl.where(quadrant == 1, -sin_x, tl.where(quadrant == 2, -cos_x, sin_x)))
+            c = c * attention_factor
+            s = s * attention_factor
             k_a, k_b = k_a * c - k_b * s, k_b * c + k_a * s
         if ROUND_OPS:
             k_a = k_a.to(K.dtype.element_ty)
