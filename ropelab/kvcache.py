@@ -11,7 +11,7 @@ query at step L uses :math:`\omega(L)`. The score of query (position L - 1) and 
 :math:`\varepsilon_i(m, L) = m\,(\omega_i(L) - \omega_i(L_m))` on pair i (see the NormXU / gante thread,
 transformers issue #25104; ``shared/seeds/dynamic-ntk-cache-inconsistency.txt``).
 
-Policies (``POLICIES``):
+Policies (``POLICIES``, and ``KERNEL_POLICIES``):
 
 - ``post_rope``: cache rotated keys, each with the frequencies of its own step (Hugging Face; inconsistent).
 - ``recompute``: cache keys before RoPE; at every step rotate all of them with :math:`\omega(L)` into a
@@ -47,6 +47,7 @@ from .scaling import frequencies, ntk_base
 
 __all__ = [
     "POLICIES",
+    "KERNEL_POLICIES",
     "RopeSchedule",
     "RotaryKVCache",
     "TinyLMAdapter",
@@ -61,7 +62,8 @@ __all__ = [
     "drift_probe",
 ]
 
-POLICIES = ("post_rope", "recompute", "bucketed", "rope_on_load", "kernel_rope_on_load")
+POLICIES = ("post_rope", "recompute", "bucketed", "rope_on_load")
+KERNEL_POLICIES = ("kernel_rope_on_load",)  # on the Triton decode kernel (ropelab.kernels.decode_policy)
 
 
 @dataclass
@@ -202,8 +204,8 @@ class RotaryKVCache:
     """
 
     def __init__(self, schedule: RopeSchedule, policy: str, n_layers: int, *, chunk: int = 1024):
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}.")
+        if policy not in POLICIES + KERNEL_POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES + KERNEL_POLICIES}, got {policy!r}.")
         self.schedule, self.policy, self.chunk = schedule, policy, chunk
         self.k = [_Store() for _ in range(n_layers)]  # rotated (post_rope, bucketed) or raw keys
         self.v = [_Store() for _ in range(n_layers)]

@@ -284,7 +284,7 @@ def test_gpu_bench_code_runs_dry_and_the_reader_says_when_nothing_was_measured(t
     import matplotlib.pyplot as plt
 
     from ropelab.kernels import decode_bench as db
-    from ropelab.kvcache import POLICIES
+    from ropelab.kvcache import KERNEL_POLICIES, POLICIES
 
     result = db.bench_decode_gpu(lengths=(96,), batches=(1, 2), heads=(4, 2), head_dim=32, dtype=torch.float32,
                                  repeats=2, l0=64, token_budget=100, device="cpu", warmup=0,
@@ -293,7 +293,7 @@ def test_gpu_bench_code_runs_dry_and_the_reader_says_when_nothing_was_measured(t
     partial = json.loads((tmp_path / "partial.json").read_text())  # written after each configuration
     assert partial["complete"] is False and partial["rows"] == result["rows"]
     methods = [r["method"] for r in result["rows"]]
-    assert methods == [*db.KERNEL_MODES, "sdpa post_rope", *(f"policy {p}" for p in POLICIES)]
+    assert methods == [*db.KERNEL_MODES, "sdpa post_rope", *(f"policy {p}" for p in POLICIES + KERNEL_POLICIES)]
     assert result["skipped"] == [{"batch": 2, "cached_tokens": 96, "why": "192 cached tokens > token_budget 100"}]
     by = {r["method"]: r for r in result["rows"]}
     assert by["kernel rope_on_load"]["key_bytes_per_step"] == 1 * 2 * 96 * 32 * 4

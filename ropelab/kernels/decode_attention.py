@@ -531,7 +531,7 @@ def _attend_rows(q, k_cache, v_cache, lengths, rows, mode, inv_freq, attention_f
     for i, (length, row) in enumerate(zip(lengths.tolist(), rows.tolist())):
         keys = _current_keys(k_cache[row], length, mode, inv_freq, attention_factor, style, compute)
         values = v_cache[row, :, :length].to(compute)
-        qg = q[i].to(compute).view(hkv, hq // hkv, d)
+        qg = q[i].to(compute).reshape(hkv, hq // hkv, d)
         probs = (torch.einsum("hgd,hnd->hgn", qg, keys) * scale).softmax(dim=-1)
         out[i] = torch.einsum("hgn,hnd->hgd", probs, values).reshape(hq, d)
     return out
@@ -594,7 +594,7 @@ def error_bound(q, k_cache, v_cache, lengths, *, mode="rope_on_load", inv_freq=N
             mag = torch.cat([attention_factor * mag, k[..., r:]], dim=-1)
         else:
             mag = k
-        qg = q[i].double().abs().view(hkv, hq // hkv, d)
+        qg = q[i].double().abs().reshape(hkv, hq // hkv, d)
         e = scale * torch.einsum("hgd,hnd->hgn", qg, mag).amax(dim=-1) * eps  # [hkv, g]
         vmax = v_cache[row, :, :length].double().abs().amax(dim=(-1, -2))  # [hkv]
         extra = u_op + 2.0**-21 + (length + 8) * u32

@@ -11,8 +11,9 @@ bfloat16 cache, dynamic NTK past ``l0`` (factor 8), at each cached length L and 
   over a post-RoPE cache and over a pre-RoPE cache rotated on load (launcher included);
 - ``sdpa post_rope``: ``torch.nn.functional.scaled_dot_product_attention`` of the rotated query over the
   post-RoPE cache (``enable_gqa=True``), the baseline a user has today;
-- ``policy <name>``: one ``RotaryKVCache.step`` of each policy in ``ropelab.kvcache.POLICIES`` (append the
-  token, attend; the cos/sin table recomputed every step as a model would). ``bucketed`` is timed in its
+- ``policy <name>``: one ``RotaryKVCache.step`` of each policy in ``ropelab.kvcache.POLICIES`` and
+  ``KERNEL_POLICIES`` (append the token, attend; the cos/sin table recomputed every step as a model
+  would). ``bucketed`` is timed in its
   steady state, and its boundary step (re-rotating the whole cache from the frame of L/2 to that of L, once
   per doubling) is timed separately and reported as ``boundary_ms``.
 
@@ -163,7 +164,7 @@ def _timed(fn, repeats: int, flush: torch.Tensor, setup=None, warmup: int = 3) -
 def _bench_one(b, length, heads, head_dim, dtype, rope, l0, repeats, flush, warmup) -> list[dict]:
     """Every method at one (batch, cached length): the step that brings the cache to ``length`` keys."""
     from ..core import cos_sin, rotate
-    from ..kvcache import POLICIES, RopeSchedule, RotaryKVCache
+    from ..kvcache import KERNEL_POLICIES, POLICIES, RopeSchedule, RotaryKVCache
     from .decode_attention import decode_attention
 
     dev = flush.device
@@ -191,7 +192,7 @@ def _bench_one(b, length, heads, head_dim, dtype, rope, l0, repeats, flush, warm
     }
     traffic, extra = {}, {}
     pos = torch.tensor([n])
-    for policy in POLICIES:
+    for policy in POLICIES + KERNEL_POLICIES:
         sched = RopeSchedule(head_dim, rope_scaling=rope, max_position_embeddings=l0,
                              bucket_growth=2.0 if policy == "bucketed" else None)
         cache = RotaryKVCache(sched, policy, 1)
