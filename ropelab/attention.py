@@ -104,7 +104,8 @@ def grouped_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 def attend_scores(scores: torch.Tensor, values: torch.Tensor, q_pos: torch.Tensor,
                   key_pos: torch.Tensor) -> torch.Tensor:
     """Causal softmax of ``grouped_scores`` [b, hkv, g, s, n] and the weighted values: output [b, hq, s, d]."""
-    mask = key_pos[None, :] <= q_pos[:, None]  # causal: a query sees keys at or before its position
+    # causal: a query sees keys at or before its position (positions may live on the host, scores on a GPU)
+    mask = (key_pos[None, :] <= q_pos[:, None]).to(scores.device)
     probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
     out = torch.einsum("bhgsn,bhnd->bhgsd", probs, values)
     b, hkv, g, s, d = out.shape

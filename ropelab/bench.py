@@ -276,11 +276,20 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--repeats", type=int, default=3)
     dec.add_argument("--threads", type=int, default=2)
     dec.add_argument("--out", default=str(DATA_DIR / "bench" / "decode.json"))
+    dec.add_argument("--gpu-out-dir", default=str(DATA_DIR / "bench"),
+                     help="where the GPU rows go (decode-gpu-<device>.json; ropelab.kernels.decode_bench)")
+    dec.add_argument("--gpu-only", action="store_true", help="measure the GPU rows only, not the CPU policies")
     args = parser.parse_args(argv)
     if args.which == "gpu":
         from .kernels import bench_gpu
 
         return bench_gpu.main(out_dir=args.out_dir, quick=args.quick, flash_rotary=args.flash_rotary)
+    if args.which == "decode":  # the Triton decode kernel's rows, on a GPU only (ropelab.kernels.decode_bench)
+        from .kernels.decode_bench import run_gpu_decode
+
+        run_gpu_decode(args.gpu_out_dir)
+        if args.gpu_only:
+            return 0
     if args.which == "decode":
         result = bench_decode(tuple(args.lengths), tuple(args.batches), tuple(args.heads), args.head_dim,
                               args.repeats, args.threads, l0=min(4096, min(args.lengths)))

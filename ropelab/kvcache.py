@@ -22,6 +22,9 @@ Policies (``POLICIES``, a registry of :class:`CachePolicy` objects by name):
   :math:`R(m(\omega_{new} - \omega_{old}))` (consistent at every step; amortised O(1) keys per step).
 - ``rope_on_load``: cache keys before RoPE and rotate them chunk by chunk as attention reads them,
   never writing them back (consistent; reads like ``post_rope``, pays the rotation arithmetic).
+- ``kernel_rope_on_load``: the same cache, attended by the Triton decode kernel that rotates each key in
+  registers as it loads it. It lives with the kernel (``ropelab.kernels.decode_policy``) and registers
+  itself when ``ropelab.kernels`` is imported; its PyTorch path runs where triton cannot.
 
 Adding a policy is one small class: subclass :class:`CachePolicy`, set ``name``, implement ``store`` (what
 enters the cache for this step's keys) and, if its cached keys are not in the current frame, ``attend``;
@@ -51,6 +54,7 @@ from .spec import RopeSpec
 
 __all__ = [
     "POLICIES",
+    "BUILTIN_POLICIES",
     "CachePolicy",
     "register_policy",
     "PostRope",
@@ -277,11 +281,15 @@ class RopeOnLoad(CachePolicy):
         return attend_scores(torch.cat(scores, dim=-1), values, positions, torch.arange(keys.shape[2]))
 
 
+BUILTIN_POLICIES = tuple(POLICIES)  # the four PyTorch policies above, whatever else registers later
+
+
 def _policy(policy: str | CachePolicy) -> CachePolicy:
     if isinstance(policy, CachePolicy):
         return policy
     if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {tuple(POLICIES)}, got {policy!r}.")
+        hint = " (import ropelab.kernels to register the kernel policies)" if policy.startswith("kernel_") else ""
+        raise ValueError(f"policy must be one of {tuple(POLICIES)}, got {policy!r}{hint}.")
     return POLICIES[policy]()
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .kvcache import POLICIES, RopeSchedule, decode
+from .kvcache import BUILTIN_POLICIES, RopeSchedule, decode
 from .models import ModelConfig, TinyLM, TinyLMAdapter, masked_loss, train
 from .paths import BUILD_DIR, DATA_DIR
 from .scaling import ntk_base
@@ -139,7 +139,7 @@ def schemes(head_dim: int) -> dict[str, dict]:
                                             "original_max_position_embeddings": L0}),
         "dynamic NTK, full sequence": dict(base=10000.0, scaling={"rope_type": "dynamic", "factor": SCALE}),
     }
-    for policy in POLICIES:
+    for policy in BUILTIN_POLICIES:
         out[f"dynamic NTK, cache {policy}"] = dict(base=10000.0, policy=policy,
                                                    scaling={"rope_type": "dynamic", "factor": SCALE})
     return out

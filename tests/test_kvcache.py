@@ -9,7 +9,16 @@ from _helpers import tiny_llama as _tiny_llama
 from ropelab import apply_rope
 from ropelab.attention import attend as ropelab_attend
 from ropelab.hf import HFLlamaAdapter
-from ropelab.kvcache import POLICIES, CachePolicy, RopeSchedule, RotaryKVCache, decode, full_forward, register_policy
+from ropelab.kvcache import (
+    BUILTIN_POLICIES,
+    POLICIES,
+    CachePolicy,
+    RopeSchedule,
+    RotaryKVCache,
+    decode,
+    full_forward,
+    register_policy,
+)
 from ropelab.spec import RopeSpec
 
 transformers = pytest.importorskip("transformers")
@@ -117,7 +126,7 @@ def test_byte_counters_and_errors():
     ad = HFLlamaAdapter(model)
     ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(5))
     traffic = {}
-    for policy in POLICIES:
+    for policy in BUILTIN_POLICIES:
         sched = RopeSchedule.of(ad, bucket_growth=2.0) if policy == "bucketed" else RopeSchedule.of(ad)
         _, cache = decode(ad, ids, sched, policy, prompt_len=8)
         traffic[policy] = (cache.bytes_read, cache.bytes_written)

@@ -1,4 +1,5 @@
-"""Fused RoPE kernels and what they are measured against.
+"""Fused RoPE kernels, a decode-attention kernel that applies RoPE as it loads keys, and what they are
+measured against.
 
 - :mod:`ropelab.kernels.rope_triton`: the Triton program (math and memory access only);
 - :mod:`ropelab.kernels.fused_rope`: its checks, launch and ``autograd.Function``; :func:`rope` is the entry
@@ -6,11 +7,22 @@
 - :mod:`ropelab.kernels.compiled`: ``backend="compile"``, ``torch.compile`` of one single-pass formula
   (the CPU path at the memory floor);
 - :mod:`ropelab.kernels.traffic`: the bytes each implementation moves, counted op by op (a model);
-- :mod:`ropelab.kernels.bench_gpu`: ``python -m ropelab.bench gpu``.
+- :mod:`ropelab.kernels.bench_gpu`: ``python -m ropelab.bench gpu``;
+- :mod:`ropelab.kernels.decode_attention`: flash-decoding attention for one query token per sequence that
+  rotates pre-RoPE cached keys as it loads them (modes ``post_rope`` and ``rope_on_load``), with a PyTorch
+  path and a float64 oracle;
+- :mod:`ropelab.kernels.decode_policy`: the ``kernel_rope_on_load`` policy of :mod:`ropelab.kvcache`
+  built on it (registered when this package is imported);
+- :mod:`ropelab.kernels.decode_bench`: its GPU rows of ``python -m ropelab.bench decode``.
 
-Importing this package never needs triton; :func:`rope` says clearly when it cannot run.
+Importing this package never needs triton; :func:`rope` and :func:`decode_attention` say clearly when the
+kernel cannot run (the decode kernel falls back to its PyTorch path with ``backend="auto"``).
 """
 
+from . import decode_policy  # noqa: F401 - registers the kernel_rope_on_load cache policy
+from .decode_attention import MODES, decode_attention, decode_attention_oracle, kernel_available
 from .fused_rope import as_bshd, available, rope, why_unavailable
 
-__all__ = ["rope", "available", "why_unavailable", "as_bshd"]
+__all__ = ["rope", "available", "why_unavailable", "as_bshd", "MODES", "decode_attention",
+           "decode_attention_oracle", "kernel_available"]
+
