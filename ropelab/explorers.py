@@ -25,6 +25,7 @@ An update (compute, draw, PNG) takes well under 200 ms on two CPU cores at the s
 from __future__ import annotations
 
 import contextlib
+import functools
 import html
 import io
 import math
@@ -138,8 +139,9 @@ def decay(base: float = 10000.0, head_dim: int = 128, distance: int = 4096, n_po
     mean logit of a key similar to its query, :func:`ropelab.decay.similarity_bound` times 2), and for
     ``n_pairs`` independent standard-normal q, k (seeded) the ``gaussian_mean`` and ``gaussian_std`` of
     :math:`\langle R_r q, k\rangle` (:func:`ropelab.decay.rope_logits`): mean 0 and spread
-    :math:`\sqrt d` at every distance, no decay. ``first_negative`` is the first distance in the grid
-    where :math:`B_r < 0` (None if none).
+    :math:`\sqrt d` at every distance, no decay. ``first_negative`` is the first integer distance
+    :math:`r \le` ``distance`` where :math:`B_r < 0` (None if none), found on every integer, not on the
+    plotted grid (whose step would miss a short dip: at base 1e4, d = 128 the first is 1707).
     """
     base = _check_base(base)
     head_dim = _check_int("head_dim", head_dim, 2, 1024, even=True)
@@ -153,15 +155,25 @@ def decay(base: float = 10000.0, head_dim: int = 128, distance: int = 4096, n_po
     q = torch.randn(n_pairs, head_dim, generator=g, dtype=torch.float64)
     k = torch.randn(n_pairs, head_dim, generator=g, dtype=torch.float64)
     logits = rope_logits(q, k, r, base=base)  # [n_pairs, len(r)]
-    neg = (bound < 0).nonzero()
     return {
         "r": r.numpy(),
         "envelope": env.numpy(),
         "aligned": (2 * bound).numpy(),
         "gaussian_mean": logits.mean(0).numpy(),
         "gaussian_std": logits.std(0).numpy(),
-        "first_negative": int(r[neg[0, 0]]) if neg.numel() else None,
+        "first_negative": _first_negative(base, head_dim, distance),
     }
+
+
+@functools.lru_cache(maxsize=256)
+def _first_negative(base: float, head_dim: int, distance: int, chunk: int = 4096) -> int | None:
+    """The first integer r <= distance with B_r < 0, scanned in chunks that stop at the first hit."""
+    for start in range(0, distance + 1, chunk):
+        b = similarity_bound(torch.arange(start, min(start + chunk, distance + 1)), head_dim, base)
+        neg = (b < 0).nonzero()
+        if neg.numel():
+            return start + int(neg[0, 0])
+    return None
 
 
 def ntk_drift(length: int = 1024, head_dim: int = 64, base: float = 10000.0, original_length: int = 256,
@@ -170,8 +182,11 @@ def ntk_drift(length: int = 1024, head_dim: int = 64, base: float = 10000.0, ori
     per step from a prompt of one token).
 
     Returns ``phase_error`` [L, d/2] (float64, rad): key m rotated at its write length against the query's
-    frame at L, :func:`ropelab.kvcache.phase_error`; ``base_now`` :math:`b(L)`; and ``frac_over_half_pi``:
-    the fraction of (key, pair) phases off by more than :math:`\pi/2`.
+    frame at L, :func:`ropelab.kvcache.phase_error` (unwrapped: it grows with m); ``wrapped``: its size
+    folded onto [0, pi], the angle by which the pair's contribution to the score is actually turned;
+    ``base_now`` :math:`b(L)`; and ``frac_over_half_pi``: the fraction of (key, pair) phases whose wrapped
+    error exceeds :math:`\pi/2`, i.e. whose :math:`\cos\varepsilon < 0`: the pair's contribution has
+    changed sign.
     """
     length = _check_int("length", length, 1, 1 << 16)
     head_dim = _check_int("head_dim", head_dim, 2, 1024, even=True)
@@ -182,10 +197,12 @@ def ntk_drift(length: int = 1024, head_dim: int = 64, base: float = 10000.0, ori
     sched = RopeSchedule(head_dim, base, rope_scaling={"rope_type": "dynamic", "factor": float(factor)},
                          max_position_embeddings=original_length)
     err = phase_error(sched, length)
+    wrapped = torch.remainder(err + math.pi, 2 * math.pi).sub(math.pi).abs()
     return {
         "phase_error": err.numpy(),
+        "wrapped": wrapped.numpy(),
         "base_now": sched.base_at(length),
-        "frac_over_half_pi": float((err.abs() > math.pi / 2).double().mean()),
+        "frac_over_half_pi": float((wrapped > math.pi / 2).double().mean()),
     }
 
 
@@ -446,7 +463,7 @@ class DecayExplorer(Explorer):
                                      description="base", style=st),
             "head_dim": w.Dropdown(options=[16, 32, 64, 128, 256], value=self.params["head_dim"],
                                    description="head_dim", style=st),
-            "distance": w.IntSlider(value=self.params["distance"], min=64, max=65536, step=64,
+            "distance": w.IntSlider(value=self.params["distance"], min=64, max=32768, step=64,
                                     description="max distance", style=st),
         }
 
@@ -464,16 +481,16 @@ class DriftExplorer(Explorer):
         ax0, ax1 = self.ax
         self.im = ax0.imshow(np.zeros((2, 2)), aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=np.pi,
                              interpolation="nearest")
-        fig.colorbar(self.im, ax=ax0, label="|phase error| (rad)")
+        fig.colorbar(self.im, ax=ax0, label="|phase error|, wrapped (rad)")
         ax0.set(xlabel="cached key position m", ylabel="pair i")
         (self.worst,) = ax1.semilogy([0, 1], [1e-12, 10], ".-", lw=1)
         ax1.axhline(np.pi / 2, color="C3", ls="--", lw=1)
-        ax1.set(xlabel="pair i", ylabel="max over keys (rad)")
+        ax1.set(xlabel="pair i", ylabel="largest |phase error| over keys (rad)")
 
     def refresh(self, length, head_dim, base, original_length, factor):
         out = ntk_drift(length, head_dim, base, original_length, factor)
         ax0, ax1 = self.ax
-        err = np.abs(out["phase_error"])
+        err = out["wrapped"]
         # Drawn at most 512 key columns wide (the maximum over each block of keys, so no large error
         # disappears): resampling the full [L, d/2] image cost more than computing it.
         block = -(-length // 512)
@@ -481,10 +498,11 @@ class DriftExplorer(Explorer):
         self.im.set_data(pad.reshape(-1, block, err.shape[1]).max(1).T)
         self.im.set_extent((-0.5, length - 0.5, -0.5, head_dim // 2 - 0.5))
         ax0.set_title(f"L = {length} (L0 = {original_length}, s = {factor:g}): b(L) = {out['base_now']:.4g}")
-        self.worst.set_data(np.arange(head_dim // 2), np.maximum(err.max(0), 1e-12))
+        worst = np.abs(out["phase_error"]).max(0)
+        self.worst.set_data(np.arange(head_dim // 2), np.maximum(worst, 1e-12))
         ax1.set_xlim(-0.5, head_dim // 2 - 0.5)
-        ax1.set_ylim(1e-12, 10)
-        ax1.set_title(f"{100 * out['frac_over_half_pi']:.1f} % of phases off by > π/2")
+        ax1.set_ylim(1e-12, max(10.0, 3 * float(worst.max())))
+        ax1.set_title(f"{100 * out['frac_over_half_pi']:.1f} % of (key, pair) phases turned by > π/2", fontsize=10)
 
     def controls(self):
         import ipywidgets as w
