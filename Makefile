@@ -37,7 +37,8 @@ figures-smoke: setup
 # JupyterLab at the repository root, on the notebook map; saves strip outputs (.jupyter/jupyter_server_config.py).
 lab: setup
 	JUPYTER_CONFIG_PATH="$(CURDIR)/.jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
-		$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(LAB_ARGS) notebooks/index.ipynb
+		$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks/index.ipynb \
+		$(LAB_ARGS)
 
 bench: setup
 	$(PY) -m ropelab.bench cpu

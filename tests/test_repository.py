@@ -156,3 +156,15 @@ def test_notebook_hash_ignores_outputs_and_counts_but_not_sources(tmp_path, monk
     nbformat.write(nb, a)
     assert figures.notebook_hash(a) != h
     assert any("01_a.ipynb changed" in p for p in figures.stale_figures())
+
+
+def test_make_lab_opens_the_map_at_the_root_with_the_hook_and_lab_args():
+    """`make lab` is what tests/test_lab.py starts by hand: the repository root, the map as the start page,
+    the pre-save hook (JUPYTER_CONFIG_PATH=.jupyter), and LAB_ARGS passed through."""
+    out = subprocess.run(["make", "-n", "lab", "VENV=/nonexistent", 'LAB_ARGS=--no-browser --port=8899'],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert f'JUPYTER_CONFIG_PATH="{REPO}/.jupyter' in out
+    assert f'--ServerApp.root_dir="{REPO}"' in out and "--LabApp.default_url=/lab/tree/notebooks/index.ipynb" in out
+    assert "--no-browser --port=8899" in out
+    assert (REPO / "notebooks" / "index.ipynb").exists()
+    assert "pre_save_hook" in (REPO / ".jupyter" / "jupyter_server_config.py").read_text()
