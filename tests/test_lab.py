@@ -158,7 +158,7 @@ def _wait(page, predicate, timeout, what):
 
 
 def _run_notebook(page, lab, name: str, timeout: float) -> dict:
-    page.goto(f"{lab['url']}/lab/tree/notebooks/{name}?token={lab['token']}")
+    page.goto(f"{lab['url']}/lab/tree/notebooks/{name}?reset&token={lab['token']}")  # reset: only this tab
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget", timeout=120_000)
     _wait(page, lambda s: s["kernel"] == "idle", 180, "the kernel to start")
     t0 = time.monotonic()
@@ -234,8 +234,8 @@ def test_notebook_runs_renders_and_responds_in_the_lab(lab, browser, name, move)
 def test_start_page_shows_the_map(lab, browser):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
-        page.goto(f"{lab['url']}/lab/tree/notebooks/index.ipynb?token={lab['token']}")
-        page.wait_for_selector(".jp-RenderedMarkdown img", timeout=120_000)
+        page.goto(f"{lab['url']}/lab/tree/notebooks/index.ipynb?reset&token={lab['token']}")
+        page.wait_for_selector(".jp-RenderedMarkdown img[alt='00_relative_position']", timeout=120_000)
         page.wait_for_timeout(1000)
         links = page.locator(".jp-RenderedMarkdown a[href*='00_rope_in_one_page.ipynb']").count()
         assert links >= 1
