@@ -7,6 +7,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= notebooks,dev
 JOBS ?= 2
+# Extra arguments for JupyterLab, e.g. make lab LAB_ARGS="--no-browser --port=8899"
+LAB_ARGS ?=
 
 .PHONY: setup test lint figures figures-smoke lab bench lm clean
 
@@ -16,7 +18,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]"
 	touch $@
 
+# The nbstripout git filter (ropelab/nbclean.py): notebook outputs never reach a commit.
 setup: $(VENV)/.installed
+	@if git rev-parse --git-dir >/dev/null 2>&1; then $(PY) -m ropelab.nbclean >/dev/null; fi
 
 lint: setup
 	$(VENV)/bin/ruff check ropelab tests notebooks
@@ -30,8 +34,11 @@ figures: setup
 figures-smoke: setup
 	$(PY) -m ropelab.figures --smoke --jobs $(JOBS)
 
+# JupyterLab at the repository root, on the notebook map; saves strip outputs (.jupyter/jupyter_server_config.py).
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks
+	JUPYTER_CONFIG_PATH="$(CURDIR)/.jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}" \
+		$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks/index.ipynb \
+		$(LAB_ARGS)
 
 bench: setup
 	$(PY) -m ropelab.bench cpu

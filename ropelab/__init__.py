@@ -32,7 +32,9 @@ the runner ``figures``.
 - ``hf``: a Hugging Face Llama model driven layer by layer for ``kvcache``;
 - ``lm``: the byte-level LM trained for notebook 05 (corpus, training, evaluation of schemes);
 - ``paths``: where the repository, data, build and figure directories are (works from an installed package);
-- ``figures``: the notebook runner and the ``setup`` / ``save`` helpers notebooks call;
+- ``figures``: the notebook runner, the ``setup`` / ``save`` helpers notebooks call, and the figure manifest;
+- ``explorers``: the notebooks' interactive explorers (ipywidgets over pure compute functions);
+- ``nbclean``: keeps notebook outputs out of git (Jupyter pre-save hook, nbstripout filter);
 - ``kernels``: a fused Triton RoPE (forward and backward), ``backend="compile"`` for the CPU, the byte model
   and the GPU benchmark; imported on first use, never by the core;
 - ``machine``: the CPU, threads and library versions a measurement ran on;

@@ -50,3 +50,27 @@ def test_unknown_notebook_name_is_reported():
     with pytest.raises(SystemExit, match="no notebook named"):
         figures.notebooks(["99_does_not_exist"])
     assert figures.notebooks() == sorted(figures.notebooks())
+
+
+def test_runner_prints_progress_and_no_kernel_transport_warning(tmp_path, monkeypatch, capfd):
+    """`make figures` names each notebook when it starts, then its time and the total so far; the kernels
+    run on IPC sockets, so none logs "Kernel is running over TCP without encryption"."""
+    nb_dir = tmp_path / "notebooks"
+    nb_dir.mkdir()
+    for name in ("01_one", "02_two"):
+        nb = nbformat.v4.new_notebook(cells=[
+            nbformat.v4.new_code_cell('SMOKE = False\nFIGURES_DIR = "x"\nRESULTS_DIR = "y"',
+                                      metadata={"tags": ["parameters"]}),
+            nbformat.v4.new_code_cell("from pathlib import Path\nassert SMOKE and Path(RESULTS_DIR).name == 'results'"),
+        ])
+        nbformat.write(nb, nb_dir / f"{name}.ipynb")
+    monkeypatch.setattr(figures, "NOTEBOOK_DIR", nb_dir)
+    monkeypatch.setattr(figures, "BUILD_DIR", tmp_path / "build")
+    assert figures.main(["--smoke"]) == 0
+    out, err = capfd.readouterr()
+    lines = out.splitlines()
+    assert lines[0].startswith("01_one") and lines[0].endswith("started")
+    done = [line for line in lines if " ok " in line]
+    assert len(done) == 2 and "[1/2, " in done[0] and "[2/2, " in done[1] and "s so far]" in done[1]
+    assert lines[-1].startswith("2 of 2 notebooks ran in")
+    assert "without encryption" not in out + err

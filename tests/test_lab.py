@@ -1,0 +1,249 @@
+"""A real browser in a real JupyterLab: the notebooks run, render, respond, and leave the repository clean.
+
+Starts JupyterLab on 127.0.0.1 (a free port, its own config, data, runtime and settings directories) on a
+temporary copy of the notebooks, the lab config (``.jupyter/``) and the figures their Markdown shows, and
+drives Debian's Chromium (``/usr/bin/chromium``) with Playwright, whose own browser download cannot run
+here. For notebook 00 (full run) and notebook 03 (full run, about 6 s on 2 idle cores), it runs all
+cells, waits for the kernel to go idle, asserts no cell raised and at least one figure rendered, moves a
+control of the notebook's explorer and waits for its figure to change, saves a screenshot under
+``build/lab/``, and saves the notebook: the pre-save hook must write back the original bytes. Last, the
+repository's ``git status --porcelain`` must be what it was before the test (clean in CI).
+
+Skipped when Chromium or Playwright is missing, unless ``ROPELAB_REQUIRE_BROWSER=1`` (set by ``.ci/run``,
+which installs Chromium with apt first), where a missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ropelab import figures
+
+REPO = figures.REPO
+CHROMIUM = os.environ.get("ROPELAB_CHROMIUM", "/usr/bin/chromium")
+SHOTS = REPO / "build" / "lab"
+REQUIRED = os.environ.get("ROPELAB_REQUIRE_BROWSER") == "1"
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # the dev extra installs it
+    sync_playwright = None
+
+_missing = (
+    "playwright is not installed (pip install playwright; it is in the dev extra)"
+    if sync_playwright is None
+    else f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium; or set ROPELAB_CHROMIUM)"
+    if not Path(CHROMIUM).exists()
+    else None
+)
+if _missing and REQUIRED:
+    raise RuntimeError(f"ROPELAB_REQUIRE_BROWSER=1 but {_missing}")
+pytestmark = [
+    pytest.mark.skipif(_missing is not None, reason=_missing or ""),
+    pytest.mark.timeout(1200),
+    pytest.mark.lab,
+]
+
+
+def _git_status() -> str:
+    return subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lab")
+    root = tmp / "repo"
+    shutil.copytree(REPO / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    shutil.copytree(REPO / ".jupyter", root / ".jupyter")
+    shutil.copytree(REPO / "figures", root / "figures", ignore=shutil.ignore_patterns("*.svg"))
+    shutil.copy(REPO / "README.md", root / "README.md")
+    news = tmp / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text('{"fetchNews": "false"}')  # no "get notified about Jupyter news?" toast over the screenshots
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "JUPYTER_CONFIG_DIR": str(tmp / "config"),
+        "JUPYTER_CONFIG_PATH": str(root / ".jupyter"),  # what `make lab` sets: the pre-save hook
+        "JUPYTER_DATA_DIR": str(tmp / "data"),
+        "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+        "IPYTHONDIR": str(tmp / "ipython"),
+        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+    }
+    cmd = [
+        sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+        "--LabApp.expose_app_in_browser=True",  # window.jupyterapp: run commands as a user's menu click does
+    ] + (["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])  # CI containers run as root
+    log = open(tmp / "lab.log", "w")
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"JupyterLab did not start:\n{(tmp / 'lab.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+    try:
+        yield {"url": url, "token": token, "root": root, "log": tmp / "lab.log", "figures": _snapshot(root / "figures")}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+STATE_JS = """() => {
+  const w = window.jupyterapp.shell.currentWidget;
+  if (!w || !w.content || !w.content.widgets || !w.sessionContext.session) return null;
+  const kernel = w.sessionContext.session.kernel;
+  const cells = w.content.widgets.map(c => c.model.toJSON());
+  const code = cells.filter(c => c.cell_type === 'code');
+  return {
+    kernel: kernel ? kernel.status : null,
+    ran: code.filter(c => c.execution_count !== null).length,
+    code: code.length,
+    errors: code.flatMap(c => c.outputs.filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue)),
+    dirty: w.context.model.dirty,
+  };
+}"""
+
+
+def _wait(page, predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        state = page.evaluate(STATE_JS)
+        if state is not None and predicate(state):
+            return state
+        page.wait_for_timeout(500)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last state {state}")
+
+
+def _run_notebook(page, lab, name: str, timeout: float) -> dict:
+    page.goto(f"{lab['url']}/lab/tree/notebooks/{name}?reset&token={lab['token']}")  # reset: only this tab
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget", timeout=120_000)
+    _wait(page, lambda s: s["kernel"] == "idle", 180, "the kernel to start")
+    t0 = time.monotonic()
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    state = _wait(page, lambda s: (s["ran"] == s["code"] or s["errors"]) and s["kernel"] == "idle", timeout,
+                  "Run All to finish")
+    state["seconds"] = round(time.monotonic() - t0, 1)
+    return state
+
+
+def _explorer_image(page):
+    img = page.locator(".ropelab-explorer-image").first
+    img.scroll_into_view_if_needed()
+    return img
+
+
+@pytest.mark.parametrize(
+    "name, move",
+    [
+        ("00_rope_in_one_page.ipynb", "slider"),  # the position slider, moved with the keyboard
+        ("03_decay_rope_vs_cope.ipynb", "select"),  # the head_dim drop-down
+    ],
+)
+def test_notebook_runs_renders_and_responds_in_the_lab(lab, browser, name, move):
+    before = _git_status()
+    original = (lab["root"] / "notebooks" / name).read_bytes()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        state = _run_notebook(page, lab, name, timeout=600)
+        assert not state["errors"], f"{name}: cells raised {state['errors']}"
+        assert state["ran"] == state["code"]
+        n_figures = page.locator(".jp-OutputArea-output img").count()
+        assert n_figures >= 1, f"{name}: no rendered figure"
+
+        img = _explorer_image(page)
+        img.wait_for(state="visible", timeout=60_000)
+        src = img.get_attribute("src")
+        box = page.locator(".ropelab-explorer").first
+        t0 = time.monotonic()
+        if move == "slider":
+            handle = box.locator(".noUi-handle").nth(1)  # base, then position
+            handle.focus()
+            for _ in range(5):
+                page.keyboard.press("ArrowRight")
+        else:
+            box.locator("select").first.select_option("64")
+        page.wait_for_function(
+            "([sel, old]) => document.querySelector(sel).getAttribute('src') !== old",
+            arg=[".ropelab-explorer-image", src], timeout=30_000,
+        )
+        response = time.monotonic() - t0
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        shot = SHOTS / f"{Path(name).stem}.png"
+        box.scroll_into_view_if_needed()
+        page.screenshot(path=str(shot))
+        print(f"{name}: Run All {state['seconds']} s, {n_figures} figures, explorer redrawn {response:.2f} s "
+              f"after the move; screenshot {shot}")
+
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        _wait(page, lambda s: not s["dirty"], 60, "the save")
+        saved = (lab["root"] / "notebooks" / name).read_bytes()
+        assert saved == original, f"{name}: a save from the lab changed the notebook (outputs or metadata)"
+    finally:
+        page.close()
+    assert _snapshot(lab["root"] / "figures") == lab["figures"], "a lab run wrote into figures/"
+    assert (lab["root"] / "build" / "figures").is_dir(), "a lab run writes its figures under build/"
+    after = _git_status()
+    assert after == before, f"running a notebook in the lab changed the repository:\n{after}"
+    if REQUIRED:  # CI: a fresh checkout, so clean means clean
+        assert after == "", f"git status is not clean:\n{after}"
+
+
+def test_start_page_shows_the_map(lab, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{lab['url']}/lab/tree/notebooks/index.ipynb?reset&token={lab['token']}")
+        page.wait_for_selector(".jp-RenderedMarkdown img[alt='00_relative_position']", timeout=120_000)
+        page.wait_for_timeout(1000)
+        links = page.locator(".jp-RenderedMarkdown a[href*='00_rope_in_one_page.ipynb']").count()
+        assert links >= 1
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "index.png"))
+        original = (lab["root"] / "notebooks" / "index.ipynb").read_bytes()
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        _wait(page, lambda s: not s["dirty"], 60, "the save")
+        assert (lab["root"] / "notebooks" / "index.ipynb").read_bytes() == original
+    finally:
+        page.close()
