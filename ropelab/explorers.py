@@ -40,10 +40,12 @@ from matplotlib.figure import Figure
 
 from .cope import CoPE
 from .decay import decay_envelope, rope_logits, similarity_bound
-from .kvcache import RopeSchedule, phase_error
-from .precision import PRECISION_DTYPES, perturbed_angle
+from .kvcache import RopeSchedule
+from .precision import PRECISION_DTYPES, perturbed_angle, wrap_angle
 from .precision import phase_error as precision_phase_error
-from .scaling import frequencies
+from .scaling import check_base, frequencies
+from .spec import RopeSpec
+from .staleness import stale_phase_error
 
 __all__ = [
     "DTYPES",
@@ -87,8 +89,7 @@ def _check_int(name: str, value, low: int, high: int | None = None, even: bool =
 
 
 def _check_base(base) -> float:
-    if not isinstance(base, int | float) or not math.isfinite(base) or base <= 1:
-        raise ValueError(f"base must be a finite number > 1 (frequencies are base^(-2i/d)), got {base!r}.")
+    check_base(base)
     return float(base)
 
 
@@ -182,7 +183,7 @@ def ntk_drift(length: int = 1024, head_dim: int = 64, base: float = 10000.0, ori
     per step from a prompt of one token).
 
     Returns ``phase_error`` [L, d/2] (float64, rad): key m rotated at its write length against the query's
-    frame at L, :func:`ropelab.kvcache.phase_error` (unwrapped: it grows with m); ``wrapped``: its size
+    frame at L, :func:`ropelab.staleness.stale_phase_error` (unwrapped: it grows with m); ``wrapped``: its size
     folded onto [0, pi], the angle by which the pair's contribution to the score is actually turned;
     ``base_now`` :math:`b(L)`; and ``frac_over_half_pi``: the fraction of (key, pair) phases whose wrapped
     error exceeds :math:`\pi/2`, i.e. whose :math:`\cos\varepsilon < 0`: the pair's contribution has
@@ -194,10 +195,11 @@ def ntk_drift(length: int = 1024, head_dim: int = 64, base: float = 10000.0, ori
     base = _check_base(base)
     if not isinstance(factor, int | float) or not factor >= 1:
         raise ValueError(f"factor must be a number >= 1 (dynamic NTK's scaling factor s), got {factor!r}.")
-    sched = RopeSchedule(head_dim, base, rope_scaling={"rope_type": "dynamic", "factor": float(factor)},
-                         max_position_embeddings=original_length)
-    err = phase_error(sched, length)
-    wrapped = torch.remainder(err + math.pi, 2 * math.pi).sub(math.pi).abs()
+    spec = RopeSpec(base=base, scaling={"rope_type": "dynamic", "factor": float(factor)},
+                    max_position_embeddings=original_length)
+    sched = RopeSchedule(spec, head_dim)
+    err = stale_phase_error(sched, length)
+    wrapped = wrap_angle(err).abs()
     return {
         "phase_error": err.numpy(),
         "wrapped": wrapped.numpy(),
