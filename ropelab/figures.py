@@ -34,18 +34,31 @@ FIGURES_DIR = REPO / "figures"
 DATA_DIR = REPO / "data"
 
 SEED = 0
-THREADS = 2
+THREADS = 2  # default torch thread count; the environment variable ROPELAB_THREADS overrides it
 
-__all__ = ["setup", "save", "notebooks", "run_notebook", "main", "REPO", "DATA_DIR", "FIGURES_DIR"]
+__all__ = ["setup", "save", "thread_count", "notebooks", "run_notebook", "main", "REPO", "DATA_DIR", "FIGURES_DIR"]
 
 
-def setup(seed: int = SEED, threads: int = THREADS) -> None:
-    """Make a notebook deterministic: seed python, numpy and torch, fix the thread count, and set
-    matplotlib to write byte-stable files (no dates, a fixed SVG id salt)."""
+def thread_count() -> int:
+    """The torch thread count notebooks run with: ``ROPELAB_THREADS`` if set (a positive integer), else 2."""
+    value = os.environ.get("ROPELAB_THREADS", "")
+    if not value:
+        return THREADS
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"ROPELAB_THREADS must be a positive integer, got {value!r}; unset it for the default {THREADS}.")
+    return int(value)
+
+
+def setup(seed: int = SEED, threads: int | None = None) -> None:
+    """Make a notebook deterministic: seed python, numpy and torch, fix the thread count (``threads``, else
+    ``thread_count()``: ``ROPELAB_THREADS`` or 2), and set matplotlib to write byte-stable files (no dates, a
+    fixed SVG id salt). A rerun on the same machine with the same thread count gives the same bytes; another
+    CPU or thread count changes float results in the last bits (the README says by how much)."""
     import matplotlib
     import numpy as np
     import torch
 
+    threads = thread_count() if threads is None else threads
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -102,10 +115,11 @@ def _inject_parameters(nb, smoke: bool, figures_dir: Path) -> None:
     nb.cells.insert(i + 1, injected)
 
 
-def run_notebook(path: str | os.PathLike, *, smoke: bool = False, timeout: int = 1800) -> dict:
+def run_notebook(path: str | os.PathLike, *, smoke: bool = False, timeout: int = 1800, threads: int | None = None) -> dict:
     """Execute one notebook headless into ``build/`` (``build/smoke/`` when ``smoke``).
 
-    Figures go to ``figures/`` in a full run and ``build/smoke/figures/`` in a smoke run. Returns a dict
+    Figures go to ``figures/`` in a full run and ``build/smoke/figures/`` in a smoke run. ``threads`` sets
+    the kernel's thread count (``ROPELAB_THREADS`` and ``OMP_NUM_THREADS``) for this run only. Returns a dict
     with the notebook name, the executed copy's path and the wall time in seconds. Raises
     ``nbclient.exceptions.CellExecutionError`` when a cell fails.
     """
@@ -114,6 +128,8 @@ def run_notebook(path: str | os.PathLike, *, smoke: bool = False, timeout: int =
 
     path = Path(path)
     out_dir = BUILD_DIR / "smoke" if smoke else BUILD_DIR
+    if smoke and threads is not None:  # a run pinned to a thread count keeps its own copy (tests run in parallel)
+        out_dir = out_dir / f"threads{threads}"
     figures_dir = out_dir / "figures" if smoke else FIGURES_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     nb = nbformat.read(path, as_version=4)
@@ -121,7 +137,10 @@ def run_notebook(path: str | os.PathLike, *, smoke: bool = False, timeout: int =
     # Determinism and headless plotting for the kernel, which inherits this environment.
     os.environ.setdefault("PYTHONHASHSEED", "0")
     os.environ["MPLBACKEND"] = "Agg"
-    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+    saved = {k: os.environ.get(k) for k in ("ROPELAB_THREADS", "OMP_NUM_THREADS")}
+    if threads is not None:
+        os.environ["ROPELAB_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(thread_count()))
     client = NotebookClient(
         nb,
         timeout=timeout,
@@ -134,6 +153,12 @@ def run_notebook(path: str | os.PathLike, *, smoke: bool = False, timeout: int =
     finally:
         target = out_dir / path.name
         nbformat.write(nb, target)
+        if threads is not None:  # the next run gets the caller's environment back
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     return {"notebook": path.stem, "executed": str(target), "seconds": round(time.perf_counter() - start, 1)}
 
 

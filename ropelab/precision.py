@@ -35,10 +35,38 @@ __all__ = [
     "max_phase_error",
     "first_position_past",
     "rotary_phase_error",
+    "unit_roundoff",
+    "wrap_phase",
+    "first_index_past",
 ]
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PERTURBED = ("inv_freq", "positions", "angle", "all")
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    r"""Unit roundoff :math:`u = \varepsilon_{mach} / 2` of a floating dtype (round to nearest): float64
+    :math:`2^{-53}`, float32 :math:`2^{-24}`, fp16 :math:`2^{-11}`, bf16 :math:`2^{-8}` (Higham, *Accuracy and
+    Stability of Numerical Algorithms*, 2nd ed., Section 2.1)."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"unit_roundoff needs a floating torch dtype (e.g. torch.float32), got {dtype!r}.")
+    return torch.finfo(dtype).eps / 2
+
+
+def wrap_phase(diff: torch.Tensor) -> torch.Tensor:
+    r"""A phase difference folded onto :math:`[0, \pi]`, the distance on the circle (what reaches cos and
+    sin): an error near :math:`2\pi k` is no error at all. At :math:`\pi/2` a pair's contribution to a score
+    has turned orthogonal; at :math:`\pi` it has flipped sign. Non-finite entries count as :math:`\pi`."""
+    return _wrapped(diff.to(torch.float64))
+
+
+def first_index_past(err: torch.Tensor, threshold: float) -> int | None:
+    """The first index of the 1-D ``err`` whose value exceeds ``threshold`` (e.g. the first position whose
+    phase error passes 0.1 rad), or None when none does."""
+    if err.ndim != 1:
+        raise ValueError(f"err must be 1-D (one value per position), got shape {tuple(err.shape)}; reduce it first.")
+    hit = (err > threshold).nonzero()
+    return int(hit[0]) if hit.numel() else None
 
 
 def _check(where: str, dtype: torch.dtype) -> None:
