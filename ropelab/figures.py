@@ -45,7 +45,9 @@ def thread_count() -> int:
     if not value:
         return THREADS
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"ROPELAB_THREADS must be a positive integer, got {value!r}; unset it for the default {THREADS}.")
+        raise ValueError(
+            f"ROPELAB_THREADS must be a positive integer, got {value!r}; unset it for the default {THREADS}."
+        )
     return int(value)
 
 
@@ -115,7 +117,9 @@ def _inject_parameters(nb, smoke: bool, figures_dir: Path) -> None:
     nb.cells.insert(i + 1, injected)
 
 
-def run_notebook(path: str | os.PathLike, *, smoke: bool = False, timeout: int = 1800, threads: int | None = None) -> dict:
+def run_notebook(
+    path: str | os.PathLike, *, smoke: bool = False, timeout: int = 1800, threads: int | None = None
+) -> dict:
     """Execute one notebook headless into ``build/`` (``build/smoke/`` when ``smoke``).
 
     Figures go to ``figures/`` in a full run and ``build/smoke/figures/`` in a smoke run. ``threads`` sets
