@@ -36,7 +36,7 @@ DATA_DIR = REPO / "data"
 SEED = 0
 THREADS = 2  # default torch thread count; the environment variable ROPELAB_THREADS overrides it
 
-__all__ = ["setup", "save", "thread_count", "notebooks", "run_notebook", "main", "REPO", "DATA_DIR", "FIGURES_DIR"]
+__all__ = ["setup", "save", "answer", "thread_count", "notebooks", "run_notebook", "main", "REPO", "DATA_DIR", "FIGURES_DIR"]
 
 
 def thread_count() -> int:
@@ -72,7 +72,7 @@ def setup(seed: int = SEED, threads: int | None = None) -> None:
     try:
         import seaborn as sns
 
-        sns.set_theme(context="notebook", style="whitegrid")
+        sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")  # colour-blind safe C0..C9
     except ImportError:  # seaborn is a core dependency; this only guards odd environments
         pass
 
@@ -86,6 +86,20 @@ def save(fig, name: str, figures_dir: str | os.PathLike = FIGURES_DIR) -> list[P
     fig.savefig(paths[0], bbox_inches="tight", metadata={"Software": None})
     fig.savefig(paths[1], bbox_inches="tight", metadata={"Date": None, "Creator": None})
     return paths
+
+
+def answer(text: str, smoke: bool) -> None:
+    """Show a section's answer as Markdown, built in the cell that measured its numbers (so prose cannot go
+    stale). In a smoke run the sizes are tiny: the answer says so instead of passing its numbers off as the
+    full run's."""
+    from IPython.display import Markdown, display
+
+    if smoke:
+        head = "**Answer (smoke run: tiny sizes; these are not the full run's numbers, and its claims are asserted "
+        head += "only in a full run, `python -m ropelab.figures`).** "
+    else:
+        head = "**Answer.** "
+    display(Markdown(head + text))
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
