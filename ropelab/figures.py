@@ -36,7 +36,10 @@ DATA_DIR = REPO / "data"
 SEED = 0
 THREADS = 2  # default torch thread count; the environment variable ROPELAB_THREADS overrides it
 
-__all__ = ["setup", "save", "answer", "thread_count", "notebooks", "run_notebook", "main", "REPO", "DATA_DIR", "FIGURES_DIR"]
+__all__ = [
+    "setup", "save", "answer", "thread_count", "seed_value", "notebooks",
+    "run_notebook", "main", "REPO", "DATA_DIR", "FIGURES_DIR",
+]
 
 
 def thread_count() -> int:
@@ -51,16 +54,28 @@ def thread_count() -> int:
     return int(value)
 
 
-def setup(seed: int = SEED, threads: int | None = None) -> None:
-    """Make a notebook deterministic: seed python, numpy and torch, fix the thread count (``threads``, else
-    ``thread_count()``: ``ROPELAB_THREADS`` or 2), and set matplotlib to write byte-stable files (no dates, a
-    fixed SVG id salt). A rerun on the same machine with the same thread count gives the same bytes; another
+def seed_value() -> int:
+    """The seed notebooks run with: ``ROPELAB_SEED`` if set (an integer), else 0. Only for measuring how much a
+    notebook's numbers move with the seed; the committed figures use 0."""
+    value = os.environ.get("ROPELAB_SEED", "")
+    if not value:
+        return SEED
+    if not value.lstrip("-").isdigit():
+        raise ValueError(f"ROPELAB_SEED must be an integer, got {value!r}; unset it for the default {SEED}.")
+    return int(value)
+
+
+def setup(seed: int | None = None, threads: int | None = None) -> None:
+    """Make a notebook deterministic: seed python, numpy and torch (``seed``, else ``ROPELAB_SEED`` or 0), fix the
+    thread count (``threads``, else ``ROPELAB_THREADS`` or 2), and set matplotlib to write byte-stable files (no
+    dates, a fixed SVG id salt). A rerun on the same machine with the same thread count gives the same bytes; another
     CPU or thread count changes float results in the last bits (the README says by how much)."""
     import matplotlib
     import numpy as np
     import torch
 
     threads = thread_count() if threads is None else threads
+    seed = seed_value() if seed is None else seed
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
