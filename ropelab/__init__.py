@@ -19,7 +19,8 @@ the runner ``figures``.
 - ``convert``: the permutation between the two styles, for vectors and q/k weights;
 - ``diagnosis``: the black-box checker, a package (``diagnose``, ``compare``, ``Diagnosis``, ``Comparison``;
   its zoo of real and deliberately wrong implementations; the ``ropelab-diagnose`` command);
-- ``precision``: the phase error of RoPE held in bf16 / fp16 / fp32;
+- ``precision``: the phase error of RoPE held in bf16 / fp16 / fp32, unit roundoff, phase wrapping;
+- ``restyle``: a trained TinyLM run in another RoPE style, as it is or with W_q, W_k permuted;
 - ``attention``: causal logits, attention rows and their comparisons; the decoder's grouped-query attention;
 - ``cope``: Contextual Position Encoding (``CoPE``);
 - ``decay``: RoPE's decay envelopes;

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -30,7 +31,8 @@ from .paths import DATA_DIR
 from .scaling import frequencies
 from .spec import RopeSpec
 
-__all__ = ["machine_info", "time_methods", "bench_cpu", "bench_decode", "print_table", "print_decode", "main"]
+__all__ = ["machine_info", "time_methods", "bench_cpu", "bench_decode", "print_table", "print_decode",
+           "step_distribution", "main"]
 
 
 def time_methods(methods: dict[str, Callable[[], object]], repeats: int, warmup: int = 3) -> dict[str, list[float]]:
@@ -150,6 +152,13 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
     twice: its ordinary step, and amortised, adding the boundary re-rotation at L spread over the L
     steps until the next doubling (growth 2). Bytes are the cached-key traffic the policy's counters report.
     Policies take turns within each repeat, so a change in the machine's speed touches all alike.
+
+    A mean hides ``bucketed``'s spike, so every row also carries the step-time distribution of a decode
+    through the doubling window [L/2, L) (L/2 steps): ``median_ms``, ``p99_ms`` and ``max_ms``. The
+    ordinary steps are the measured samples, each standing for an equal share of the window; for
+    ``bucketed`` one step of the window is the boundary step, timed as it happens (the cache still in
+    the frame of L/2, so ``step`` re-rotates every cached key before attending). At L/2 >= 100 steps the
+    boundary is under 1 % of them, so it shows in the maximum, not in the median or the p99.
     """
     from .kvcache import RopeSchedule, RotaryKVCache
 
@@ -170,18 +179,21 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
             scheds = {p: RopeSchedule(spec, head_dim, bucket_growth=2.0 if p == "bucketed" else None)
                       for p in policies}
             times = {p: [] for p in policies}
+            boundary = []  # bucketed's boundary step: the cache still in the previous bucket's frame
             traffic = {}
             for rep in range(repeats + 1):  # the first round warms up; policies take turns each round
-                for policy in policies:
-                    sched = scheds[policy]
-                    cache = RotaryKVCache(sched, policy, 1)
-                    # steady state: the cached keys are in the current frame
-                    cache.fill(0, keys, values, frame_length=length, spare=8)
+                for policy in (*policies, "bucketed boundary"):
+                    sched = scheds[policy.split()[0]]
+                    cache = RotaryKVCache(sched, policy.split()[0], 1)
+                    # steady state: the cached keys are in the current frame; at the boundary, in L/2's
+                    at = max(l0, length // 2) if policy.endswith("boundary") else length
+                    cache.fill(0, keys, values, frame_length=at, spare=8)
                     t0 = time.perf_counter()
                     cache.step(0, q, k1, v1, torch.tensor([length - 1]), length)
                     if rep:
-                        times[policy].append(time.perf_counter() - t0)
-                    traffic[policy] = cache.bytes_read + cache.bytes_written
+                        (boundary if policy.endswith("boundary") else times[policy]).append(time.perf_counter() - t0)
+                    if policy in times:
+                        traffic[policy] = cache.bytes_read + cache.bytes_written
                     del cache
             # The cos/sin table of all cached positions at the current frequencies: what recompute and
             # rope_on_load compute every step (once per step for all layers of a model; all of it is
@@ -197,9 +209,13 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
             for policy in policies:
                 sched = scheds[policy]
                 step_ms[policy] = statistics.median(times[policy]) * 1e3
+                window = max(length // 2, 1)  # steps from L/2 to L
+                crossing = policy == "bucketed" and length > l0
+                spread = step_distribution(times[policy], boundary if crossing else [], window)
                 rows.append({"batch": b, "cached_tokens": length, "policy": policy,
                              "step_ms": step_ms[policy], "key_bytes_per_step": traffic[policy],
-                             "table_ms": table_ms if policy in ("recompute", "rope_on_load") else 0.0})
+                             "table_ms": table_ms if policy in ("recompute", "rope_on_load") else 0.0,
+                             **spread})
                 if policy == "bucketed":
                     # The boundary step: re-rotate n keys from the frame of L/2 to the frame of L.
                     cache = RotaryKVCache(sched, policy, 1)
@@ -211,6 +227,7 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
                     amortised = step_ms[policy] + rerotate_ms / max(length, 1)
                     rows.append({"batch": b, "cached_tokens": length, "policy": "bucketed (amortised)",
                                  "step_ms": amortised, "rerotate_ms": rerotate_ms,
+                                 "boundary_step_ms": statistics.median(boundary) * 1e3,
                                  "key_bytes_per_step": traffic[policy] + 2 * keys.numel() * 4 / max(length, 1)})
             del keys, values
     base = {(r["batch"], r["cached_tokens"]): r["step_ms"] for r in rows if r["policy"] == "post_rope"}
@@ -226,8 +243,35 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
         "repeats": repeats,
         "machine": machine_info(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_average_1_5_15_min": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "note": ("ratios are measured within this one run; absolute times depend on the machine and its load "
+                 "(see load_average: a load above the thread count means the CPU was shared while it ran)"),
         "rows": rows,
     }
+
+
+def step_distribution(steps: list[float], boundary: list[float], window: int) -> dict:
+    """Median, p99 and max (ms) of the per-step time over a window of ``window`` decoding steps: one of them a
+    boundary step (when ``boundary`` samples are given), the rest ordinary. Each measured sample stands for an
+    equal share of the steps of its kind (a weighted empirical distribution; p99 by nearest rank)."""
+    if not steps:
+        raise ValueError("step_distribution needs at least one measured ordinary step.")
+    n_boundary = 1 if boundary else 0
+    samples = [(t, (window - n_boundary) / len(steps)) for t in steps]
+    samples += [(t, n_boundary / len(boundary)) for t in boundary]
+    samples.sort()
+    total = sum(w for _, w in samples)
+
+    def quantile(p: float) -> float:
+        acc = 0.0
+        for t, w in samples:
+            acc += w
+            if acc >= p * total - 1e-9:
+                return t
+        return samples[-1][0]
+
+    return {"median_ms": quantile(0.5) * 1e3, "p99_ms": quantile(0.99) * 1e3, "max_ms": samples[-1][0] * 1e3,
+            "window_steps": window}
 
 
 def print_decode(result: dict) -> None:
@@ -235,10 +279,12 @@ def print_decode(result: dict) -> None:
     print(f"one decoding step, one layer, heads {result['heads_q_kv']} (q, kv), d={result['head_dim']}, "
           f"dynamic NTK past {result['l0']}, {result['machine']['torch_threads']} threads, {result['machine']['cpu']}")
     print(f"{'batch':>5s} {'cached':>7s} {'policy':22s} {'ms/step':>9s} {'x post_rope':>11s} {'key MB/step':>11s} "
-          f"{'of it cos/sin ms':>16s}")
+          f"{'of it cos/sin ms':>16s} {'median':>8s} {'p99':>8s} {'max':>8s}")
     for r in result["rows"]:
+        spread = "".join(f" {r[k]:8.2f}" if k in r else f" {'':8s}" for k in ("median_ms", "p99_ms", "max_ms"))
         print(f"{r['batch']:5d} {r['cached_tokens']:7d} {r['policy']:22s} {r['step_ms']:9.2f} "
-              f"{r['ratio_to_post_rope']:11.2f} {r['key_bytes_per_step'] / 1e6:11.2f} {r.get('table_ms', 0.0):16.2f}")
+              f"{r['ratio_to_post_rope']:11.2f} {r['key_bytes_per_step'] / 1e6:11.2f} {r.get('table_ms', 0.0):16.2f}"
+              + spread)
 
 
 def print_table(result: dict) -> None:

@@ -288,12 +288,15 @@ class Explorer:
         self.build(self.fig)
 
     def build(self, fig: Figure) -> None:  # pragma: no cover - abstract
+        """Lay out the figure's axes (called once)."""
         raise NotImplementedError
 
     def refresh(self, **params) -> None:  # pragma: no cover - abstract
+        """Redraw the figure for these control values."""
         raise NotImplementedError
 
     def controls(self) -> dict:  # pragma: no cover - abstract
+        """The ipywidgets controls, by parameter name."""
         raise NotImplementedError
 
     def render(self, **params) -> Figure:
@@ -369,6 +372,7 @@ class LadderExplorer(Explorer):
     _PAIRS = ("0", "d/8", "d/4", "d/2-1")
 
     def build(self, fig):
+        """Lay out the figure's axes (called once)."""
         fig.subplots_adjust(left=0.07, right=0.98, bottom=0.15, top=0.84, wspace=0.3)
         self.ax = fig.subplots(1, 3, width_ratios=[1.3, 1, 1.3])
         ax0, ax1, ax2 = self.ax
@@ -387,6 +391,7 @@ class LadderExplorer(Explorer):
         ax2.set(xlabel="pair i", ylabel="phase error (rad)")
 
     def refresh(self, base, head_dim, position, dtype):
+        """Redraw the figure for these control values."""
         out = ladder(base, head_dim, position, dtype)
         ax0, ax1, ax2 = self.ax
         i = np.arange(head_dim // 2)
@@ -406,6 +411,7 @@ class LadderExplorer(Explorer):
         ax2.set_title(f"{dtype} angle vs float64: max {out['phase_error'].max():.2g} rad")
 
     def controls(self):
+        """The ipywidgets controls, by parameter name."""
         import ipywidgets as w
 
         st = _style()
@@ -428,6 +434,7 @@ class DecayExplorer(Explorer):
     size = (10.0, 3.6)
 
     def build(self, fig):
+        """Lay out the figure's axes (called once)."""
         fig.subplots_adjust(left=0.07, right=0.98, bottom=0.14, top=0.9)
         self.ax = ax = fig.subplots()
         (self.env,) = ax.plot([], [], color="C0", label="RoFormer envelope (1/(d/2)) Σ|S_j|")
@@ -439,6 +446,7 @@ class DecayExplorer(Explorer):
         ax.legend(fontsize=8, loc="upper right")
 
     def refresh(self, base, head_dim, distance):
+        """Redraw the figure for these control values."""
         out = decay(base, head_dim, distance)
         r, ax = out["r"], self.ax
         self.env.set_data(r, out["envelope"])
@@ -457,6 +465,7 @@ class DecayExplorer(Explorer):
         ax.set_title(f"base {base:.3g}, d = {head_dim}: {note}")
 
     def controls(self):
+        """The ipywidgets controls, by parameter name."""
         import ipywidgets as w
 
         st = _style()
@@ -478,6 +487,7 @@ class DriftExplorer(Explorer):
     size = (11.0, 3.6)
 
     def build(self, fig):
+        """Lay out the figure's axes (called once)."""
         fig.subplots_adjust(left=0.06, right=0.98, bottom=0.14, top=0.88, wspace=0.25)
         self.ax = fig.subplots(1, 2, width_ratios=[1.4, 1])
         ax0, ax1 = self.ax
@@ -490,6 +500,7 @@ class DriftExplorer(Explorer):
         ax1.set(xlabel="pair i", ylabel="largest |phase error| over keys (rad)")
 
     def refresh(self, length, head_dim, base, original_length, factor):
+        """Redraw the figure for these control values."""
         out = ntk_drift(length, head_dim, base, original_length, factor)
         ax0, ax1 = self.ax
         err = out["wrapped"]
@@ -507,6 +518,7 @@ class DriftExplorer(Explorer):
         ax1.set_title(f"{100 * out['frac_over_half_pi']:.1f} % of (key, pair) phases turned by > π/2", fontsize=10)
 
     def controls(self):
+        """The ipywidgets controls, by parameter name."""
         import ipywidgets as w
 
         st = _style()
@@ -527,6 +539,7 @@ class CoPEExplorer(Explorer):
     size = (11.0, 3.8)
 
     def build(self, fig):
+        """Lay out the figure's axes (called once)."""
         fig.subplots_adjust(left=0.05, right=0.98, bottom=0.14, top=0.88, wspace=0.2)
         self.ax = fig.subplots(1, 2, width_ratios=[1.3, 1])
         ax0, ax1 = self.ax
@@ -540,6 +553,7 @@ class CoPEExplorer(Explorer):
         ax1.set(xlabel="key j", ylabel="query i")
 
     def refresh(self, text, count, sharpness):
+        """Redraw the figure for these control values."""
         out = cope_gates(text, count, sharpness)
         s = len(out["tokens"])
         ax0, ax1 = self.ax
@@ -559,6 +573,7 @@ class CoPEExplorer(Explorer):
         ax1.set_title(f"contextual positions, counting {count}", fontsize=10)
 
     def controls(self):
+        """The ipywidgets controls, by parameter name."""
         import ipywidgets as w
 
         st = _style()

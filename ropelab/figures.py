@@ -36,7 +36,7 @@ from pathlib import Path
 from .paths import BUILD_DIR, DATA_DIR, FIGURES_DIR, NOTEBOOK_DIR, REPO
 
 SEED = 0
-THREADS = 2
+THREADS = 2  # default torch thread count; the environment variable ROPELAB_THREADS overrides it
 
 # REPO, DATA_DIR, FIGURES_DIR and BUILD_DIR are ropelab.paths' (re-exported: notebooks import them from here).
 MANIFEST = FIGURES_DIR / "manifest.json"
@@ -56,16 +56,46 @@ __all__ = [
     "FIGURES_DIR",
     "MANIFEST",
     "BUILD_DIR",
+    "answer",
+    "thread_count",
+    "seed_value",
 ]
 
 
-def setup(seed: int = SEED, threads: int = THREADS) -> None:
-    """Make a notebook deterministic: seed python, numpy and torch, fix the thread count, and set
-    matplotlib to write byte-stable files (no dates, a fixed SVG id salt)."""
+def thread_count() -> int:
+    """The torch thread count notebooks run with: ``ROPELAB_THREADS`` if set (a positive integer), else 2."""
+    value = os.environ.get("ROPELAB_THREADS", "")
+    if not value:
+        return THREADS
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(
+            f"ROPELAB_THREADS must be a positive integer, got {value!r}; unset it for the default {THREADS}."
+        )
+    return int(value)
+
+
+def seed_value() -> int:
+    """The seed notebooks run with: ``ROPELAB_SEED`` if set (an integer), else 0. Only for measuring how much a
+    notebook's numbers move with the seed; the committed figures use 0."""
+    value = os.environ.get("ROPELAB_SEED", "")
+    if not value:
+        return SEED
+    if not value.lstrip("-").isdigit():
+        raise ValueError(f"ROPELAB_SEED must be an integer, got {value!r}; unset it for the default {SEED}.")
+    return int(value)
+
+
+def setup(seed: int | None = None, threads: int | None = None) -> None:
+    """Make a notebook deterministic: seed python, numpy and torch (``seed``, else ``ROPELAB_SEED`` or 0), fix the
+    thread count (``threads``, else ``ROPELAB_THREADS`` or 2), and set matplotlib to write byte-stable files (no
+    dates, a fixed SVG id salt). A rerun on the same machine with the same thread count gives the same bytes; another
+    CPU or thread count changes float results in the last bits (the README says by how much)."""
     import matplotlib
     import numpy as np
     import torch
 
+    threads = thread_count() if threads is None else threads
+    seed = seed_value() if seed is None else seed
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -77,7 +107,7 @@ def setup(seed: int = SEED, threads: int = THREADS) -> None:
     try:
         import seaborn as sns
 
-        sns.set_theme(context="notebook", style="whitegrid")
+        sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")  # colour-blind safe C0..C9
     except ImportError:  # seaborn is a core dependency; this only guards odd environments
         pass
 
@@ -91,6 +121,20 @@ def save(fig, name: str, figures_dir: str | os.PathLike = FIGURES_DIR) -> None:
     paths = [out / f"{name}.png", out / f"{name}.svg"]
     fig.savefig(paths[0], bbox_inches="tight", metadata={"Software": None})
     fig.savefig(paths[1], bbox_inches="tight", metadata={"Date": None, "Creator": None})
+
+
+def answer(text: str, smoke: bool) -> None:
+    """Show a section's answer as Markdown, built in the cell that measured its numbers (so prose cannot go
+    stale). In a smoke run the sizes are tiny: the answer says so instead of passing its numbers off as the
+    full run's."""
+    from IPython.display import Markdown, display
+
+    if smoke:
+        head = "**Answer (smoke run: tiny sizes; these are not the full run's numbers, and its claims are asserted "
+        head += "only in a full run, `python -m ropelab.figures`).** "
+    else:
+        head = "**Answer.** "
+    display(Markdown(head + text))
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
@@ -124,11 +168,14 @@ def _inject_parameters(nb, smoke: bool, figures_dir: Path, results_dir: Path | N
     nb.cells.insert(i + 1, injected)
 
 
-def run_notebook(path: str | os.PathLike, *, smoke: bool = False, timeout: int = 1800) -> dict:
+def run_notebook(
+    path: str | os.PathLike, *, smoke: bool = False, timeout: int = 1800, threads: int | None = None
+) -> dict:
     """Execute one notebook headless into ``build/`` (``build/smoke/`` when ``smoke``).
 
     Figures go to ``figures/`` in a full run and ``build/smoke/figures/`` in a smoke run; results
-    (``RESULTS_DIR``) to ``data/`` and ``build/smoke/results/``. Returns a dict
+    (``RESULTS_DIR``) to ``data/`` and ``build/smoke/results/``. ``threads`` sets the kernel's thread count
+    (``ROPELAB_THREADS`` and ``OMP_NUM_THREADS``) for this run only. Returns a dict
     with the notebook name, the executed copy's path and the wall time in seconds. Raises
     ``nbclient.exceptions.CellExecutionError`` when a cell fails.
     """
@@ -137,6 +184,8 @@ def run_notebook(path: str | os.PathLike, *, smoke: bool = False, timeout: int =
 
     path = Path(path)
     out_dir = BUILD_DIR / "smoke" if smoke else BUILD_DIR
+    if smoke and threads is not None:  # a run pinned to a thread count keeps its own copy (tests run in parallel)
+        out_dir = out_dir / f"threads{threads}"
     figures_dir = out_dir / "figures" if smoke else FIGURES_DIR
     results_dir = out_dir / "results" if smoke else DATA_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -145,7 +194,10 @@ def run_notebook(path: str | os.PathLike, *, smoke: bool = False, timeout: int =
     # Determinism and headless plotting for the kernel, which inherits this environment.
     os.environ.setdefault("PYTHONHASHSEED", "0")
     os.environ["MPLBACKEND"] = "Agg"
-    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+    saved = {k: os.environ.get(k) for k in ("ROPELAB_THREADS", "OMP_NUM_THREADS")}
+    if threads is not None:
+        os.environ["ROPELAB_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(thread_count()))
     client = NotebookClient(
         nb,
         kernel_manager_class=_kernel_manager_class(),
@@ -159,6 +211,12 @@ def run_notebook(path: str | os.PathLike, *, smoke: bool = False, timeout: int =
     finally:
         target = out_dir / path.name
         nbformat.write(nb, target)
+        if threads is not None:  # the next run gets the caller's environment back
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     return {"notebook": path.stem, "executed": str(target), "seconds": round(time.perf_counter() - start, 1)}
 
 

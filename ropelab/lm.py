@@ -26,7 +26,6 @@ import torch
 from .kvcache import BUILTIN_POLICIES, RopeSchedule, decode
 from .models import ModelConfig, TinyLM, TinyLMAdapter, masked_loss, train
 from .paths import BUILD_DIR, DATA_DIR
-from .scaling import ntk_base
 from .spec import RopeSpec
 
 __all__ = [
@@ -40,6 +39,10 @@ __all__ = [
     "train_lm",
     "load_lm",
     "val_windows",
+    "disjoint_windows",
+    "static_ntk_base",
+    "bootstrap_means",
+    "band_intervals",
     "schemes",
     "per_position_loss",
     "evaluate_schemes",
@@ -127,10 +130,29 @@ def val_windows(val_data: torch.Tensor, n: int, length: int, seed: int = 0) -> t
     return torch.stack([val_data[s : s + length + 1] for s in starts.tolist()])
 
 
+def disjoint_windows(val_data: torch.Tensor, length: int) -> int:
+    """How many windows of ``length + 1`` bytes fit in the validation split without overlapping: the most
+    ``val_windows`` can return as independent samples (45 at length 1024)."""
+    return val_data.numel() // (length + 1)
+
+
+def static_ntk_base(base: float, rotary_dim: int, alpha: float) -> float:
+    r"""Static NTK-aware base :math:`b\,lpha^{r/(r-2)}` (bloc97's NTK-aware scaling, with :math:`lpha = s`).
+
+    Hugging Face's *dynamic* formula (``ropelab.scaling.ntk_base``) is this with
+    :math:`lpha(L) = sL/L_0 - (s - 1)`, which reaches :math:`lpha = s \cdot s - (s - 1) = s^2 - s + 1`
+    at :math:`L = sL_0` (13 at s = 4), not :math:`lpha = s`."""
+    return float(base) * float(alpha) ** (rotary_dim / (rotary_dim - 2))
+
+
 def schemes(head_dim: int) -> dict[str, dict]:
     """The context-extension schemes compared: name -> the RopeSpec fields changed (``base``, ``scaling``)
-    and the cache ``policy`` (absent: one full forward)."""
-    ntk = ntk_base(10000.0, head_dim, SCALE * L0, L0, SCALE)  # NTK-aware: b * s^(r/(r-2)), fixed
+    and the cache ``policy`` (absent: one full forward).
+
+    "NTK-aware" is static NTK-aware scaling at alpha = s (base 4.39 b at s = 4, r = 32). "dynamic NTK, full
+    sequence" evaluates Hugging Face's dynamic formula at the full length: at L = 4 L0 its alpha is 13
+    (base 15.4 b)."""
+    ntk = static_ntk_base(10000.0, head_dim, SCALE)
     out = {
         "no scaling": dict(base=10000.0, scaling=None),
         "linear (PI)": dict(base=10000.0, scaling={"rope_type": "linear", "factor": SCALE}),
@@ -172,9 +194,11 @@ def evaluate_schemes(model: TinyLM, n: int = 8, length: int = int(SCALE * L0), p
         from tqdm.auto import tqdm
 
         items = tqdm(items, desc="schemes", leave=False)
+    result["window_loss"] = {}
     for name, scheme in items:
         loss = per_position_loss(model, ids, scheme)
         result["loss"][name] = loss.mean(0).tolist()
+        result["window_loss"][name] = loss.tolist()  # [window, position]: what the bootstrap resamples
     return result
 
 
@@ -184,6 +208,37 @@ def summarize(result: dict, edges=(0, 256, 512, 768, 1024)) -> dict[str, list[fl
     for name, curve in result["loss"].items():
         c = torch.tensor(curve)
         out[name] = [float(c[a:b].mean()) for a, b in zip(edges[:-1], edges[1:]) if a < c.numel()]
+    return out
+
+
+def bootstrap_means(per_window: torch.Tensor, n_boot: int = 2000, seed: int = 0, level: float = 0.95):
+    """Mean over windows of ``per_window`` [n, ...] and its percentile bootstrap interval (windows resampled
+    with replacement, ``n_boot`` times, fixed seed): three tensors of shape [...]."""
+    if per_window.ndim < 1 or per_window.shape[0] < 2:
+        raise ValueError(f"need at least 2 windows to bootstrap, got shape {tuple(per_window.shape)}.")
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, per_window.shape[0], (n_boot, per_window.shape[0]), generator=g)
+    means = per_window.double()[idx].mean(1)
+    a = (1 - level) / 2
+    lo, hi = torch.quantile(means, torch.tensor([a, 1 - a], dtype=torch.float64), dim=0)
+    return per_window.double().mean(0), lo, hi
+
+
+def band_intervals(result: dict, edges=(0, 256, 512, 768, 1024), reference: str | None = None,
+                   n_boot: int = 2000, seed: int = 0) -> dict[str, list[tuple[float, float, float]]]:
+    """Per scheme and band [edges[i], edges[i+1]): (mean, low, high) of the loss in nats per byte, a 95 %
+    bootstrap interval over the evaluation windows. With ``reference``, of the paired difference
+    scheme - reference (the same windows resampled for both), which is what a claimed ordering rests on."""
+    wl = {k: torch.tensor(v, dtype=torch.float64) for k, v in result["window_loss"].items()}
+    if reference is not None and reference not in wl:
+        raise ValueError(f"reference {reference!r} is not among the evaluated schemes {sorted(wl)}.")
+    out = {}
+    for name, w in wl.items():
+        if reference is not None:
+            w = w - wl[reference]
+        bands = torch.stack([w[:, a:b].mean(1) for a, b in zip(edges[:-1], edges[1:]) if a < w.shape[1]], 1)
+        m, lo, hi = bootstrap_means(bands, n_boot, seed)
+        out[name] = [(float(x), float(y), float(z)) for x, y, z in zip(m, lo, hi)]
     return out
 
 
@@ -201,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         _, history = train_lm(steps=args.steps)
         print(f"final: {history[-1]}; wrote {CHECKPOINT}")
     else:
-        result = evaluate_schemes(load_lm())
+        result = evaluate_schemes(load_lm(), disjoint_windows(load_corpus()[1], int(SCALE * L0)))
+        result.pop("window_loss")
         out = BUILD_DIR / "lm_eval.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result) + "\n")

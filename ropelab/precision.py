@@ -39,10 +39,38 @@ __all__ = [
     "DTYPE_NAMES",
     "wrap_angle",
     "phase_tolerance",
+    "unit_roundoff",
+    "wrap_phase",
+    "first_index_past",
 ]
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PERTURBED = ("inv_freq", "positions", "angle", "all")
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    r"""Unit roundoff :math:`u = \varepsilon_{mach} / 2` of a floating dtype (round to nearest): float64
+    :math:`2^{-53}`, float32 :math:`2^{-24}`, fp16 :math:`2^{-11}`, bf16 :math:`2^{-8}` (Higham, *Accuracy and
+    Stability of Numerical Algorithms*, 2nd ed., Section 2.1)."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"unit_roundoff needs a floating torch dtype (e.g. torch.float32), got {dtype!r}.")
+    return torch.finfo(dtype).eps / 2
+
+
+def wrap_phase(diff: torch.Tensor) -> torch.Tensor:
+    r"""A phase difference folded onto :math:`[0, \pi]`, the distance on the circle (what reaches cos and
+    sin): an error near :math:`2\pi k` is no error at all. At :math:`\pi/2` a pair's contribution to a score
+    has turned orthogonal; at :math:`\pi` it has flipped sign. Non-finite entries count as :math:`\pi`."""
+    return _wrapped(diff.to(torch.float64))
+
+
+def first_index_past(err: torch.Tensor, threshold: float) -> int | None:
+    """The first index of the 1-D ``err`` whose value exceeds ``threshold`` (e.g. the first position whose
+    phase error passes 0.1 rad), or None when none does."""
+    if err.ndim != 1:
+        raise ValueError(f"err must be 1-D (one value per position), got shape {tuple(err.shape)}; reduce it first.")
+    hit = (err > threshold).nonzero()
+    return int(hit[0]) if hit.numel() else None
 
 
 def _check(where: str, dtype: torch.dtype) -> None:
@@ -68,9 +96,9 @@ def perturbed_angle(positions: torch.Tensor, inv_freq: torch.Tensor, *, where: s
 
 
 def _wrapped(diff: torch.Tensor) -> torch.Tensor:
-    """|diff| folded onto [0, pi]; non-finite entries (an overflowed angle) count as pi."""
-    err = torch.remainder(diff + math.pi, 2 * math.pi).sub_(math.pi).abs_()
-    return err.masked_fill_(~torch.isfinite(diff), math.pi)
+    """|diff| folded onto [0, pi] (the magnitude of :func:`wrap_angle`); non-finite entries (an overflowed
+    angle) count as pi."""
+    return wrap_angle(diff).abs_().masked_fill_(~torch.isfinite(diff), math.pi)
 
 
 def phase_error(
@@ -166,12 +194,7 @@ def rotary_phase_error(
 
 # Unit roundoff u: round-to-nearest errs by at most u |value| (Higham, "Accuracy and Stability of
 # Numerical Algorithms", 2nd ed., section 2.1: u = 2^-t for a t-bit significand).
-UNIT_ROUNDOFF = {
-    torch.float64: 2.0**-53,
-    torch.float32: 2.0**-24,
-    torch.bfloat16: 2.0**-8,
-    torch.float16: 2.0**-11,
-}
+UNIT_ROUNDOFF = {dt: unit_roundoff(dt) for dt in (torch.float64, torch.float32, torch.bfloat16, torch.float16)}
 DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 

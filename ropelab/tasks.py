@@ -38,6 +38,7 @@ __all__ = [
     "summarize_runs",
     "gate_statistics",
     "GateStatistics",
+    "lag_copy",
 ]
 
 BLANK, SEP, FIRST_SYMBOL = 0, 1, 2
@@ -260,3 +261,15 @@ def gate_statistics(gates: torch.Tensor, is_symbol: torch.Tensor, threshold: flo
         "symbol_gate_in_blind_rows": float(sym[blind].mean()) if blind.any() else None,
     }
     return GateStatistics(sym, blank, stats)
+
+
+def lag_copy(gen: torch.Generator, batch: int, seq_len: int, vocab: int, lag: int):
+    """A task no model solves without position: copy the token seen ``lag`` steps ago in a stream of uniform
+    random tokens (chance level ln ``vocab``). Returns ``(x, y, mask)`` [batch, seq_len]: inputs, targets
+    ``y[t] = x[t - lag]``, and a mask that drops the first ``lag`` positions (they have no target)."""
+    if not 0 < lag < seq_len:
+        raise ValueError(f"lag must be in (0, seq_len={seq_len}), got {lag}.")
+    x = torch.randint(0, vocab, (batch, seq_len), generator=gen)
+    y = torch.roll(x, lag, dims=1)
+    mask = (torch.arange(seq_len) >= lag).expand(batch, seq_len)
+    return x, y, mask

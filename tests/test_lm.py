@@ -51,3 +51,44 @@ def test_schemes_switch_rope_without_touching_the_shared_config(model):
     ids = lm.val_windows(val, 1, 24)
     lm.per_position_loss(model, ids, lm.schemes(model.cfg.head_dim)["linear (PI)"])
     assert model.cfg is before and model.cfg.rope.scaling is None
+
+
+def test_static_ntk_aware_is_alpha_s_and_dynamic_reaches_s_squared_minus_s_plus_1():
+    """Static NTK-aware at alpha = s is 4.39 b (r = 32, s = 4); Hugging Face's dynamic formula at L = s L0 is the
+    same expression at alpha = s^2 - s + 1 = 13 (15.4 b), checked against ropelab.scaling and transformers."""
+    import torch
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from ropelab.scaling import ntk_base
+
+    r, s, b = 32, lm.SCALE, 10000.0
+    assert abs(lm.static_ntk_base(b, r, s) / b - 4.0 ** (32 / 30)) < 1e-12 and 4.38 < 4.0 ** (32 / 30) < 4.40
+    dyn = ntk_base(b, r, s * lm.L0, lm.L0, s)
+    assert abs(dyn / lm.static_ntk_base(b, r, s * s - s + 1) - 1) < 1e-12 and 15.3 < dyn / b < 15.5
+    cfg = LlamaConfig(hidden_size=128, num_attention_heads=4, head_dim=r, max_position_embeddings=lm.L0,
+                      rope_parameters={"rope_type": "dynamic", "factor": s, "rope_theta": b})
+    inv_hf, _ = ROPE_INIT_FUNCTIONS["dynamic"](cfg, "cpu", seq_len=int(s * lm.L0))
+    inv = 1.0 / dyn ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
+    assert torch.allclose(inv_hf.double(), inv, rtol=1e-6)
+    assert lm.schemes(r)["NTK-aware"]["base"] == lm.static_ntk_base(b, r, s)
+
+
+def test_bootstrap_intervals_cover_the_mean_and_pair_the_windows():
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 3, generator=g, dtype=torch.float64)
+    m, lo, hi = lm.bootstrap_means(x)
+    assert torch.equal(m, x.mean(0)) and bool(((lo < m) & (m < hi)).all())
+    # about 1.96 standard errors each side
+    se = x.std(0) / 40**0.5
+    assert bool((((hi - lo) / (2 * 1.96 * se) - 1).abs() < 0.25).all())
+    with pytest.raises(ValueError, match="2 windows"):
+        lm.bootstrap_means(x[:1])
+    result = {"window_loss": {"a": x.tolist(), "b": (x + 0.5).tolist()}}
+    paired = lm.band_intervals(result, edges=(0, 1, 3), reference="a")
+    assert paired["a"] == [(0.0, 0.0, 0.0)] * 2  # a scheme against itself: no spread at all
+    assert all(abs(v - 0.5) < 1e-12 for band in paired["b"] for v in band)  # a constant shift is exact when paired
+    with pytest.raises(ValueError, match="reference"):
+        lm.band_intervals(result, reference="c")

@@ -108,3 +108,20 @@ def test_hf_rotary_cast_to_bf16_matches_bf16_inv_freq():
     errbf = rotary_phase_error(rotary, positions, INV_FREQ).amax(dim=-1)
     predicted = first_position_past(0.1, INV_FREQ, where="inv_freq", dtype=torch.bfloat16, limit=2048)
     assert int((errbf > 0.1).nonzero()[0]) == predicted
+
+
+def test_unit_roundoff_wrap_phase_and_first_index_past():
+    from ropelab.precision import first_index_past, unit_roundoff, wrap_phase
+
+    for dt in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        assert unit_roundoff(dt) == UNIT_ROUNDOFF[dt]
+    with pytest.raises(ValueError, match="floating"):
+        unit_roundoff(torch.int32)
+    d = torch.tensor([0.1, 2 * math.pi - 0.1, -3.0, 4 * math.pi + 0.2, float("nan")], dtype=torch.float64)
+    w = wrap_phase(d)
+    assert torch.allclose(w, torch.tensor([0.1, 0.1, 3.0, 0.2, math.pi], dtype=torch.float64), atol=1e-12)
+    assert bool(((w >= 0) & (w <= math.pi)).all())
+    assert first_index_past(torch.tensor([0.0, 0.05, 0.2, 0.3]), 0.1) == 2
+    assert first_index_past(torch.tensor([0.0, 0.05]), 0.1) is None
+    with pytest.raises(ValueError, match="1-D"):
+        first_index_past(torch.zeros(2, 2), 0.1)
