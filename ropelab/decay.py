@@ -41,7 +41,14 @@ import torch
 from .core import cos_sin, rotate
 from .scaling import frequencies
 
-__all__ = ["decay_envelope", "rope_logits", "similarity_bound", "smallest_nonnegative_base"]
+__all__ = [
+    "decay_envelope",
+    "rope_logits",
+    "similarity_bound",
+    "min_similarity_bound",
+    "base_scan",
+    "smallest_nonnegative_base",
+]
 
 
 def _distances(distances) -> torch.Tensor:
@@ -119,11 +126,12 @@ def smallest_nonnegative_base(
     grid_ratio: float = 1.02,
     rel_tol: float = 1e-3,
 ) -> float:
-    r"""The smallest base b with :math:`B_r(b) \ge 0` for every integer r in 0 .. ``context_length``
-    (Men et al. 2024's lower bound on the base).
+    r"""The smallest base b with :math:`B_r(b) \ge 0` for every integer r in 0 .. ``context_length``.
 
-    :math:`B_r` is not monotone in b (at 4096 tokens and d = 128 some bases pass while larger ones
-    fail), so this scans upward from ``lo`` on a geometric grid of ratio ``grid_ratio`` for the first
+    This is **not** a threshold above which every base passes: the set of passing bases is not closed
+    upward (d = 128, 4096 tokens: about 2.86e4 passes, 4e4 fails with min :math:`B_r` about -2.1).
+    :func:`base_scan` gives the base above which every base passes. This function scans upward from
+    ``lo`` on a geometric grid of ratio ``grid_ratio`` for the first
     base that passes, then bisects on :math:`\log b` between it and the grid point below (which fails)
     to a relative tolerance ``rel_tol``. A passing window narrower than one grid step could be missed.
     """
@@ -149,3 +157,57 @@ def smallest_nonnegative_base(
         else:
             a = mid
     return math.exp(c)
+
+
+def min_similarity_bound(context_length: int, head_dim: int, bases) -> torch.Tensor:
+    r""":math:`\min_{0 \le r \le L} B_r(b)` for each base b in ``bases`` (float64, one value per base):
+    Men et al.'s criterion holds for b up to context length L exactly when this is :math:`\ge 0`."""
+    if not isinstance(context_length, int) or context_length < 1:
+        raise ValueError(f"context_length must be a positive int, got {context_length!r}.")
+    b = torch.as_tensor(bases, dtype=torch.float64)
+    if b.ndim != 1 or b.numel() == 0 or not bool((b > 1).all()):
+        raise ValueError(f"bases must be a non-empty 1-D list of numbers > 1, got shape {tuple(b.shape)}.")
+    r = torch.arange(context_length + 1, dtype=torch.float64)
+    out = torch.empty(b.numel(), dtype=torch.float64)
+    for i, base in enumerate(b.tolist()):
+        theta = _inv_freq(head_dim, base)
+        lowest = math.inf
+        for start in range(0, r.numel(), 1 << 13):  # chunks keep the [R, d/2] angle matrix small
+            chunk = r[start : start + (1 << 13)]
+            lowest = min(lowest, float(torch.cos(chunk[:, None] * theta[None, :]).sum(-1).min()))
+        out[i] = lowest
+    return out
+
+
+def base_scan(
+    context_length: int, head_dim: int = 128, *, lo: float = 1e3, hi: float = 1e7, points_per_decade: int = 50
+) -> dict:
+    r"""Pass/fail of Men et al.'s criterion (:math:`B_r \ge 0` for every r in 0 .. L) on a geometric grid
+    of bases from ``lo`` to ``hi``.
+
+    Returns ``{"bases", "min_bound", "passes", "first_pass", "all_pass_above", "last_fail"}``: the grid,
+    :func:`min_similarity_bound` and pass/fail at each grid base, the smallest passing grid base, the
+    smallest grid base from which **every** grid base up to ``hi`` passes (None if ``hi`` fails), and the
+    largest failing grid base (None if none fails). Only grid points are tested: a failing window narrower
+    than one grid step (a factor :math:`10^{1/\text{points\_per\_decade}}`) could be missed.
+    """
+    if not (1 < lo < hi) or not isinstance(points_per_decade, int) or points_per_decade < 1:
+        raise ValueError(f"need 1 < lo < hi and points_per_decade a positive int; got {lo}, {hi}, {points_per_decade}.")
+    n = int(round(math.log10(hi / lo) * points_per_decade)) + 1
+    bases = torch.logspace(math.log10(lo), math.log10(hi), n, dtype=torch.float64)
+    low = min_similarity_bound(context_length, head_dim, bases)
+    passes = low >= 0
+    fails = (~passes).nonzero().flatten()
+    last_fail = int(fails[-1]) if fails.numel() else None
+    all_pass_above = None
+    if bool(passes[-1]):
+        all_pass_above = float(bases[0]) if last_fail is None else float(bases[last_fail + 1])
+    first = passes.nonzero().flatten()
+    return {
+        "bases": bases,
+        "min_bound": low,
+        "passes": passes,
+        "first_pass": float(bases[int(first[0])]) if first.numel() else None,
+        "all_pass_above": all_pass_above,
+        "last_fail": float(bases[last_fail]) if last_fail is not None else None,
+    }

@@ -19,12 +19,19 @@ one, and the loss mask selects the targets y_1 .. y_n (the answer only, as in th
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
+from multiprocessing import get_context
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from .models import ModelConfig, TinyLM, train
 
@@ -35,13 +42,25 @@ __all__ = [
     "selective_copy_splits",
     "copy_errors",
     "run_selective_copy",
+    "run_selective_copy_sweep",
+    "select_learning_rates",
+    "selective_copy_protocol",
+    "steps_to_error",
     "summarize_runs",
     "gate_statistics",
     "GateStatistics",
     "lag_copy",
+    "source_positions",
+    "save_selective_copy_results",
+    "load_selective_copy_results",
+    "VALIDATION_SEED",
+    "TEST_SEED",
 ]
 
 BLANK, SEP, FIRST_SYMBOL = 0, 1, 2
+# Held-out sequences come from their own generators, never from a training generator (seeded 0, 1, 2 ...):
+VALIDATION_SEED = 999  # in-distribution validation set: learning curves and the choice of learning rate
+TEST_SEED = 1234  # test sets of every split: only the reported numbers
 
 
 @dataclass(frozen=True)
@@ -123,12 +142,15 @@ def selective_copy_splits(
 
 
 @torch.no_grad()
-def copy_errors(model: torch.nn.Module, task: SelectiveCopy, n: int, *, seed: int = 1234, batch: int = 250) -> dict:
+def copy_errors(
+    model: torch.nn.Module, task: SelectiveCopy, n: int, *, seed: int = TEST_SEED, batch: int = 250
+) -> dict:
     """Test errors of ``model`` on ``n`` fresh sequences of ``task`` (fixed ``seed``, so every model sees the
     same test set).
 
-    Returns ``{"token_error": ..., "sequence_error": ...}``: the fraction of answer tokens whose argmax
-    prediction is wrong (teacher forcing), and the fraction of sequences with at least one such token.
+    Returns ``{"token_error": ..., "sequence_error": ..., "loss": ...}``: the fraction of answer tokens whose
+    argmax prediction is wrong (teacher forcing), the fraction of sequences with at least one such token, and
+    the mean cross-entropy (nats) on the answer tokens.
     A sequence is right under teacher forcing exactly when greedy decoding reproduces the whole answer
     (each greedy step then sees the true prefix), so the sequence error is the greedy exact-match error.
     """
@@ -136,18 +158,21 @@ def copy_errors(model: torch.nn.Module, task: SelectiveCopy, n: int, *, seed: in
     was_training = model.training
     model.eval()
     wrong_tokens = wrong_seqs = total = 0
+    loss_sum = 0.0
     remaining = n
     while remaining > 0:
         b = min(batch, remaining)
         inputs, targets, mask = task.sample(b, gen)
-        pred = model(inputs).argmax(-1)
-        wrong = (pred != targets) & mask
+        logits = model(inputs)
+        wrong = (logits.argmax(-1) != targets) & mask
         wrong_tokens += int(wrong.sum())
         wrong_seqs += int(wrong.any(dim=1).sum())
+        loss_sum += float(F.cross_entropy(logits[mask].double(), targets[mask], reduction="sum"))
         total += b
         remaining -= b
     model.train(was_training)
-    return {"token_error": wrong_tokens / (total * task.n_symbols), "sequence_error": wrong_seqs / total}
+    n_tokens = total * task.n_symbols
+    return {"token_error": wrong_tokens / n_tokens, "sequence_error": wrong_seqs / total, "loss": loss_sum / n_tokens}
 
 
 def run_selective_copy(
@@ -159,17 +184,21 @@ def run_selective_copy(
     batch: int = 32,
     lr: float = 3e-3,
     n_test: int = 500,
+    n_val: int = 500,
     eval_every: int | None = None,
     n_eval: int = 200,
     progress: bool = True,
     model_kwargs: dict | None = None,
 ) -> tuple[torch.nn.Module, dict]:
     """Train a :class:`ropelab.models.TinyLM` with position encoding ``pe`` on ``splits["in_dist"]`` and
-    measure its test errors on every split.
+    measure its validation and test errors.
 
     Returns ``(model, result)`` where ``result`` has the config, the training history (loss every 25
-    steps; in-distribution sequence error on ``n_eval`` held-out sequences every ``eval_every`` steps),
-    the final errors per split on ``n_test`` sequences, and the training wall time in seconds.
+    steps; in-distribution sequence error on the first ``n_eval`` validation sequences every
+    ``eval_every`` steps), the final in-distribution ``validation`` errors on ``n_val`` sequences
+    (generator :data:`VALIDATION_SEED`: use these, never the test errors, to choose between runs), the
+    final test ``errors`` per split on ``n_test`` sequences (generator :data:`TEST_SEED`), and the
+    training wall time in seconds.
     """
     train_task = splits["in_dist"]
     longest = max(t.seq_len for t in splits.values())
@@ -180,7 +209,7 @@ def run_selective_copy(
     model = TinyLM(cfg)
 
     def evaluate(m):
-        return {"in_dist_sequence_error": copy_errors(m, train_task, n_eval, seed=999)["sequence_error"]}
+        return {"in_dist_sequence_error": copy_errors(m, train_task, n_eval, seed=VALIDATION_SEED)["sequence_error"]}
 
     start = time.perf_counter()
     history = train(
@@ -195,7 +224,8 @@ def run_selective_copy(
         desc=f"{pe} seed {seed}",
     )
     seconds = time.perf_counter() - start
-    errors = {name: copy_errors(model, task, n_test) for name, task in splits.items()}
+    validation = copy_errors(model, train_task, n_val, seed=VALIDATION_SEED)
+    errors = {name: copy_errors(model, task, n_test, seed=TEST_SEED) for name, task in splits.items()}
     result = {
         "pe": pe,
         "seed": seed,
@@ -205,15 +235,103 @@ def run_selective_copy(
         "n_test": n_test,
         "config": {k: v for k, v in cfg.to_dict().items() if not isinstance(v, float) or math.isfinite(v)},
         "history": history,
+        "validation": validation,
         "errors": errors,
         "train_seconds": round(seconds, 1),
+        "threads": torch.get_num_threads(),
     }
     return model, result
 
 
+def _sweep_job(job: dict) -> tuple[dict, dict, dict]:
+    # Runs in a worker process (or in-process): a fixed thread count, then one training run.
+    torch.set_num_threads(job.pop("threads"))
+    model, result = run_selective_copy(**job)
+    return model.cfg.to_dict(), {k: v.detach().clone() for k, v in model.state_dict().items()}, result
+
+
+def run_selective_copy_sweep(
+    pes, lrs, seeds, *, splits: dict[str, SelectiveCopy], steps: int, workers: int = 1, threads: int = 1, **kwargs
+) -> tuple[list[dict], dict]:
+    """:func:`run_selective_copy` for every (position encoding, learning rate, seed): the same steps, batch
+    and data for all, so each encoding gets the same learning-rate sweep.
+
+    Each run trains on ``threads`` threads; ``workers > 1`` runs that many at once in separate processes
+    (spawned, so no OpenMP state is inherited). A run's numbers depend on its seed and thread count, not on
+    ``workers`` or on the order the runs finish. Returns ``(results, models)``: the results in the order
+    (pe, lr, seed) and the trained models keyed by ``(pe, lr, seed)``.
+    """
+    if not isinstance(workers, int) or workers < 1 or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"workers and threads must be positive ints, got workers={workers!r}, threads={threads!r}.")
+    jobs = [
+        dict(pe=pe, seed=seed, lr=float(lr), splits=splits, steps=steps, threads=threads, progress=False, **kwargs)
+        for pe in pes
+        for lr in lrs
+        for seed in seeds
+    ]
+    if workers == 1:
+        outputs = [_sweep_job(dict(job)) for job in jobs]
+    else:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            outputs = list(pool.map(_sweep_job, jobs))
+    results, models = [], {}
+    for cfg, state, result in outputs:
+        model = TinyLM(ModelConfig(**cfg))
+        model.load_state_dict(state)
+        model.eval()
+        models[result["pe"], result["lr"], result["seed"]] = model
+        results.append(result)
+    return results, models
+
+
+def selective_copy_protocol(smoke: bool = False) -> dict:
+    """The settings notebook 04 runs (and ``python -m ropelab.tasks`` repeats): every encoding, the same
+    learning-rate sweep, seeds and steps. ``smoke`` gives tiny sizes for the test suite."""
+    if smoke:
+        return dict(pes=["none", "learned", "rope", "cope"], lrs=[3e-3], seeds=[0], steps=30, batch=32,
+                    n_val=40, n_test=40, eval_every=15, n_eval=20)
+    return dict(pes=["none", "learned", "rope", "cope"], lrs=[1e-3, 3e-3, 1e-2], seeds=[0, 1, 2], steps=400,
+                batch=64, n_val=500, n_test=500, eval_every=50, n_eval=200)
+
+
+def select_learning_rates(results: list[dict]) -> dict:
+    """For each position encoding, the learning rate with the lowest mean **validation** sequence error over
+    seeds (ties broken by the mean validation loss), from :func:`run_selective_copy` results. Test errors
+    play no part. Returns ``{pe: {"lr": best, "sweep": {lr: {"sequence_error": %, "loss": nats, "seeds": n}}}}``
+    with the mean validation sequence error in percent for every learning rate tried."""
+    table: dict = {}
+    for r in results:
+        if "validation" not in r:
+            raise ValueError("results need a 'validation' entry; make them with run_selective_copy (n_val > 0).")
+        table.setdefault(r["pe"], {}).setdefault(r["lr"], []).append(r["validation"])
+    out = {}
+    for pe, by_lr in table.items():
+        sweep = {
+            lr: {
+                "sequence_error": 100.0 * sum(v["sequence_error"] for v in vals) / len(vals),
+                "loss": sum(v["loss"] for v in vals) / len(vals),
+                "seeds": len(vals),
+            }
+            for lr, vals in sorted(by_lr.items())
+        }
+        best = min(sweep, key=lambda lr: (sweep[lr]["sequence_error"], sweep[lr]["loss"]))
+        out[pe] = {"lr": best, "sweep": sweep}
+    return out
+
+
+def steps_to_error(history: list[dict], threshold: float) -> int | None:
+    """The first training step at which the in-distribution validation sequence error (recorded in the
+    history every ``eval_every`` steps) is at most ``threshold`` (a fraction), or None if it never is."""
+    return next(
+        (h["step"] for h in history if h.get("in_dist_sequence_error") is not None
+         and h["in_dist_sequence_error"] <= threshold),
+        None,
+    )
+
+
 def summarize_runs(results: list[dict], metric: str = "sequence_error") -> dict:
-    """Per position encoding and split: the mean, sample standard deviation and per-seed values of
-    ``metric`` in percent, from :func:`run_selective_copy` results."""
+    """Per position encoding and split: the mean, sample standard deviation, min, max and per-seed values of
+    ``metric`` in percent, from :func:`run_selective_copy` results (pass one learning rate's runs)."""
     out: dict = {}
     for r in results:
         for split, errs in r["errors"].items():
@@ -224,7 +342,9 @@ def summarize_runs(results: list[dict], metric: str = "sequence_error") -> dict:
         for split, vals in splits.items():
             t = torch.tensor(vals, dtype=torch.float64)
             std = float(t.std()) if len(vals) > 1 else 0.0
-            summary[pe][split] = {"mean": float(t.mean()), "std": std, "per_seed": vals}
+            summary[pe][split] = {
+                "mean": float(t.mean()), "std": std, "min": float(t.min()), "max": float(t.max()), "per_seed": vals
+            }
     return summary
 
 
@@ -273,3 +393,157 @@ def lag_copy(gen: torch.Generator, batch: int, seq_len: int, vocab: int, lag: in
     y = torch.roll(x, lag, dims=1)
     mask = (torch.arange(seq_len) >= lag).expand(batch, seq_len)
     return x, y, mask
+
+
+def source_positions(positions: torch.Tensor, inputs: torch.Tensor, task: SelectiveCopy) -> torch.Tensor:
+    r"""CoPE's contextual position of each answer's **source** seen from the query that writes it.
+
+    ``positions`` [b, h, s, s] are one layer's :math:`p_{ij} = \sum_{k=j}^{i} g_{ik}` (from
+    :func:`ropelab.cope.cope_internals`) for the token ids ``inputs`` [b, s] of ``task``. Answer t (1..n) is
+    written by the query at index :math:`c + t - 1` (the separator for t = 1, else answer t - 1) and copies
+    the t-th symbol of the context. Returns :math:`p` at (that query, that key), [b, h, n]. Between them lie
+    the n - t + 1 symbols from the source on, the separator and t - 1 answers: n + 1 non-blank tokens, so a
+    head whose gates are 1 on symbols and 0 on blanks reads n + 1 for every t.
+    """
+    b, s = inputs.shape
+    c, n = task.context_len, task.n_symbols
+    if positions.ndim != 4 or positions.shape[0] != b or positions.shape[-2:] != (s, s) or s != task.seq_len:
+        raise ValueError(
+            f"positions must be [b, h, s, s] for inputs [b, s] of this task (s = {task.seq_len}); got "
+            f"{tuple(positions.shape)} and {tuple(inputs.shape)}."
+        )
+    symbol = inputs[:, :c] != BLANK
+    if not bool((symbol.sum(1) == n).all()):
+        raise ValueError(f"every row of inputs must hold exactly n_symbols={n} symbols in its context.")
+    src = symbol.nonzero()[:, 1].view(b, n)  # nonzero lists row by row, columns ascending: the t-th symbol
+    p = positions[:, :, c : c + n, :]  # queries writing answers 1..n: [b, h, n, s]
+    return p.gather(-1, src[:, None, :, None].expand(b, p.shape[1], n, 1)).squeeze(-1)
+
+
+# ---------------------------------------------------------------- results file (notebook 04 -> notebook 03)
+
+RESULTS_SCHEMA = 2
+_RESULTS_KEYS = {
+    "schema": int,
+    "source": str,
+    "smoke": bool,
+    "task": dict,
+    "protocol": dict,
+    "paper": dict,
+    "selected": dict,
+    "summary": dict,
+    "runs": list,
+    "cope": dict,
+}
+_COPE_MODEL_KEYS = {"seed": int, "lr": float, "errors": dict, "position_logits": list, "source_positions": dict}
+
+
+def _check_record(record: dict) -> None:
+    def need(obj, keys, where):
+        for key, typ in keys.items():
+            if key not in obj:
+                raise ValueError(
+                    f"{where} lacks {key!r}; write it with save_selective_copy_results (schema {RESULTS_SCHEMA})."
+                )
+            if not isinstance(obj[key], typ) or (typ is int and isinstance(obj[key], bool)):
+                raise ValueError(f"{where}[{key!r}] must be {typ.__name__}, got {type(obj[key]).__name__}.")
+
+    if not isinstance(record, dict):
+        raise ValueError(f"a results record must be a dict, got {type(record).__name__}.")
+    need(record, _RESULTS_KEYS, "the record")
+    if record["schema"] != RESULTS_SCHEMA:
+        raise ValueError(
+            f"results schema {record['schema']} but this ropelab reads schema {RESULTS_SCHEMA}; rerun notebook 04."
+        )
+    models = record["cope"].get("models")
+    if not isinstance(models, list):
+        raise ValueError("record['cope']['models'] must be a list (one entry per CoPE seed).")
+    for i, m in enumerate(models):
+        need(m, _COPE_MODEL_KEYS, f"record['cope']['models'][{i}]")
+        hist = m["source_positions"]
+        if not {"bin_edges", "counts"} <= set(hist):
+            raise ValueError(f"record['cope']['models'][{i}]['source_positions'] needs 'bin_edges' and 'counts'.")
+
+
+def save_selective_copy_results(record: dict, path: str | os.PathLike) -> Path:
+    r"""Write notebook 04's Selective Copy results as JSON, after checking the schema below.
+
+    Schema (``RESULTS_SCHEMA`` = 2); errors are percentages of sequences, learning rates floats:
+
+    - ``schema`` (int), ``source`` (str: the notebook that made it), ``smoke`` (bool);
+    - ``task``: ``{split: SelectiveCopy.to_dict()}`` for ``in_dist``, ``ood_dense``, ``ood_sparse``;
+    - ``protocol``: encodings, learning rates, seeds, steps, batch, set sizes, threads per run, metric;
+    - ``paper``: the published numbers compared against, with their exact source;
+    - ``selected``: :func:`select_learning_rates`'s output, ``{pe: {"lr", "sweep": {lr: validation}}}``
+      (JSON object keys are strings: ``str(lr)``);
+    - ``summary``: :func:`summarize_runs` of each encoding's runs at its selected learning rate;
+    - ``runs``: every :func:`run_selective_copy` result of the sweep (history, validation, test errors);
+    - ``cope``: ``{"models": [...], "gate_stats": [...], "npos_max", "scale"}``, one model entry per seed at
+      CoPE's selected learning rate with ``seed``, ``lr``, ``errors`` (test, per split), ``position_logits``
+      (``[layer][head][n]``: mean :math:`q_i\cdot e[n]` over the answer queries) and ``source_positions``
+      (``{"bin_edges": [...], "counts": [layer][head][bin]}``: histogram of :func:`source_positions`).
+
+    Returns the path written. Raises ``ValueError`` naming the first missing or mistyped entry.
+    """
+    _check_record(record)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def load_selective_copy_results(path: str | os.PathLike) -> dict:
+    """Read a file written by :func:`save_selective_copy_results` and check its schema (``ValueError`` if it
+    is from another schema or lacks an entry; ``FileNotFoundError`` if there is no file)."""
+    record = json.loads(Path(path).read_text())
+    _check_record(record)
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ropelab.tasks --threads N [--workers W] --out PATH``: run notebook 04's full sweep (same
+    splits, encodings, learning rates, seeds and steps) with N threads per training run, and write the
+    selected learning rates, the per-seed test errors at them and every run's validation and test errors.
+    Notebook 04 compares its own run against such files to show how far the thread count moves the numbers."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m ropelab.tasks", description=main.__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per training run")
+    parser.add_argument("--workers", type=int, default=1, help="training runs at once (processes)")
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes")
+    args = parser.parse_args(argv)
+    proto = selective_copy_protocol(args.smoke)
+    splits = selective_copy_splits(n_symbols=8, train_blanks=32, dense_blanks=16, sparse_blanks=64, alphabet=16)
+    start = time.perf_counter()
+    results, _ = run_selective_copy_sweep(
+        proto["pes"], proto["lrs"], proto["seeds"], splits=splits, steps=proto["steps"], batch=proto["batch"],
+        n_val=proto["n_val"], n_test=proto["n_test"], eval_every=proto["eval_every"], n_eval=proto["n_eval"],
+        workers=args.workers, threads=args.threads,
+    )
+    selected = select_learning_rates(results)
+    summary = {
+        pe: summarize_runs([r for r in results if r["pe"] == pe and r["lr"] == sel["lr"]])[pe]
+        for pe, sel in selected.items()
+    }
+    record = {
+        "command": "python -m ropelab.tasks " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "protocol": proto, "threads_per_run": args.threads, "torch": torch.__version__,
+        "selected": {
+            pe: {"lr": s["lr"], "sweep": {str(k): v for k, v in s["sweep"].items()}} for pe, s in selected.items()
+        },
+        "summary": summary,
+        "runs": [
+            {k: r[k] for k in ("pe", "lr", "seed", "validation", "errors", "history", "threads")} for r in results
+        ],
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {out} ({record['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -9,7 +9,14 @@ import torch
 from _helpers import UNIT_ROUNDOFF
 
 from ropelab import frequencies, pair_indices
-from ropelab.decay import decay_envelope, rope_logits, similarity_bound, smallest_nonnegative_base
+from ropelab.decay import (
+    base_scan,
+    decay_envelope,
+    min_similarity_bound,
+    rope_logits,
+    similarity_bound,
+    smallest_nonnegative_base,
+)
 
 U64 = UNIT_ROUNDOFF[torch.float64]
 
@@ -92,6 +99,30 @@ def test_smallest_nonnegative_base_is_a_boundary():
     assert smallest_nonnegative_base(2048, d) > b
 
 
+def test_passing_bases_are_not_closed_upward():
+    """d = 128, L = 4096: the smallest passing base (about 2.86e4) is no threshold, 4e4 fails (min B_r < -2)."""
+    L, d = 4096, 128
+    b = smallest_nonnegative_base(L, d, lo=2e4)
+    low = min_similarity_bound(L, d, [b, 4e4])
+    assert float(low[0]) >= 0 and float(low[1]) < -2.0
+    assert float(low[1]) == pytest.approx(float(similarity_bound(torch.arange(L + 1), d, 4e4).min()), abs=1e-9)
+
+
+def test_base_scan_reports_the_base_above_which_all_pass():
+    """On the grid: every base from all_pass_above up passes, the grid point below it fails, and first_pass is
+    the smallest passing grid base; each pass/fail agrees with a direct evaluation of min B_r."""
+    L, d = 512, 64
+    scan = base_scan(L, d, lo=100.0, hi=1e6, points_per_decade=20)
+    bases, passes = scan["bases"], scan["passes"]
+    i = int((bases == scan["all_pass_above"]).nonzero()[0])
+    assert bool(passes[i:].all()) and not bool(passes[i - 1]) and scan["last_fail"] == float(bases[i - 1])
+    assert scan["first_pass"] == float(bases[int(passes.nonzero()[0])]) <= scan["all_pass_above"]
+    r = torch.arange(L + 1)
+    for k in range(0, len(bases), 7):
+        assert bool(passes[k]) == (float(similarity_bound(r, d, float(bases[k])).min()) >= 0)
+    assert base_scan(L, d, lo=100.0, hi=300.0, points_per_decade=5)["all_pass_above"] is None  # hi fails
+
+
 def test_bad_input_raises():
     with pytest.raises(ValueError, match="even"):
         decay_envelope([0, 1], head_dim=7)
@@ -103,3 +134,7 @@ def test_bad_input_raises():
         similarity_bound([0], base=1.0)
     with pytest.raises(ValueError, match="lower lo"):
         smallest_nonnegative_base(4, 128, lo=1e6)
+    with pytest.raises(ValueError, match="bases"):
+        min_similarity_bound(16, 8, [0.5])
+    with pytest.raises(ValueError, match="points_per_decade"):
+        base_scan(16, 8, lo=10.0, hi=5.0)

@@ -82,7 +82,10 @@ class Oracle(nn.Module):
 
 def test_copy_errors_counts_tokens_and_sequences():
     task = SelectiveCopy(n_symbols=4, n_blanks=8, alphabet=6)
-    assert copy_errors(Oracle(task), task, 100, batch=30) == {"token_error": 0.0, "sequence_error": 0.0}
+    right = copy_errors(Oracle(task), task, 100, batch=30)
+    assert right["token_error"] == 0.0 and right["sequence_error"] == 0.0
+    # logits 1 on the answer, 0 elsewhere: cross-entropy log(V - 1 + e) - 1 per answer token
+    assert right["loss"] == pytest.approx(math.log(task.vocab_size - 1 + math.e) - 1, rel=1e-12)
     e = copy_errors(Oracle(task, sabotage=True), task, 100, batch=30)  # batches of 30: rows 0, 2, ... of each
     wrong_rows = sum(len(range(0, b, 2)) for b in (30, 30, 30, 10))
     assert e["sequence_error"] == wrong_rows / 100 and e["token_error"] == wrong_rows / 400
@@ -112,3 +115,86 @@ def test_gate_statistics_on_hand_made_gates():
     assert none["queries_with_blank_blind_head"] == 0.0 and none["blank_gate_in_blind_rows"] is None
     with pytest.raises(ValueError, match="gates must be"):
         gate_statistics(torch.zeros(2, 4), is_symbol)
+
+
+def test_source_positions_read_p_at_the_source_key():
+    """With gates 1 on non-blank keys and 0 on blanks, every answer's source sits at p = n + 1 (the n - t + 1
+    symbols from the source on, the separator and t - 1 answers); with all gates 1, at the token distance + 1."""
+    from ropelab.cope import contextual_positions
+    from ropelab.tasks import source_positions
+
+    task = SelectiveCopy(n_symbols=4, n_blanks=9, alphabet=5)
+    inputs, _, _ = task.sample(6, torch.Generator().manual_seed(3))
+    s = task.seq_len
+    causal = torch.ones(s, s, dtype=torch.bool).tril()
+    keys_count = (inputs != BLANK).double()[:, None, None, :].expand(6, 2, s, s) * causal
+    p = source_positions(contextual_positions(keys_count), inputs, task)
+    assert p.shape == (6, 2, 4) and bool((p == 5).all())
+    ones = contextual_positions(causal.double().expand(6, 2, s, s) * 1.0)
+    p1 = source_positions(ones, inputs, task)
+    c = task.context_len
+    src = (inputs[:, :c] != BLANK).nonzero()[:, 1].view(6, 4)
+    want = (c + torch.arange(4))[None, :] - src + 1
+    assert torch.equal(p1[:, 0], want.double()) and torch.equal(p1[:, 1], want.double())
+    with pytest.raises(ValueError, match="positions must be"):
+        source_positions(ones[:, :, :-1], inputs, task)
+
+
+def test_learning_rate_choice_uses_validation_only():
+    """The choice reads the validation errors (ties: validation loss) and never the test errors."""
+    from ropelab.tasks import select_learning_rates
+
+    def run(pe, lr, seed, val, loss, test):
+        return {"pe": pe, "lr": lr, "seed": seed, "validation": {"sequence_error": val, "loss": loss},
+                "errors": {"in_dist": {"sequence_error": test}}}
+
+    results = [run("rope", 1e-3, s, 0.5, 1.0, 0.0) for s in (0, 1)]  # best on test, worse on validation
+    results += [run("rope", 1e-2, s, 0.2, 2.0, 0.9) for s in (0, 1)]
+    results += [run("cope", 1e-3, 0, 0.0, 0.3, 0.5), run("cope", 1e-2, 0, 0.0, 0.1, 0.5)]
+    sel = select_learning_rates(results)
+    assert sel["rope"]["lr"] == 1e-2 and sel["rope"]["sweep"][1e-3]["sequence_error"] == pytest.approx(50.0)
+    assert sel["cope"]["lr"] == 1e-2  # tie on error, lower validation loss
+    with pytest.raises(ValueError, match="validation"):
+        select_learning_rates([{"pe": "rope", "lr": 1e-3, "errors": {}}])
+
+
+def test_steps_to_error():
+    from ropelab.tasks import steps_to_error
+
+    hist = [{"step": 25, "loss": 1.0}, {"step": 50, "loss": 0.5, "in_dist_sequence_error": 0.3},
+            {"step": 100, "loss": 0.1, "in_dist_sequence_error": 0.005}]
+    assert steps_to_error(hist, 0.01) == 100 and steps_to_error(hist, 0.5) == 50 and steps_to_error(hist, 0.0) is None
+
+
+def test_sweep_results_do_not_depend_on_the_worker_count(tmp_path):
+    """Two worker processes give the same numbers as one (each run: its seed, one thread); and the results file
+    round-trips through save/load with its schema checked."""
+    from ropelab.tasks import (
+        RESULTS_SCHEMA,
+        load_selective_copy_results,
+        run_selective_copy_sweep,
+        save_selective_copy_results,
+    )
+
+    splits = selective_copy_splits(3, 6, 3, 9, alphabet=4)
+    kw = dict(splits=splits, steps=6, batch=8, n_val=16, n_test=16, eval_every=3, n_eval=8,
+              model_kwargs=dict(d_model=16, n_heads=2))
+    one, models = run_selective_copy_sweep(["rope", "cope"], [1e-3], [0, 1], workers=1, **kw)
+    two, _ = run_selective_copy_sweep(["rope", "cope"], [1e-3], [0, 1], workers=2, **kw)
+    strip = [{k: v for k, v in r.items() if k != "train_seconds"} for r in one]
+    assert strip == [{k: v for k, v in r.items() if k != "train_seconds"} for r in two]
+    assert set(models) == {(pe, 1e-3, s) for pe in ("rope", "cope") for s in (0, 1)}
+
+    hist = {"bin_edges": [0.0, 1.0], "counts": [[[1]]]}
+    record = {"schema": RESULTS_SCHEMA, "source": "test", "smoke": True, "task": {}, "protocol": {}, "paper": {},
+              "selected": {}, "summary": {}, "runs": strip,
+              "cope": {"models": [{"seed": 0, "lr": 1e-3, "errors": {}, "position_logits": [],
+                                   "source_positions": hist}]}}
+    path = save_selective_copy_results(record, tmp_path / "r.json")
+    assert load_selective_copy_results(path) == record
+    bad = dict(record, schema=1)
+    with pytest.raises(ValueError, match="schema"):
+        save_selective_copy_results(bad, tmp_path / "bad.json")
+    del record["cope"]["models"][0]["source_positions"]
+    with pytest.raises(ValueError, match="source_positions"):
+        save_selective_copy_results(record, tmp_path / "bad.json")
