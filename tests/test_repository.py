@@ -170,12 +170,6 @@ def test_make_lab_opens_the_map_at_the_root_with_the_hook_and_lab_args():
     assert "pre_save_hook" in (REPO / ".jupyter" / "jupyter_server_config.py").read_text()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="notebook 04's save cell (id 27974500) still writes DATA_DIR / 'cope_selective_copy.json' in a full "
-    "run; it must write Path(RESULTS_DIR) / 'cope_selective_copy.json' (the runner sets RESULTS_DIR to data/). "
-    "Remove this marker when that cell is changed.",
-)
 def test_no_notebook_writes_under_data_dir():
     """Notebooks read data/ (DATA_DIR) but write results only to RESULTS_DIR, which is build/results/ in the
     lab and data/ only in the runner's full run: a full run in JupyterLab must not rewrite data/."""
