@@ -55,6 +55,7 @@ __all__ = [
     "load_selective_copy_results",
     "VALIDATION_SEED",
     "TEST_SEED",
+    "main",
 ]
 
 BLANK, SEP, FIRST_SYMBOL = 0, 1, 2
@@ -276,7 +277,7 @@ def run_selective_copy_sweep(
             outputs = list(pool.map(_sweep_job, jobs))
     results, models = [], {}
     for cfg, state, result in outputs:
-        model = TinyLM(ModelConfig(**cfg))
+        model = TinyLM(ModelConfig.from_dict(cfg))
         model.load_state_dict(state)
         model.eval()
         models[result["pe"], result["lr"], result["seed"]] = model
