@@ -34,3 +34,19 @@ def test_flattened_2d_rope_is_not_single_axis_and_gets_no_wrong_fix():
     rep = ropelab.diagnose(flat2d, layout="b s h d", max_position=256)
     assert rep.codes == ["not_single_axis"], rep.codes
     assert "not single-axis RoPE" in str(rep) and "Permute" not in str(rep) and "float64" not in rep.problems[0]
+
+
+def test_reads_transformers_qwen3_vl_rotary_with_float32_tables():
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding, apply_rotary_pos_emb
+
+    cfg = Qwen3VLTextConfig(hidden_size=256, num_attention_heads=2, num_key_value_heads=2, head_dim=128,
+                            rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20]})
+    rot = Qwen3VLTextRotaryEmbedding(cfg)
+
+    def fn(x, positions):
+        cos, sin = rot(x.float(), positions[:, None])
+        return apply_rotary_pos_emb(x[None, None], x[None, None], cos.double(), sin.double())[0][0, 0]
+
+    rep = diagnose_axes(fn, n_axes=3, head_dim=128)
+    assert rep.spec == MultiAxis((24, 20, 20), interleaved=True) and rep.style == "half"

@@ -29,6 +29,9 @@ __all__ = ["AxisReport", "diagnose_axes", "single_axis_deviation", "SINGLE_AXIS_
 
 SINGLE_AXIS_LENGTH = 64  # long enough that a flattened grid of width <= 32 wraps at least once
 NOT_SINGLE_AXIS = 0.3  # relative Toeplitz deviation; a 1D RoPE sits at round-off (bf16 angles below 0.1)
+# fn may form its tables in float32 (transformers does): angles and |(cos, sin)| are then good to a few
+# float32 ulps times the position, far below this, while a wrong pairing or a non-rotation is off by O(1).
+AXIS_TOL = 2.0**-12
 
 
 def single_axis_deviation(fn: Callable, *, layout: str, sizes: dict[str, int]) -> float:
@@ -64,7 +67,7 @@ def _pair_angles(fn, x, positions, a_idx, b_idx) -> torch.Tensor:
     c = (ya[:, a_idx] + yb[:, b_idx]) / 2
     sn = (ya[:, b_idx] - yb[:, a_idx]) / 2
     # a rotation of the pair keeps |(c, s)| = 1 and is antisymmetric; anything else gets a NaN angle
-    ok = ((c**2 + sn**2 - 1).abs() < 1e-9) & ((ya[:, a_idx] - yb[:, b_idx]).abs() < 1e-9)
+    ok = ((c**2 + sn**2 - 1).abs() < AXIS_TOL) & ((ya[:, a_idx] - yb[:, b_idx]).abs() < AXIS_TOL)
     return torch.where(ok, torch.atan2(sn, c), torch.nan)
 
 
@@ -85,10 +88,10 @@ def diagnose_axes(fn: Callable, *, n_axes: int, head_dim: int, seq: int = 8) -> 
         omega = torch.stack([t[1] for t in per_axis])  # [A, r/2]: the angle at position 1
         m = torch.arange(seq, dtype=torch.float64)[:, None]
         fits = torch.stack([
-            (torch.remainder(t - m * w + math.pi, 2 * math.pi) - math.pi).abs().amax(0) < 1e-6
+            (torch.remainder(t - m * w + math.pi, 2 * math.pi) - math.pi).abs().amax(0) < AXIS_TOL
             for t, w in zip(per_axis, omega)
         ])  # [A, r/2]
-        turns = omega.abs() > 1e-9
+        turns = omega.abs() > AXIS_TOL * 1e-3  # the slowest real pair turns ~1e-4 rad/position
         if bool(fits.all()) and bool((turns.sum(0) <= 1).all()) and not any(bool(t.isnan().any()) for t in per_axis):
             best = (style, omega, turns)
             break
