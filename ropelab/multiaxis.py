@@ -75,7 +75,7 @@ class MultiAxis:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any] | Any) -> MultiAxis:
-        """Read ``mrope_section`` (and ``mrope_interleaved``) from a config's ``rope_parameters`` or ``rope_scaling``."""
+        """Read ``mrope_section`` (and ``mrope_interleaved``) from ``rope_parameters`` or ``rope_scaling``."""
         get = config.get if isinstance(config, Mapping) else (lambda k, d=None: getattr(config, k, d))
         params = get("rope_parameters") or get("rope_scaling") or {}
         if "mrope_section" not in params:
@@ -191,7 +191,7 @@ def apply_multiaxis_rope(
 
 
 def grid_positions(*sizes: int, start: int = 0) -> torch.Tensor:
-    """Positions of a row-major grid of patches, shape [len(sizes), prod(sizes)]: (frame, row, column) or (row, column)."""
+    """Positions of a row-major grid of patches, [len(sizes), prod(sizes)]: (frame, row, column) or (row, column)."""
     if not sizes or any(not isinstance(n, int) or n < 1 for n in sizes):
         raise ValueError(f"grid sizes must be ints >= 1, got {sizes!r}.")
     mesh = torch.meshgrid(*[torch.arange(n) for n in sizes], indexing="ij")

@@ -12,8 +12,9 @@ def _fn(spec, style="half"):
 
 
 def test_reads_contiguous_interleaved_and_axial_specs():
-    for spec, style in ((MultiAxis.mrope((8, 12, 12)), "half"), (MultiAxis.mrope((12, 10, 10), interleaved=True), "half"),
-                        (MultiAxis.axial_dims((32, 32)), "interleaved"), (MultiAxis.axial_dims((16, 24, 24)), "half")):
+    cases = ((MultiAxis.mrope((8, 12, 12)), "half"), (MultiAxis.mrope((12, 10, 10), interleaved=True), "half"),
+             (MultiAxis.axial_dims((32, 32)), "interleaved"), (MultiAxis.axial_dims((16, 24, 24)), "half"))
+    for spec, style in cases:
         rep = diagnose_axes(_fn(spec, style), n_axes=spec.n_axes, head_dim=64)
         assert rep.spec == spec and rep.style == style, (spec, rep)
 

@@ -76,7 +76,8 @@ def test_axial_matches_qwen3_vision_rotary():
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionRotaryEmbedding, apply_rotary_pos_emb_vision
 
     d = 64
-    cfg = Qwen3VLVisionConfig(hidden_size=2 * d, num_heads=2, rope_parameters={"rope_type": "axial", "rope_theta": 10000.0})
+    cfg = Qwen3VLVisionConfig(hidden_size=2 * d, num_heads=2,
+                              rope_parameters={"rope_type": "axial", "rope_theta": 10000.0})
     rot = Qwen3VLVisionRotaryEmbedding(cfg)
     pos = grid_positions(5, 7)  # (2, 35): rows, columns
     x = torch.randn(35, 2, d, dtype=torch.float64)

@@ -12,8 +12,8 @@ import torch
 from ..core import STYLES, Layout, parse_layout
 from ..precision import DTYPE_NAMES, UNIT_ROUNDOFF, perturbed_angle, phase_tolerance, wrap_angle
 from ..scaling import default_inv_freq, frequencies
-from .ladder import LADDER_RESEMBLES, LADDER_RTOL, fit_ladder, fmt, head_base, rel_err
 from .axes import NOT_SINGLE_AXIS, SINGLE_AXIS_LENGTH, single_axis_deviation
+from .ladder import LADDER_RESEMBLES, LADDER_RTOL, fit_ladder, fmt, head_base, rel_err
 from .probes import STRUCT_TOL, NotATensor, call, one_thread, probe_cu_seqlens, probe_sizes
 from .report import Diagnosis
 from .structure import Structure, measure_structure
