@@ -11,6 +11,13 @@ Two questions ``diagnose`` alone cannot answer:
   are derived from the token index) is not a RoPE along one axis: the score of a fixed q and k is not a
   function of n - m. :func:`single_axis_deviation` measures that on a sequence long enough to wrap, and
   ``diagnose`` then says "not single-axis RoPE" instead of proposing a pairing or precision fix.
+
+Limit: the check reads scores, so it sees extra axes only where they move the scores. Measured over the
+zoo (64 positions): correct and buggy single-axis rows stay below 0.005 except ``mixed_tables`` (0.46) and
+``decode_without_offset`` (0.81), whose position findings come first; a 2D RoPE behind 1D input of width 8
+gives 0.85; but an M-RoPE whose h and w axes drive only low-frequency pairs (sections (8, 4, 4) at head
+dim 32) gives 0.003, indistinguishable from bf16 tables, and ``diagnose`` then still reports its phase
+error as a precision problem. Probe such a function with :func:`diagnose_axes`.
 """
 
 from __future__ import annotations
