@@ -75,12 +75,17 @@ class MultiAxis:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any] | Any) -> MultiAxis:
-        """Read ``mrope_section`` (and ``mrope_interleaved``) from ``rope_parameters`` or ``rope_scaling``."""
+        """Read ``mrope_section`` (and ``mrope_interleaved``) from ``rope_parameters`` or ``rope_scaling``.
+
+        transformers' Qwen3-VL code interleaves whatever ``mrope_interleaved`` says (it only lists the key
+        among those it ignores), so a ``qwen3_vl*`` / ``qwen3_omni*`` ``model_type`` means interleaved too.
+        """
         get = config.get if isinstance(config, Mapping) else (lambda k, d=None: getattr(config, k, d))
         params = get("rope_parameters") or get("rope_scaling") or {}
         if "mrope_section" not in params:
             raise ValueError("the config's rope_parameters/rope_scaling has no 'mrope_section'; not an M-RoPE model.")
-        return cls.mrope(params["mrope_section"], interleaved=bool(params.get("mrope_interleaved", False)))
+        qwen3 = str(get("model_type") or "").startswith(("qwen3_vl", "qwen3_omni"))
+        return cls.mrope(params["mrope_section"], interleaved=qwen3 or bool(params.get("mrope_interleaved", False)))
 
     @property
     def n_axes(self) -> int:

@@ -145,3 +145,7 @@ def test_bad_input_raises():
 def test_from_hf_config():
     spec = MultiAxis.from_hf_config({"rope_parameters": {"rope_theta": 1e6, "mrope_section": [16, 24, 24]}})
     assert spec == MultiAxis((16, 24, 24))
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
+
+    cfg = Qwen3VLTextConfig(rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20]})
+    assert MultiAxis.from_hf_config(cfg) == MultiAxis((24, 20, 20), interleaved=True)
