@@ -17,6 +17,10 @@ the runner ``figures``.
   ``resolve_positions``, ``varlen_positions``, ``rotation_matrix``, ``reference_matrix``, ``reference_complex``);
 - ``spec``: one RoPE setting, validated once, read from a Hugging Face config (``RopeSpec``);
 - ``convert``: the permutation between the two styles, for vectors and q/k weights;
+- ``multiaxis``: multi-axis positions: M-RoPE (contiguous and interleaved sections) and 2D/3D axial RoPE;
+- ``mla``: MLA's decoupled RoPE: absorption, KV-cache bytes, DeepSeek-V3's rotary part;
+- ``prope``: p-RoPE, rotating only the highest-frequency fraction p of the pairs;
+- ``gridtask``: notebook 08's 2D task, axial vs flattened RoPE;
 - ``diagnosis``: the black-box checker, a package (``diagnose``, ``compare``, ``Diagnosis``, ``Comparison``;
   its zoo of real and deliberately wrong implementations; the ``ropelab-diagnose`` command);
 - ``precision``: the phase error of RoPE held in bf16 / fp16 / fp32, unit roundoff, phase wrapping;

@@ -409,6 +409,7 @@ def apply_rope(
     angle_dtype: torch.dtype = torch.float64,
     spec: Any = None,
     backend: str = "torch",
+    sections: Any = None,
 ) -> torch.Tensor:
     r"""Apply RoPE to ``x``, whose every axis is named by ``layout``.
 
@@ -438,6 +439,8 @@ def apply_rope(
             through ``torch.compile``: the CPU path at the memory floor) or ``"triton"`` (the fused
             kernel of :mod:`ropelab.kernels`, CUDA or ``TRITON_INTERPRET=1``). Same checks, same
             tables and the same error bound for all three.
+        sections: a :class:`ropelab.multiaxis.MultiAxis` (M-RoPE or axial): then ``positions`` is
+            [A, s] or [A, b, s], one row per axis, and pair i rotates with its axis's position.
 
     Returns a tensor of x's shape and dtype.
     """
@@ -446,6 +449,15 @@ def apply_rope(
             raise ValueError("give the RoPE settings either as spec= or as keywords (style, base, ...), not both.")
         style, base, rotary_dim = spec.style, spec.base, spec.rotary_dim
         rope_scaling, max_position_embeddings = spec.scaling, spec.max_position_embeddings
+    if sections is not None:  # multi-axis positions: ropelab.multiaxis builds on core, loaded on first use
+        if (backend != "torch" or cu_seqlens is not None or isinstance(offset, torch.Tensor) or offset != 0
+                or seq_len is not None or max_position_embeddings is not None):
+            raise ValueError("sections= (multi-axis positions) takes positions, layout, style, base, rotary_dim "
+                             "and rope_scaling only; give offsets inside the positions, backend='torch'.")
+        from .multiaxis import apply_multiaxis_rope
+
+        return apply_multiaxis_rope(x, positions, sections, layout=layout, style=style, base=base,
+                                    rotary_dim=rotary_dim, rope_scaling=rope_scaling, angle_dtype=angle_dtype)
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
         raise ValueError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}.")
     lay = parse_layout(layout, x.ndim)

@@ -59,7 +59,8 @@ def test_the_graph_is_read():
 
 # apply_rope(..., backend="compile" | "triton") loads the optional kernels on first use, inside the function:
 # the kernels build on core, and core never imports them at module level (checked below).
-LAZY_PLUGINS = {("ropelab.core", "ropelab.kernels.compiled"), ("ropelab.core", "ropelab.kernels.fused_rope")}
+LAZY_PLUGINS = {("ropelab.core", "ropelab.kernels.compiled"), ("ropelab.core", "ropelab.kernels.fused_rope"),
+                ("ropelab.core", "ropelab.multiaxis")}
 
 
 def test_lazy_plugins_are_imported_inside_functions_only():

@@ -46,7 +46,9 @@ imported from transformers and rotary-embedding-torch) are the rows of ``ropelab
 
 Modules: ``probes`` (sizes, calls, tolerances, sanity checks), ``structure`` (pairs, axis, positions),
 ``ladder`` (frequency ladders), ``measure`` (``diagnose``), ``report`` (``Diagnosis``, ``Comparison``),
-``explain`` (``compare``), ``zoo`` (the table), ``__main__`` (the command line).
+``explain`` (``compare``),
+``axes`` (multi-axis RoPE: ``diagnose_axes``, the single-axis check), ``zoo`` (the table),
+``__main__`` (the command line).
 """
 
 from .explain import compare

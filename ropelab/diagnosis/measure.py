@@ -12,6 +12,7 @@ import torch
 from ..core import STYLES, Layout, parse_layout
 from ..precision import DTYPE_NAMES, UNIT_ROUNDOFF, perturbed_angle, phase_tolerance, wrap_angle
 from ..scaling import default_inv_freq, frequencies
+from .axes import NOT_SINGLE_AXIS, SINGLE_AXIS_LENGTH, single_axis_deviation
 from .ladder import LADDER_RESEMBLES, LADDER_RTOL, fit_ladder, fmt, head_base, rel_err
 from .probes import STRUCT_TOL, NotATensor, call, one_thread, probe_cu_seqlens, probe_sizes
 from .report import Diagnosis
@@ -102,7 +103,28 @@ def _diagnose(fn, lay: Layout, sz: dict[str, int], dtype, max_position, expect, 
         positions_wrong = any(map(dg.has, ("varlen", "positions", "restart")))
         if dg.seq_axis == lay.seq and dg.inv_freq is not None and not positions_wrong:
             _phase(fn, lay, sz, dtype, max_position, st, dg)
+        if dg.problems and dg.positions_ok and not positions_wrong:
+            _single_axis(fn, lay, sz, dg)
     return dg
+
+
+def _single_axis(fn, lay: Layout, sz: dict[str, int], dg: Diagnosis) -> None:
+    """Replace pairing/ladder/precision fixes by one finding when fn is not a RoPE along one axis at all."""
+    try:
+        dev = single_axis_deviation(fn, layout=str(lay), sizes=sz)
+    except Exception:  # noqa: BLE001 - fn may refuse the longer probe; then the report stands as measured
+        return
+    if dev > NOT_SINGLE_AXIS:
+        dg.problems.clear()
+        dg.codes.clear()
+        dg.problem(
+            "not_single_axis",
+            f"not single-axis RoPE: with one q and one k at every position, the scores are not a function of "
+            f"n - m over {SINGLE_AXIS_LENGTH} positions (relative deviation {dev:.2g}); the rows above describe "
+            f"a short probe only, and no pairing, base or precision fix applies. A 2D/3D or M-RoPE computing "
+            f"several positions per token does this: probe it with multi-axis positions "
+            f"(ropelab.diagnosis.axes.diagnose_axes).",
+        )
 
 
 

@@ -21,7 +21,7 @@ class Diagnosis:
     ``problems`` holds plain-English findings, each with its fix; ``codes`` the short name of each (one of
     ``error, dtype, shape, not_linear, no_rotation, mixing, not_rotation, tables, seq_axis, positions, varlen,
     restart, batch, heads, direction, norm_scale, attention_factor, twice, inv_freq_precision, precision,
-    style, rotary_dim, base, scaling``); ``notes`` what is worth knowing but not wrong. ``style`` and
+    style, rotary_dim, base, scaling, not_single_axis``); ``notes`` what is worth knowing but not wrong. ``style`` and
     ``pairs`` are read in input dims (after undoing an ``output_permutation``); the rotary slice is head
     dims ``rotary_start .. rotary_start + rotary_dim - 1``; ``phase_allowed`` is the phase error a correct
     implementation may show (``ropelab.precision.phase_tolerance``).

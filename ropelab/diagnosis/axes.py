@@ -1,0 +1,132 @@
+r"""Multi-axis RoPE seen from outside: which pairs rotate with which position axis, and single-axis checks.
+
+Two questions ``diagnose`` alone cannot answer:
+
+- For ``fn(x, positions)`` taking multi-axis positions [A, s] (M-RoPE, axial RoPE),
+  :func:`diagnose_axes` varies one axis at a time (that axis 0, 1, 2, ..., the others 0) and reads which
+  pairs turn and at what frequency. That gives the pairing style, ``a(i)`` for every pair, the sections,
+  whether they are contiguous (Qwen2-VL) or interleaved (Qwen3-VL), and whether each axis restarts the
+  frequency ladder (axial) or shares one (M-RoPE): a :class:`ropelab.multiaxis.MultiAxis`.
+- For a ``fn(x)`` that takes 1D input, a 2D RoPE hidden inside (a flattened grid whose row and column
+  are derived from the token index) is not a RoPE along one axis: the score of a fixed q and k is not a
+  function of n - m. :func:`single_axis_deviation` measures that on a sequence long enough to wrap, and
+  ``diagnose`` then says "not single-axis RoPE" instead of proposing a pairing or precision fix.
+
+Limit: the check reads scores, so it sees extra axes only where they move the scores. Measured over the
+zoo (64 positions): correct and buggy single-axis rows stay below 0.005 except ``mixed_tables`` (0.46) and
+``decode_without_offset`` (0.81), whose position findings come first; a 2D RoPE behind 1D input of width 8
+gives 0.85; but an M-RoPE whose h and w axes drive only low-frequency pairs (sections (8, 4, 4) at head
+dim 32) gives 0.003, indistinguishable from bf16 tables, and ``diagnose`` then still reports its phase
+error as a precision problem. Probe such a function with :func:`diagnose_axes`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..core import pair_indices
+from ..multiaxis import MultiAxis
+from .probes import sanity_checks
+
+__all__ = ["AxisReport", "diagnose_axes", "single_axis_deviation", "SINGLE_AXIS_LENGTH", "NOT_SINGLE_AXIS"]
+
+SINGLE_AXIS_LENGTH = 64  # long enough that a flattened grid of width <= 32 wraps at least once
+NOT_SINGLE_AXIS = 0.3  # relative Toeplitz deviation; a 1D RoPE sits at round-off (bf16 angles below 0.1)
+# fn may form its tables in float32 (transformers does): angles and |(cos, sin)| are then good to a few
+# float32 ulps times the position, far below this, while a wrong pairing or a non-rotation is off by O(1).
+AXIS_TOL = 2.0**-12
+
+
+def single_axis_deviation(fn: Callable, *, layout: str, sizes: dict[str, int]) -> float:
+    r""":math:`\max|S_{m+1,n+1} - S_{mn}| / \max|S|` over ``SINGLE_AXIS_LENGTH`` positions (one q, one k)."""
+    lay_seq = "t" if "t" in layout.split() else "s"
+    return sanity_checks(fn, layout=layout, sizes={**sizes, lay_seq: SINGLE_AXIS_LENGTH})["relative"]
+
+
+@dataclass
+class AxisReport:
+    """What :func:`diagnose_axes` read: style, the axis of each pair, frequencies, and the matching spec."""
+
+    style: str | None
+    axis_of_pair: list[int | None]
+    inv_freq: torch.Tensor
+    spec: MultiAxis | None
+    verdict: str
+
+    def __str__(self) -> str:
+        counts = {k: self.axis_of_pair.count(k) for k in sorted({a for a in self.axis_of_pair if a is not None})}
+        return (f"multi-axis RoPE: style {self.style}, pairs per axis {counts}, spec {self.spec}\n  {self.verdict}")
+
+
+def _pair_angles(fn, x, positions, a_idx, b_idx) -> torch.Tensor:
+    """Each pair's angle at each token, from two basis inputs (float64): [s, r/2]."""
+    s, d = x.shape
+    outs = []
+    for idx in (a_idx, b_idx):
+        e = torch.zeros(s, d, dtype=torch.float64)
+        e[:, idx] = 1.0
+        outs.append(fn(e, positions).double())
+    ya, yb = outs  # e_a -> (cos, sin) in (a, b); e_b -> (-sin, cos)
+    c = (ya[:, a_idx] + yb[:, b_idx]) / 2
+    sn = (ya[:, b_idx] - yb[:, a_idx]) / 2
+    # a rotation of the pair keeps |(c, s)| = 1 and is antisymmetric; anything else gets a NaN angle
+    ok = ((c**2 + sn**2 - 1).abs() < AXIS_TOL) & ((ya[:, a_idx] - yb[:, b_idx]).abs() < AXIS_TOL)
+    return torch.where(ok, torch.atan2(sn, c), torch.nan)
+
+
+def diagnose_axes(fn: Callable, *, n_axes: int, head_dim: int, seq: int = 8) -> AxisReport:
+    """Probe ``fn(x [s, d], positions [n_axes, s]) -> [s, d]`` one axis at a time (float64)."""
+    if n_axes < 1 or head_dim < 2 or head_dim % 2:
+        raise ValueError(f"n_axes >= 1 and an even head_dim are needed, got {n_axes}, {head_dim}.")
+    x = torch.zeros(seq, head_dim, dtype=torch.float64)
+    best = None
+    for style in ("half", "interleaved"):
+        a_idx, b_idx = pair_indices(head_dim, style)
+        per_axis = []
+        for k in range(n_axes):
+            pos = torch.zeros(n_axes, seq, dtype=torch.long)
+            pos[k] = torch.arange(seq)
+            per_axis.append(_pair_angles(fn, x, pos, a_idx, b_idx))  # [s, r/2]
+        # A consistent pairing gives angles m * w_i (mod 2 pi) for the one axis that drives pair i.
+        omega = torch.stack([t[1] for t in per_axis])  # [A, r/2]: the angle at position 1
+        m = torch.arange(seq, dtype=torch.float64)[:, None]
+        fits = torch.stack([
+            (torch.remainder(t - m * w + math.pi, 2 * math.pi) - math.pi).abs().amax(0) < AXIS_TOL
+            for t, w in zip(per_axis, omega)
+        ])  # [A, r/2]
+        turns = omega.abs() > AXIS_TOL * 1e-3  # the slowest real pair turns ~1e-4 rad/position
+        if bool(fits.all()) and bool((turns.sum(0) <= 1).all()) and not any(bool(t.isnan().any()) for t in per_axis):
+            best = (style, omega, turns)
+            break
+    if best is None:
+        return AxisReport(None, [], torch.empty(0), None,
+                          "not multi-axis RoPE: no pairing (half or interleaved) turns each pair by one axis's "
+                          "position times a constant; nothing to fix from here.")
+    style, omega, turns = best
+    axis = [int(turns[:, i].nonzero()[0]) if bool(turns[:, i].any()) else None for i in range(turns.shape[1])]
+    inv_freq = omega.abs().amax(0)
+    counts = tuple(axis.count(k) for k in range(n_axes))
+    spec = None
+    if None not in axis:
+        for kw in ({}, {"interleaved": True}, {"axial": True}):
+            try:
+                cand = MultiAxis(counts, **kw)
+            except ValueError:  # interleaving cannot realise these counts
+                continue
+            same_axes = cand.axis_of_pair().tolist() == axis
+            if same_axes and not cand.axial:
+                # M-RoPE shares one ladder: strictly decreasing across all pairs; axial restarts per axis
+                if bool((inv_freq[1:] < inv_freq[:-1]).all()):
+                    spec = cand
+                    break
+            elif same_axes and cand.axial:
+                spec = cand
+    kind = "unmatched" if spec is None else ("axial" if spec.axial else
+                                              "interleaved M-RoPE" if spec.interleaved else "contiguous M-RoPE")
+    verdict = f"{kind}: {style} pairs, sections {counts}" + ("" if None not in axis else
+                                                             f"; {axis.count(None)} pairs never turn")
+    return AxisReport(style, axis, inv_freq, spec, verdict)

@@ -1,0 +1,208 @@
+r"""Multi-axis RoPE: each rotary pair is driven by one of several position axes.
+
+A token carries A positions (temporal, height, width for a video patch; row, column for an image
+patch) instead of one. Pair i rotates by :math:`p_{a(i)}\,\omega_i`, where :math:`a(i)` is the axis that
+drives pair i; everything else (the rotation, the styles, the tables' precision) is 1D RoPE's.
+Two families differ in :math:`a(i)` and :math:`\omega_i`:
+
+- **M-RoPE** (one frequency ladder across the head, split between the axes): Qwen2-VL's
+  ``mrope_section`` gives each axis a *contiguous* run of pairs, e.g. ``[16, 24, 24]``: pairs 0-15 by t,
+  16-39 by h, 40-63 by w (``Qwen2VLRotaryEmbedding.recomposition_frequencies`` in transformers'
+  ``models/qwen2_vl/modeling_qwen2_vl.py``). Qwen3-VL *interleaves* them (``Qwen3VLTextRotaryEmbedding``
+  in ``models/qwen3_vl/modeling_qwen3_vl.py``, sections ``[24, 20, 20]``): pair i goes to axis
+  k >= 1 when :math:`i \bmod 3 = k` and :math:`i < 3 s_k`, to axis 0 otherwise, so every axis sees
+  high and low frequencies. With all axes equal (a text token) both are exactly 1D RoPE.
+- **Axial RoPE** (each axis its own full ladder over its 2 s_k dims): ViTs and diffusion transformers,
+  e.g. Qwen3-VL's vision tower (``Qwen3VLVisionRotaryEmbedding``: ladder :math:`b^{-2j/(d/2)}` for rows,
+  the same for columns), rotary-embedding-torch's ``get_axial_freqs``, FLUX's ``axes_dims_rope``.
+
+``apply_rope(x, positions, layout=..., sections=MultiAxis(...))`` calls :func:`apply_multiaxis_rope`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .core import check_positions, check_style, parse_layout, rotate
+from .scaling import frequencies
+
+__all__ = ["MultiAxis", "apply_multiaxis_rope", "axis_angles", "grid_positions", "flat_positions"]
+
+
+@dataclass(frozen=True)
+class MultiAxis:
+    """Which rotary pairs each position axis drives.
+
+    ``sections[k]`` is the number of pairs axis k drives (they sum to the rotary pairs r/2);
+    ``interleaved`` spreads them Qwen3-VL's way (pair i to axis i mod A while that axis has pairs left)
+    instead of Qwen2-VL's contiguous runs; ``axial`` gives each axis its own frequency ladder
+    :math:`b^{-2j/(2 s_k)}`, j < s_k (ViT / DiT axial RoPE) instead of one ladder across the head.
+    """
+
+    sections: tuple[int, ...]
+    interleaved: bool = False
+    axial: bool = False
+
+    def __post_init__(self) -> None:
+        s = self.sections
+        if not isinstance(s, tuple) or not s or not all(isinstance(v, int) and v >= 0 for v in s):
+            raise ValueError(f"sections must be a non-empty tuple of pair counts (ints >= 0), got {s!r}.")
+        if self.interleaved and self.axial:
+            raise ValueError("an axial spec has one ladder per axis; interleaving its pairs is not defined.")
+        if self.interleaved:
+            # Qwen3-VL's rule gives axis k >= 1 the pairs k, k + A, ... below A s_k, axis 0 the rest: it
+            # realises the sections only when every such pair exists.
+            got = torch.bincount(self.axis_of_pair(), minlength=len(s)).tolist()
+            if got != list(s):
+                raise ValueError(f"interleaved sections {s} cannot be realised (pairs per axis would be {got}); "
+                                 f"each sections[k] for k >= 1 needs {len(s)} * sections[k] <= sum(sections).")
+
+    @classmethod
+    def mrope(cls, sections: Sequence[int], *, interleaved: bool = False) -> MultiAxis:
+        """M-RoPE from a config's ``mrope_section`` (Qwen2-VL contiguous; Qwen3-VL ``interleaved=True``)."""
+        return cls(tuple(int(v) for v in sections), interleaved=interleaved)
+
+    @classmethod
+    def axial_dims(cls, dims: Sequence[int]) -> MultiAxis:
+        """Axial RoPE with ``dims[k]`` head dims (even) per axis, e.g. FLUX's ``axes_dims_rope=(16, 56, 56)``."""
+        if any(int(d) % 2 for d in dims):
+            raise ValueError(f"each axis rotates pairs, so every axial dim must be even, got {tuple(dims)}.")
+        return cls(tuple(int(d) // 2 for d in dims), axial=True)
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any] | Any) -> MultiAxis:
+        """Read ``mrope_section`` (and ``mrope_interleaved``) from ``rope_parameters`` or ``rope_scaling``.
+
+        transformers' Qwen3-VL code interleaves whatever ``mrope_interleaved`` says (it only lists the key
+        among those it ignores), so a ``qwen3_vl*`` / ``qwen3_omni*`` ``model_type`` means interleaved too.
+        """
+        get = config.get if isinstance(config, Mapping) else (lambda k, d=None: getattr(config, k, d))
+        params = get("rope_parameters") or get("rope_scaling") or {}
+        if "mrope_section" not in params:
+            raise ValueError("the config's rope_parameters/rope_scaling has no 'mrope_section'; not an M-RoPE model.")
+        qwen3 = str(get("model_type") or "").startswith(("qwen3_vl", "qwen3_omni"))
+        return cls.mrope(params["mrope_section"], interleaved=qwen3 or bool(params.get("mrope_interleaved", False)))
+
+    @property
+    def n_axes(self) -> int:
+        """The number of position axes A."""
+        return len(self.sections)
+
+    @property
+    def n_pairs(self) -> int:
+        """The rotary pairs r/2 the sections cover."""
+        return sum(self.sections)
+
+    def axis_of_pair(self) -> torch.Tensor:
+        """a(i) for every pair i: the axis whose position rotates pair i (int64, length r/2)."""
+        a = len(self.sections)
+        if not self.interleaved:
+            return torch.repeat_interleave(torch.arange(a), torch.tensor(self.sections))
+        i = torch.arange(self.n_pairs)
+        out = torch.zeros_like(i)
+        for k in range(1, a):
+            out[(i % a == k) & (i < a * self.sections[k])] = k
+        return out
+
+    def inv_freq(self, base: float = 10000.0) -> torch.Tensor:
+        r"""Per-pair frequencies (float64) of an axial spec: axis k's ladder :math:`b^{-2j/(2 s_k)}`."""
+        if not self.axial:
+            raise ValueError("only an axial spec has its own ladders; M-RoPE uses the head's one ladder.")
+        return torch.cat([frequencies(2 * s, base)[0].to(torch.float64) for s in self.sections if s])
+
+
+def _positions(positions: Any, spec: MultiAxis, sizes: dict[str, int]) -> torch.Tensor:
+    p = check_positions(positions)
+    a, s, b = spec.n_axes, sizes["s"], sizes.get("b")
+    fits = p.ndim == 2 and p.shape == (a, s) or p.ndim == 3 and b is not None and p.shape == (a, b, s)
+    if p.ndim in (2, 3) and p.shape[0] != a:
+        raise ValueError(
+            f"positions have {p.shape[0]} axes (dim 0) but the sections {spec.sections} name {a}; give one "
+            f"row of positions per axis, shape ({a}, s) or ({a}, b, s)."
+        )
+    if not fits:
+        want = f"({a}, {s})" + (f" or ({a}, {b}, {s})" if b is not None else "")
+        raise ValueError(f"multi-axis positions must have shape {want} (axis, [batch,] seq), got {tuple(p.shape)}.")
+    return p
+
+
+def axis_angles(positions: torch.Tensor, spec: MultiAxis, inv_freq: torch.Tensor, *,
+                angle_dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    r"""Angles :math:`p_{a(i)}\,\omega_i`, shape ``positions.shape[1:] + [r/2]``, in ``angle_dtype``."""
+    if inv_freq.numel() != spec.n_pairs:
+        raise ValueError(
+            f"the sections {spec.sections} sum to {spec.n_pairs} pairs but RoPE rotates {inv_freq.numel()} "
+            f"pairs here (rotary_dim / 2); make the sections sum to {inv_freq.numel()}."
+        )
+    picked = positions.to(angle_dtype)[spec.axis_of_pair()].movedim(0, -1)  # [..., s, r/2]
+    return picked * inv_freq.to(device=positions.device, dtype=angle_dtype)
+
+
+def apply_multiaxis_rope(
+    x: torch.Tensor,
+    positions: Any,
+    spec: MultiAxis,
+    *,
+    layout: str,
+    style: str = "half",
+    base: float = 10000.0,
+    rotary_dim: int | None = None,
+    rope_scaling: Mapping[str, Any] | None = None,
+    angle_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    r"""RoPE with multi-axis positions: pair i of x rotates by :math:`p_{a(i)}\,\omega_i`.
+
+    ``positions`` is [A, s] or [A, b, s] (A = ``spec.n_axes``); ``layout`` names x's axes and must have an
+    ``s`` axis. The ladder is the head's (``base``, ``rotary_dim``, ``rope_scaling`` as in
+    :func:`ropelab.apply_rope`) for M-RoPE, or ``spec.inv_freq(base)`` for an axial spec (then
+    ``rotary_dim`` defaults to 2 * spec.n_pairs). The sections must sum to the rotary pairs.
+    """
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        raise ValueError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}.")
+    if not isinstance(spec, MultiAxis):
+        raise ValueError(f"sections must be a ropelab.multiaxis.MultiAxis, got {type(spec).__name__}.")
+    lay = parse_layout(layout, x.ndim)
+    check_style(style)
+    if "s" not in lay.axes:
+        raise ValueError(f"multi-axis positions run along a sequence axis 's'; layout {layout!r} has none.")
+    sizes = {a: x.shape[lay.index(a)] for a in lay.axes}
+    p = _positions(positions, spec, sizes)
+    d = sizes["d"]
+    if spec.axial:
+        if rope_scaling is not None:
+            raise ValueError("rope_scaling applies to one ladder; an axial spec has its own ladders (give None).")
+        inv_freq, factor = spec.inv_freq(base), 1.0
+        if rotary_dim not in (None, 2 * spec.n_pairs) or 2 * spec.n_pairs > d:
+            raise ValueError(f"the axial sections {spec.sections} rotate {2 * spec.n_pairs} dims; head dim {d}, "
+                             f"rotary_dim {rotary_dim}.")
+    else:
+        inv_freq, factor = frequencies(d, base, rotary_dim=rotary_dim, rope_scaling=rope_scaling)
+    angles = axis_angles(p, spec, inv_freq, angle_dtype=angle_dtype)  # [s, r/2] or [b, s, r/2]
+    cdt = torch.promote_types(x.dtype, torch.float32)
+    cos, sin = (torch.cos(angles) * factor).to(cdt), (torch.sin(angles) * factor).to(cdt)
+    # Shape the tables for x.movedim(d, -1): the table's own axes in layout order, size 1 elsewhere.
+    own = ("b", "s") if p.ndim == 3 else ("s",)
+    other = [a for a in lay.axes if a != "d"]
+    order = [a for a in other if a in own]
+    perm = [own.index(a) for a in order] + [len(own)]
+    shape = [sizes[a] if a in own else 1 for a in other] + [cos.shape[-1]]
+    cos, sin = cos.permute(perm).reshape(shape), sin.permute(perm).reshape(shape)
+    d_idx = lay.index("d")
+    return rotate(x.movedim(d_idx, -1), cos, sin, style=style).movedim(-1, d_idx)
+
+
+def grid_positions(*sizes: int, start: int = 0) -> torch.Tensor:
+    """Positions of a row-major grid of patches, [len(sizes), prod(sizes)]: (frame, row, column) or (row, column)."""
+    if not sizes or any(not isinstance(n, int) or n < 1 for n in sizes):
+        raise ValueError(f"grid sizes must be ints >= 1, got {sizes!r}.")
+    mesh = torch.meshgrid(*[torch.arange(n) for n in sizes], indexing="ij")
+    return torch.stack([m.reshape(-1) for m in mesh]) + start
+
+
+def flat_positions(*sizes: int, start: int = 0) -> torch.Tensor:
+    """The 1D positions start, start + 1, ... a flattened grid would get, shape [prod(sizes)]."""
+    return grid_positions(*sizes).new_tensor(range(start, start + int(torch.tensor(sizes).prod())))

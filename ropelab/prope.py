@@ -1,0 +1,51 @@
+r"""p-RoPE: rotate only the highest-frequency fraction p of the pairs (Barbero et al., 2024).
+
+Barbero, Vitvitskyi, Perivolaropoulos, Pascanu, Veličković, "Round and Round We Go! What makes Rotary
+Positional Encodings useful?", ICLR 2025, arXiv:2410.06205 (https://arxiv.org/abs/2410.06205): p-RoPE
+removes the lowest frequencies, keeping :math:`\omega_i = b^{-2i/d}` for the first
+:math:`\lfloor p\,d/2 \rfloor` pairs and setting the rest to 0 (those pairs pass unrotated, a NoPE
+channel); p = 1 is RoPE, p = 0 is NoPE. Hugging Face's ``proportional`` rope type with
+``partial_rotary_factor = p`` is this ladder (:func:`ropelab.scaling.frequencies`), so
+``apply_rope(x, layout=..., rope_scaling=p_rope_scaling(p))`` applies p-RoPE.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .scaling import frequencies
+
+__all__ = ["p_rope_scaling", "p_rope_frequencies", "p_rope_similarity_bound", "first_negative_distance"]
+
+
+def p_rope_scaling(p: float) -> dict:
+    """The ``rope_scaling`` dict that makes ``apply_rope`` / ``frequencies`` p-RoPE (0 <= p <= 1)."""
+    if not isinstance(p, (int, float)) or not 0.0 < float(p) <= 1.0:
+        raise ValueError(f"p is the fraction of pairs that rotate, in (0, 1] (p = 0 is NoPE: skip RoPE); got {p!r}.")
+    return {"rope_type": "proportional", "partial_rotary_factor": float(p)}
+
+
+def p_rope_frequencies(head_dim: int, p: float, base: float = 10000.0) -> torch.Tensor:
+    r"""p-RoPE's ladder (float64): :math:`b^{-2i/d}` for :math:`i < \lfloor p d/2\rfloor`, 0 after."""
+    if p == 0:  # NoPE: nothing rotates (Hugging Face's proportional type refuses a factor of 0)
+        return torch.zeros(frequencies(head_dim, base)[0].numel(), dtype=torch.float64)
+    return frequencies(head_dim, base, rope_scaling=p_rope_scaling(p))[0].to(torch.float64)
+
+
+def p_rope_similarity_bound(distances, head_dim: int = 128, p: float = 1.0, base: float = 10000.0) -> torch.Tensor:
+    r""":math:`B_r = \sum_i \cos(r\,\omega_i)` under p-RoPE (notebook 03's aligned-q,k logit / 2).
+
+    Each unrotated pair adds a constant 1, so :math:`B_r \ge (1-p)\,d/2 - p\,d/2` never decays below
+    the NoPE part."""
+    r = torch.as_tensor(distances, dtype=torch.float64).reshape(-1)
+    if not bool(torch.isfinite(r).all()):
+        raise ValueError("distances must be finite numbers.")
+    theta = p_rope_frequencies(head_dim, p, base)
+    return torch.cos(r[:, None] * theta[None, :]).sum(-1)
+
+
+def first_negative_distance(head_dim: int, p: float, base: float = 10000.0, max_distance: int = 1 << 16) -> int | None:
+    """The smallest distance r <= max_distance with B_r < 0 under p-RoPE, or None if there is none."""
+    b = p_rope_similarity_bound(torch.arange(max_distance + 1), head_dim, p, base)
+    neg = torch.nonzero(b < 0)
+    return int(neg[0]) if neg.numel() else None
