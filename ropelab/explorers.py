@@ -24,7 +24,6 @@ An update (compute, draw, PNG) takes well under 200 ms on two CPU cores at the s
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import html
 import io
@@ -41,6 +40,7 @@ from matplotlib.figure import Figure
 from .cope import CoPE
 from .decay import decay_envelope, rope_logits, similarity_bound
 from .kvcache import RopeSchedule
+from .machine import one_thread
 from .precision import PRECISION_DTYPES, perturbed_angle, wrap_angle
 from .precision import phase_error as precision_phase_error
 from .scaling import check_base, frequencies
@@ -66,17 +66,6 @@ _TORCH_DTYPES = {"float32": PRECISION_DTYPES["fp32"], "bfloat16": PRECISION_DTYP
                  "float16": PRECISION_DTYPES["fp16"]}
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """Run torch on one thread: an explorer's tensors are small (at most a few hundred thousand elements),
-    and on a busy 2-core machine the OpenMP barriers of a second thread made each op 10 to 100 times
-    slower (measured: a 256 x 256 ``masked_fill`` took 40 ms on 2 threads, under 1 ms on one)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def _check_int(name: str, value, low: int, high: int | None = None, even: bool = False) -> int:
@@ -305,7 +294,7 @@ class Explorer:
         if unknown:
             raise ValueError(f"unknown parameters {sorted(unknown)}; choose from {sorted(self.defaults)}.")
         new = {**self.params, **params}
-        with _one_thread():
+        with one_thread():
             self.refresh(**new)  # raises ValueError on bad input before self.params changes
         self.params = new
         return self.fig

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .core import apply_rope
+from .machine import one_thread
 from .multiaxis import MultiAxis, flat_positions, grid_positions
 
 __all__ = ["grid_batch", "GridAttention", "train_grid", "grid_accuracy", "PES"]
@@ -89,12 +90,8 @@ def train_grid(pe: str, seed: int, *, widths: Sequence[int] = (4, 5, 6, 7, 8), h
     Runs on one thread: the ops are tiny, and on a shared 2-core machine a second thread made training
     about 30x slower (measured: 3 seeds x 2 encodings took 5 s on one thread, 231 s on two), with the
     same accuracies."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         return _train(pe, seed, widths, height, vocab, dim, steps, batch, lr)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _train(pe, seed, widths, height, vocab, dim, steps, batch, lr) -> GridAttention:

@@ -12,12 +12,12 @@ Tolerances (entries of a RoPE matrix are at most ~1 in magnitude):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 
 import torch
 
 from ..core import Layout, parse_layout
+from ..machine import one_thread
 
 __all__ = [
     "probe_sizes",
@@ -105,16 +105,6 @@ def call(fn: Callable, x: torch.Tensor, lay: Layout, cu: torch.Tensor | None) ->
     return y
 
 
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """Run the probes on one intra-op thread: they are tiny tensors, and on a busy machine thread
-    synchronisation made them 30x slower (0.2 s vs 7 s per diagnosis measured with 2 threads at load 9)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 # --------------------------------------------------------------------------------------------------
