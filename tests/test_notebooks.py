@@ -37,8 +37,14 @@ def test_notebook_runs_in_smoke_mode(path):
 
 
 def _outputs(executed) -> list[str]:
+    """What each code cell printed to stdout, one string per cell that printed. Joined per cell, since the kernel
+    may deliver one cell's prints in one stream message or several depending on timing; stderr is left out (it
+    carries library warnings, not claims)."""
     nb = json.loads(open(executed).read())
-    return ["".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+    per_cell = ["".join("".join(o.get("text", "")) for o in c.get("outputs", [])
+                        if o.get("output_type") == "stream" and o.get("name") == "stdout")
+                for c in nb["cells"] if c["cell_type"] == "code"]
+    return [text for text in per_cell if text]
 
 
 @pytest.mark.notebook
