@@ -348,6 +348,18 @@ def _style():
     return {"description_width": "initial"}
 
 
+def _base_head_dim(params: dict, style: dict) -> dict:
+    """The base (log slider) and head_dim (dropdown) controls the ladder and decay explorers share."""
+    import ipywidgets as w
+
+    return {
+        "base": w.FloatLogSlider(value=params["base"], base=10, min=2, max=7, step=0.1, description="base",
+                                 style=style),
+        "head_dim": w.Dropdown(options=[16, 32, 64, 128, 256], value=params["head_dim"], description="head_dim",
+                               style=style),
+    }
+
+
 def _pad_log(lo: float, hi: float) -> tuple[float, float]:
     return lo / 2, hi * 2
 
@@ -405,10 +417,7 @@ class LadderExplorer(Explorer):
 
         st = _style()
         return {
-            "base": w.FloatLogSlider(value=self.params["base"], base=10, min=2, max=7, step=0.1,
-                                     description="base", style=st),
-            "head_dim": w.Dropdown(options=[16, 32, 64, 128, 256], value=self.params["head_dim"],
-                                   description="head_dim", style=st),
+            **_base_head_dim(self.params, st),
             "position": w.IntSlider(value=self.params["position"], min=0, max=8192, step=1,
                                     description="position", style=st),
             "dtype": w.Dropdown(options=list(DTYPES), value=self.params["dtype"], description="dtype", style=st),
@@ -459,10 +468,7 @@ class DecayExplorer(Explorer):
 
         st = _style()
         return {
-            "base": w.FloatLogSlider(value=self.params["base"], base=10, min=2, max=7, step=0.1,
-                                     description="base", style=st),
-            "head_dim": w.Dropdown(options=[16, 32, 64, 128, 256], value=self.params["head_dim"],
-                                   description="head_dim", style=st),
+            **_base_head_dim(self.params, st),
             "distance": w.IntSlider(value=self.params["distance"], min=64, max=32768, step=64,
                                     description="max distance", style=st),
         }

@@ -26,6 +26,7 @@ import torch
 from .kvcache import BUILTIN_POLICIES, RopeSchedule, decode
 from .models import ModelConfig, TinyLM, TinyLMAdapter, masked_loss, train
 from .paths import BUILD_DIR, DATA_DIR
+from .scaling import ntk_aware_base
 from .spec import RopeSpec
 
 __all__ = [
@@ -137,12 +138,9 @@ def disjoint_windows(val_data: torch.Tensor, length: int) -> int:
 
 
 def static_ntk_base(base: float, rotary_dim: int, alpha: float) -> float:
-    r"""Static NTK-aware base :math:`b\,lpha^{r/(r-2)}` (bloc97's NTK-aware scaling, with :math:`lpha = s`).
-
-    Hugging Face's *dynamic* formula (``ropelab.scaling.ntk_base``) is this with
-    :math:`lpha(L) = sL/L_0 - (s - 1)`, which reaches :math:`lpha = s \cdot s - (s - 1) = s^2 - s + 1`
-    at :math:`L = sL_0` (13 at s = 4), not :math:`lpha = s`."""
-    return float(base) * float(alpha) ** (rotary_dim / (rotary_dim - 2))
+    """Static NTK-aware base at ``alpha`` (``ropelab.scaling.ntk_aware_base``; the "NTK-aware" scheme uses alpha = s).
+    Hugging Face's *dynamic* formula reaches alpha = s^2 - s + 1 at L = s L0 (13 at s = 4), not alpha = s."""
+    return ntk_aware_base(base, rotary_dim, alpha)
 
 
 def schemes(head_dim: int) -> dict[str, dict]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-__all__ = ["machine_info", "one_thread"]
+__all__ = ["machine_info", "gpu_driver", "one_thread"]
 
 
 def machine_info() -> dict:
@@ -53,3 +54,12 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(n)
+
+
+def gpu_driver() -> str | None:
+    """The NVIDIA driver version ``nvidia-smi`` reports, for a GPU benchmark's JSON; None where it cannot tell."""
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None

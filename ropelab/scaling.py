@@ -22,6 +22,7 @@ __all__ = [
     "frequencies",
     "default_inv_freq",
     "ntk_base",
+    "ntk_aware_base",
     "ROPE_TYPES",
     "ScalingParams",
     "parse_scaling",
@@ -43,12 +44,18 @@ def default_inv_freq(rotary_dim: int, base: float, dtype: torch.dtype = torch.fl
     return (1.0 / (float(base) ** exponent)).to(dtype)
 
 
+def ntk_aware_base(base: float, rotary_dim: int, alpha: float) -> float:
+    r"""NTK-aware scaling as a change of base (bloc97): :math:`b' = b\,\alpha^{r / (r - 2)}`, which keeps the
+    lowest frequency's wavelength :math:`\alpha` times longer. Static NTK-aware scaling uses :math:`\alpha = s`."""
+    return float(base) * float(alpha) ** (rotary_dim / (rotary_dim - 2))
+
+
 def ntk_base(base: float, rotary_dim: int, seq_len: float, max_position_embeddings: int, factor: float) -> float:
-    r"""The dynamic-NTK base :math:`b(L) = b\,(s L / L_0 - (s - 1))^{r / (r - 2)}` for :math:`L > L_0`, else b."""
+    r"""The dynamic-NTK base :math:`b(L) = b\,(s L / L_0 - (s - 1))^{r / (r - 2)}` for :math:`L > L_0`, else b:
+    :func:`ntk_aware_base` at :math:`\alpha(L) = sL/L_0 - (s - 1)`, which reaches :math:`s^2 - s + 1` at
+    :math:`L = sL_0` (Hugging Face's ``_compute_dynamic_ntk_parameters``)."""
     seq_len = max(float(seq_len), float(max_position_embeddings))
-    return float(base) * ((factor * seq_len / max_position_embeddings) - (factor - 1)) ** (
-        rotary_dim / (rotary_dim - 2)
-    )
+    return ntk_aware_base(base, rotary_dim, factor * seq_len / max_position_embeddings - (factor - 1))
 
 
 class ScalingParams(dict):

@@ -34,7 +34,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +41,7 @@ from pathlib import Path
 import torch
 
 from ..core import cos_sin
+from ..machine import gpu_driver
 from ..scaling import frequencies
 
 HEADS = (32, 8)
@@ -250,11 +250,7 @@ def versions(flash_path: str | None) -> dict:
     v["flash-attn rotary.py"] = flash_path
     if torch.cuda.is_available():
         v["cuda"] = torch.version.cuda
-        try:
-            v["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                         capture_output=True, text=True, timeout=20).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            v["driver"] = None
+        v["driver"] = gpu_driver()
     return v
 
 

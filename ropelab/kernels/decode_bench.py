@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from ..machine import gpu_driver
 from ..paths import DATA_DIR
 
 KERNEL_MODES = ("kernel post_rope", "kernel rope_on_load")
@@ -69,13 +70,7 @@ def _gpu_info() -> dict:
         info["triton"] = triton.__version__
     except ImportError:
         info["triton"] = None
-    try:
-        import subprocess
-
-        info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                        capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        info["driver"] = None
+    info["driver"] = gpu_driver()
     return info
 
 
