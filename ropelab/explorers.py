@@ -2,9 +2,9 @@ r"""Interactive explorers for the notebooks: sliders over the package's own func
 
 Each explorer is three layers, so that what it shows is tested like the rest of the package:
 
-- a pure compute function (``ladder``, ``decay``, ``ntk_drift``, ``cope_gates``) that returns the numbers
+- a pure compute function (``ladder``, ``decay``, ``ntk_drift``, ``extension_ratios``, ``cope_gates``) that returns the numbers
   drawn, from :mod:`ropelab.scaling`, :mod:`ropelab.precision`, :mod:`ropelab.decay`,
-  :mod:`ropelab.kvcache` and :mod:`ropelab.cope`;
+  :mod:`ropelab.kvcache`, :mod:`ropelab.extension` and :mod:`ropelab.cope`;
 - an :class:`Explorer` that owns one matplotlib figure (Agg, never pyplot, so nothing is shown twice) and
   redraws it from the compute function: ``update(**params)`` returns the PNG bytes;
 - ``widget()``: ipywidgets controls and an ``ipywidgets.Image`` holding that PNG. It needs a live kernel;
@@ -39,11 +39,12 @@ from matplotlib.figure import Figure
 
 from .cope import CoPE
 from .decay import decay_envelope, rope_logits, similarity_bound
+from .extension import out_of_range_pairs, ratio_table
 from .kvcache import RopeSchedule
 from .machine import one_thread
 from .precision import PRECISION_DTYPES, perturbed_angle, wrap_angle
 from .precision import phase_error as precision_phase_error
-from .scaling import check_base, frequencies
+from .scaling import check_base, critical_pair, frequencies
 from .spec import RopeSpec
 from .staleness import stale_phase_error
 
@@ -53,11 +54,13 @@ __all__ = [
     "ladder",
     "decay",
     "ntk_drift",
+    "extension_ratios",
     "cope_gates",
     "Explorer",
     "LadderExplorer",
     "DecayExplorer",
     "DriftExplorer",
+    "ExtensionExplorer",
     "CoPEExplorer",
 ]
 
@@ -194,6 +197,28 @@ def ntk_drift(length: int = 1024, head_dim: int = 64, base: float = 10000.0, ori
         "wrapped": wrapped.numpy(),
         "base_now": sched.base_at(length),
         "frac_over_half_pi": float((wrapped > math.pi / 2).double().mean()),
+    }
+
+
+def extension_ratios(factor: float = 4.0, head_dim: int = 32, base: float = 10000.0,
+                     original_length: int = 256) -> dict:
+    r"""Every context-extension method at factor s (:func:`ropelab.extension.ratio_table`, evaluated at
+    :math:`sL_0`): ``ratio[name]`` :math:`\omega_i'/\omega_i` per pair (float64 numpy), ``attention_factor[name]``,
+    ``out_of_range[name]`` (the pairs that meet angles never trained on,
+    :func:`ropelab.extension.out_of_range_pairs`) and ``critical`` (the first pair that never turns within
+    :math:`L_0`, :func:`ropelab.scaling.critical_pair`)."""
+    head_dim = _check_int("head_dim", head_dim, 4, 1024, even=True)
+    original_length = _check_int("original_length", original_length, 8)
+    base = _check_base(base)
+    if not isinstance(factor, int | float) or not 1 <= factor <= 1024:
+        raise ValueError(f"factor must be a number in [1, 1024] (the extension factor s), got {factor!r}.")
+    table = ratio_table(float(factor), head_dim, original=original_length, base=base)
+    return {
+        "ratio": {k: np.asarray(v["ratio"]) for k, v in table.items()},
+        "attention_factor": {k: v["attention_factor"] for k, v in table.items()},
+        "out_of_range": {k: out_of_range_pairs(v["ratio"], float(factor), head_dim, base, original_length)
+                         for k, v in table.items()},
+        "critical": critical_pair(head_dim, base, original_length),
     }
 
 
@@ -523,6 +548,64 @@ class DriftExplorer(Explorer):
                                   description="current length L", style=st),
             "factor": w.FloatSlider(value=self.params["factor"], min=1, max=16, step=0.5,
                                     description="factor s", style=st),
+        }
+
+
+class ExtensionExplorer(Explorer):
+    """What each context-extension method does to each pair at factor s (notebook 07)."""
+
+    name = "07_explore_extension"
+    defaults = {"factor": 4.0, "head_dim": 32, "base": 10000.0, "original_length": 256}
+    size = (11.0, 3.8)
+    _STYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (1, 1)))
+
+    def build(self, fig):
+        """Lay out the figure's axes (called once)."""
+        fig.subplots_adjust(left=0.07, right=0.98, bottom=0.14, top=0.86, wspace=0.28)
+        self.ax = fig.subplots(1, 2)
+        ax0, ax1 = self.ax
+        names = list(ratio_table(4.0, 8, original=64))
+        self.lines = {n: ax0.semilogy([0, 1], [1, 1], marker=".", ls=self._STYLES[j % 6], lw=1.2, label=n)[0]
+                      for j, n in enumerate(names)}
+        self.reach = {n: ax1.semilogy([0, 1], [1, 1], marker=".", ls=self._STYLES[j % 6], lw=1.2, label=n)[0]
+                      for j, n in enumerate(names)}
+        self.crit = [ax.axvline(0, color="0.6", lw=1, ls=":") for ax in self.ax]
+        ax1.axhline(1.0, color="C3", lw=1, ls="--")
+        ax0.set(xlabel="pair i", ylabel="ω'_i / ω_i")
+        ax1.set(xlabel="pair i", ylabel="largest angle at s·L0 / largest trained")
+        ax0.legend(fontsize=7, loc="lower left")
+
+    def refresh(self, factor, head_dim, base, original_length):
+        """Redraw the figure for these control values."""
+        out = extension_ratios(factor, head_dim, base, original_length)
+        ax0, ax1 = self.ax
+        i = np.arange(head_dim // 2)
+        for name, line in self.lines.items():
+            line.set_data(i, out["ratio"][name])
+            self.reach[name].set_data(i, factor * out["ratio"][name])
+        for line in self.crit:
+            line.set_xdata([out["critical"] - 0.5] * 2)
+        lo = min(float(r.min()) for r in out["ratio"].values())
+        for ax, top in ((ax0, 1.0), (ax1, float(factor))):
+            ax.set_xlim(-0.5, head_dim // 2 - 0.5)
+            ax.set_ylim(lo / 1.5, top * 1.5)
+        ax0.set_title(f"s = {factor:g}, d = {head_dim}, b = {base:.3g}, L0 = {original_length}", fontsize=10)
+        bad = [n for n, p in out["out_of_range"].items() if p and n != "no scaling"]
+        ax1.set_title("> 1 right of the dotted line: angles never trained on\n"
+                      + ("out of range: " + ", ".join(bad) if bad else "no method leaves a pair out of range"),
+                      fontsize=9)
+
+    def controls(self):
+        """The ipywidgets controls, by parameter name."""
+        import ipywidgets as w
+
+        st = _style()
+        return {
+            "factor": w.FloatSlider(value=self.params["factor"], min=1, max=32, step=0.5, description="factor s",
+                                    style=st),
+            "original_length": w.Dropdown(options=[256, 2048, 4096, 8192], value=self.params["original_length"],
+                                          description="trained L0", style=st),
+            **_base_head_dim(self.params, st),
         }
 
 

@@ -303,7 +303,8 @@ class TinyLMAdapter:
 
 
 def masked_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean cross-entropy over the positions where ``loss_mask`` is True (all positions when None)."""
+    """Mean cross-entropy over the positions where ``loss_mask`` is True (all positions when None); a float
+    ``loss_mask`` weighs each position (the weighted mean :math:`\sum w_t \ell_t / \sum w_t`)."""
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
     if loss_mask is None:
         return ce.mean()

@@ -23,6 +23,8 @@ __all__ = [
     "default_inv_freq",
     "ntk_base",
     "ntk_aware_base",
+    "pair_at_turns",
+    "critical_pair",
     "ROPE_TYPES",
     "ScalingParams",
     "parse_scaling",
@@ -48,6 +50,22 @@ def ntk_aware_base(base: float, rotary_dim: int, alpha: float) -> float:
     r"""NTK-aware scaling as a change of base (bloc97): :math:`b' = b\,\alpha^{r / (r - 2)}`, which keeps the
     lowest frequency's wavelength :math:`\alpha` times longer. Static NTK-aware scaling uses :math:`\alpha = s`."""
     return float(base) * float(alpha) ** (rotary_dim / (rotary_dim - 2))
+
+
+def pair_at_turns(rotary_dim: int, base: float, original: int, turns: float) -> float:
+    r"""The (fractional) pair index whose frequency completes ``turns`` full rotations over the trained context
+    :math:`L_0`: pair i turns :math:`L_0\,\omega_i / 2\pi = L_0 b^{-2i/r} / 2\pi` times, so
+    :math:`i(\beta) = r \ln(L_0 / 2\pi\beta) / (2 \ln b)`. Pairs above it turn fewer times. YaRN's correction
+    range is :math:`[i(\beta_{fast}), i(\beta_{slow})]` (Peng et al. 2023, arXiv 2309.00071, section 3.2)."""
+    return (rotary_dim * math.log(original / (turns * 2 * math.pi))) / (2 * math.log(base))
+
+
+def critical_pair(rotary_dim: int, base: float, original: int) -> int:
+    r"""The first pair whose wavelength :math:`2\pi/\omega_i` exceeds :math:`L_0`, i.e. that never completes a
+    turn within the trained context: :math:`\lceil i(1) \rceil` of :func:`pair_at_turns` (clamped to
+    ``[0, rotary_dim / 2]``; ``rotary_dim / 2`` means every pair turns). Pairs at or above it only ever saw the
+    angles :math:`[0, L_0\omega_i)`, so past :math:`L_0` they meet angles they were never trained on."""
+    return min(max(math.ceil(pair_at_turns(rotary_dim, base, original, 1.0)), 0), rotary_dim // 2)
 
 
 def ntk_base(base: float, rotary_dim: int, seq_len: float, max_position_embeddings: int, factor: float) -> float:
@@ -162,10 +180,7 @@ def _yarn(rotary_dim, base, params, seq_len, max_pos, dtype):
     beta_fast = params.get("beta_fast") or 32
     beta_slow = params.get("beta_slow") or 1
 
-    def correction_dim(n_rot: float) -> float:
-        return (rotary_dim * math.log(original / (n_rot * 2 * math.pi))) / (2 * math.log(base))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    low, high = (pair_at_turns(rotary_dim, base, original, beta) for beta in (beta_fast, beta_slow))
     if params.get("truncate", True):
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, rotary_dim - 1)

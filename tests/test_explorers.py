@@ -122,6 +122,8 @@ def test_cope_gates_count_what_the_rule_picks():
         (lambda: explorers.ladder(position=-1), "position must be an int"),
         (lambda: explorers.decay(distance=0), "distance must be an int"),
         (lambda: explorers.ntk_drift(factor=0.5), "factor must be"),
+        (lambda: explorers.extension_ratios(factor=0.5), "factor must be"),
+        (lambda: explorers.extension_ratios(head_dim=30, original_length=4), "original_length must be"),
         (lambda: explorers.cope_gates(""), "non-empty string"),
         (lambda: explorers.cope_gates("abc", count="letters"), "count must be one of"),
         (lambda: explorers.cope_gates("abc", sharpness=-1), "sharpness"),
@@ -136,7 +138,8 @@ def test_bad_input_is_named(call, match):
 
 # ------------------------------------------------------------------------------- figures and widgets
 
-ALL = [explorers.LadderExplorer, explorers.DecayExplorer, explorers.DriftExplorer, explorers.CoPEExplorer]
+ALL = [explorers.LadderExplorer, explorers.DecayExplorer, explorers.DriftExplorer, explorers.ExtensionExplorer,
+       explorers.CoPEExplorer]
 
 # Moves across each control's range, extremes included (what a student can reach with the sliders).
 MOVES = {
@@ -146,6 +149,8 @@ MOVES = {
                               {"distance": 64, "head_dim": 16}],
     explorers.DriftExplorer: [{"length": 700}, {"factor": 16.0}, {"length": 1}, {"length": 300, "factor": 1.0},
                               {"length": 1024, "factor": 2.5}],
+    explorers.ExtensionExplorer: [{"factor": 8.0}, {"head_dim": 128}, {"original_length": 4096}, {"base": 1e7},
+                                  {"factor": 1.0}, {"base": 100.0, "head_dim": 16, "factor": 32.0}],
     explorers.CoPEExplorer: [{"text": "the cat sat on the mat, " * 10}, {"count": "vowels"}, {"sharpness": 0.0},
                              {"text": "x"}, {"text": "a b  c   d e", "count": "spaces (word boundaries)"}],
 }

@@ -1,0 +1,421 @@
+r"""The context-extension study of notebook 07: every Hugging Face scaling at one extension factor, a retrieval
+probe trained into notebook 05's language model, and the same short fine-tune at :math:`2L_0` for each method.
+
+The models are siblings of ``ropelab.lm``'s byte-level LM (:math:`L_0 = 256`):
+
+* **probe model** (``tinylm_probe_L256``): notebook 05's checkpoint trained on for ``PROBE_STEPS`` more steps at
+  :math:`L_0` on the same corpus, with a key planted in half of the windows: ``KEY_MARK`` + five random letters +
+  ``KEY_END`` early, and the same seven bytes again later. After the second ``KEY_MARK`` the five letters can
+  only come from attention to the first copy, so the model learns to retrieve within :math:`L_0`.
+* **fine-tuned models** (``tinylm_probe_ft512_<method>``): the probe model trained ``FT_STEPS`` more steps at
+  :math:`2L_0` with each method at :math:`s = 2` (no scaling, PI, NTK-aware, YaRN), same data, seed, batch of
+  tokens and learning rate for each: the protocol of YaRN's Table 1 (Peng et al. 2023, arXiv 2309.00071), which
+  fine-tunes Llama 2 at 8k with s = 2 and evaluates past 8k.
+
+Checkpoints are stored in float16 (half the bytes; the notebook evaluates what is stored, cast to float32).
+
+    python -m ropelab.extension probe          # data/lm/tinylm_probe_L256.pt
+    python -m ropelab.extension finetune PI    # data/lm/tinylm_probe_ft512_pi.pt (one per method)
+    python -m ropelab.extension longrope       # data/lm/longrope_factors.json (searched on the training split)
+
+``make lm`` runs them after notebook 05's model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from .lm import CHECKPOINT, L0, LM_DIR, load_corpus, load_lm, model_config
+from .models import ModelConfig, TinyLM, masked_loss, train
+from .scaling import critical_pair, default_inv_freq, frequencies, ntk_aware_base
+from .spec import RopeSpec
+
+__all__ = [
+    "KEY_MARK",
+    "KEY_END",
+    "KEY_LEN",
+    "KEY_WEIGHT",
+    "PROBE_CHECKPOINT",
+    "PROBE_STEPS",
+    "FT_LENGTH",
+    "FT_SCALE",
+    "FT_STEPS",
+    "FINETUNED",
+    "LONGROPE_FACTORS",
+    "finetuned_checkpoint",
+    "methods",
+    "method_spec",
+    "ratio_table",
+    "out_of_range_pairs",
+    "ntk_alpha_in_range",
+    "temperature_sweep",
+    "random_keys",
+    "plant_keys",
+    "probe_sample",
+    "train_probe_model",
+    "finetune",
+    "save_half",
+    "load_model",
+    "retrieval",
+    "longrope_search",
+    "main",
+]
+
+KEY_MARK, KEY_END = 0x02, 0x03  # STX / ETX: bytes the corpus never contains (a test checks)
+KEY_LEN = 5  # random lowercase letters: 26^5 keys, so a right answer is retrieval, not a guess
+KEY_WEIGHT = 20.0  # the loss weight of the retrieved letters (see probe_sample)
+PROBE_CHECKPOINT = LM_DIR / "tinylm_probe_L256.pt"
+PROBE_STEPS = 600
+FT_LENGTH = 2 * L0
+FT_SCALE = 2.0
+FT_STEPS = 300
+FINETUNED = ("no scaling", "PI", "NTK-aware", "YaRN")
+LONGROPE_FACTORS = LM_DIR / "longrope_factors.json"
+
+
+def finetuned_checkpoint(method: str) -> Path:
+    """Where the model fine-tuned at :math:`2L_0` with ``method`` (one of ``FINETUNED``) is stored."""
+    if method not in FINETUNED:
+        raise ValueError(f"no fine-tuned model for {method!r}; the fine-tuned methods are {FINETUNED}.")
+    slug = {"no scaling": "none", "PI": "pi", "NTK-aware": "ntk", "YaRN": "yarn"}[method]
+    return LM_DIR / f"tinylm_probe_ft512_{slug}.pt"
+
+
+def methods(scale: float, head_dim: int, *, original: int = L0, base: float = 10000.0,
+            longrope: dict | None = None) -> dict[str, dict]:
+    r"""Every context-extension method at extension factor ``scale``: name -> ``{"base", "scaling"}``, the
+    :class:`~ropelab.spec.RopeSpec` fields it changes.
+
+    * **PI** (Chen et al. 2023, arXiv 2306.15595): positions divided by s, :math:`\omega_i' = \omega_i / s`.
+    * **NTK-aware** (bloc97, 2023): base :math:`b\,s^{r/(r-2)}` (``scaling.ntk_aware_base``).
+    * **dynamic NTK**: NTK-aware with :math:`\alpha(L) = sL/L_0 - (s-1)` at the current length L (Hugging
+      Face's ``_compute_dynamic_ntk_parameters``); the identity up to :math:`L_0`.
+    * **YaRN** (Peng et al. 2023, arXiv 2309.00071): NTK-by-parts with :math:`\beta_{fast} = 32`,
+      :math:`\beta_{slow} = 1` and attention factor :math:`0.1\ln s + 1`.
+    * **Llama 3** (Meta 2024): low_freq_factor 1, high_freq_factor 4, Llama 3.1's values.
+    * **LongRoPE** (Ding et al. 2024, arXiv 2402.13753): per-pair factors ``longrope["long_factor"]`` past
+      :math:`L_0` and ``longrope["short_factor"]`` within it (searched by :func:`longrope_search`); left out
+      when ``longrope`` is None.
+    """
+    s = float(scale)
+    out = {
+        "no scaling": dict(base=base, scaling=None),
+        "PI": dict(base=base, scaling={"rope_type": "linear", "factor": s}),
+        "NTK-aware": dict(base=ntk_aware_base(base, head_dim, s), scaling=None),
+        "dynamic NTK": dict(base=base, scaling={"rope_type": "dynamic", "factor": s}),
+        "YaRN": dict(base=base, scaling={"rope_type": "yarn", "factor": s, "original_max_position_embeddings": original}),
+        "Llama 3": dict(base=base, scaling={"rope_type": "llama3", "factor": s, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0, "original_max_position_embeddings": original}),
+    }
+    if longrope is not None:
+        out["LongRoPE"] = dict(base=base, scaling={"rope_type": "longrope", "factor": s,
+                                                   "original_max_position_embeddings": original,
+                                                   "long_factor": list(longrope["long_factor"]),
+                                                   "short_factor": list(longrope["short_factor"])})
+    return out
+
+
+def method_spec(spec: RopeSpec, method: dict) -> RopeSpec:
+    """``spec`` with a method's base and scaling (its style, rotary_dim and :math:`L_0` kept)."""
+    return replace(spec, base=method["base"], scaling=method["scaling"])
+
+
+def ratio_table(scale: float, head_dim: int, *, seq_len: int | None = None, original: int = L0,
+                base: float = 10000.0, longrope: dict | None = None) -> dict[str, dict]:
+    r"""Per method: the per-pair frequency ratio :math:`\omega_i' / \omega_i` (float64 list, pair 0 = highest
+    frequency) and the attention factor, evaluated at length ``seq_len`` (default :math:`sL_0`)."""
+    seq_len = int(scale * original) if seq_len is None else seq_len
+    ref = default_inv_freq(head_dim, base)
+    out = {}
+    for name, m in methods(scale, head_dim, original=original, base=base, longrope=longrope).items():
+        inv, att = frequencies(head_dim, m["base"], rope_scaling=m["scaling"], seq_len=seq_len, max_position_embeddings=original)
+        out[name] = {"ratio": (inv / ref).tolist(), "attention_factor": float(att)}
+    return out
+
+
+def out_of_range_pairs(ratio, scale: float, rotary_dim: int, base: float = 10000.0, original: int = L0) -> list[int]:
+    r"""The pairs that meet angles they were never trained on at length :math:`sL_0`: those that do not turn within
+    :math:`L_0` (``scaling.critical_pair`` and above; the others saw every angle) and whose largest angle
+    :math:`sL_0\,\omega_i'` exceeds the largest trained one :math:`L_0\,\omega_i`, i.e. :math:`s\,\omega_i'/\omega_i > 1`
+    (``ratio`` = :math:`\omega_i'/\omega_i` per pair; a relative slack of 1e-9 absorbs round-off)."""
+    crit = critical_pair(rotary_dim, base, original)
+    return [i for i in range(crit, rotary_dim // 2) if scale * float(ratio[i]) > 1 + 1e-9]
+
+
+def ntk_alpha_in_range(scale: float, rotary_dim: int, base: float = 10000.0, original: int = L0) -> float:
+    r"""The smallest NTK-aware :math:`\alpha` that keeps every non-turning pair in its trained angle range at
+    :math:`sL_0`. NTK-aware divides pair i's frequency by :math:`\alpha^{2i/(r-2)}`; pair :math:`i_c`
+    (``scaling.critical_pair``, the fastest of those that never turn) needs :math:`\alpha^{2i_c/(r-2)} \ge s`, so
+    :math:`\alpha \ge s^{(r-2)/(2 i_c)}`: above s whenever :math:`i_c < (r-2)/2`. YaRN's "the scale value s has
+    to be set higher than the expected scale" (Peng et al. 2023, section 3.1), derived."""
+    crit = critical_pair(rotary_dim, base, original)
+    if crit >= rotary_dim // 2:
+        return 1.0  # every pair turns within L0: no angle is new
+    if crit == 0:
+        raise ValueError("pair 0 does not turn within L0: no change of base keeps it in range (its ratio stays 1); "
+                         "use interpolation (PI) instead.")
+    return float(scale) ** ((rotary_dim - 2) / (2 * crit))
+
+
+@torch.no_grad()
+def temperature_sweep(model: TinyLM, windows: torch.Tensor, scale: float, factors, *, original: int = L0) -> list[float]:
+    r"""Mean loss of YaRN at ``scale`` on ``windows`` [n, T + 1] for each attention factor :math:`\sqrt{1/t}` in
+    ``factors`` (Hugging Face's ``attention_factor`` key overrides :math:`0.1\ln s + 1`): the experiment behind
+    YaRN's eq. 22, which fits the loss-minimising :math:`\sqrt{1/t}` against s on LLaMA without fine-tuning."""
+    out = []
+    for f in factors:
+        m = {"base": model.cfg.rope.base, "scaling": {"rope_type": "yarn", "factor": float(scale),
+                                                      "original_max_position_embeddings": original,
+                                                      "attention_factor": float(f)}}
+        logits = model(windows[:, :-1], rope=method_spec(model.cfg.rope, m))
+        out.append(float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), windows[:, 1:])))
+    return out
+
+
+# ---- the retrieval probe -------------------------------------------------------------------------------------
+
+def random_keys(n: int, gen: torch.Generator) -> torch.Tensor:
+    """``n`` keys of ``KEY_LEN`` random lowercase ASCII letters, [n, KEY_LEN] int64."""
+    return torch.randint(ord("a"), ord("z") + 1, (n, KEY_LEN), generator=gen)
+
+
+def plant_keys(windows: torch.Tensor, keys: torch.Tensor, key_pos: torch.Tensor, query_pos: torch.Tensor) -> torch.Tensor:
+    """A copy of ``windows`` [n, T] with ``KEY_MARK key KEY_END`` written at ``key_pos`` and again at
+    ``query_pos`` (per row). The key's bytes after the second mark are what the probe scores."""
+    n, t = windows.shape
+    span = KEY_LEN + 2
+    if keys.shape != (n, KEY_LEN) or key_pos.shape != (n,) or query_pos.shape != (n,):
+        raise ValueError(f"need keys [n, {KEY_LEN}] and positions [n] for n = {n} windows; got {tuple(keys.shape)}, "
+                         f"{tuple(key_pos.shape)}, {tuple(query_pos.shape)}.")
+    if bool((key_pos < 0).any()) or bool((query_pos < key_pos + span).any()) or bool((query_pos + span > t).any()):
+        raise ValueError(f"the key must lie in the window before the query without overlap: need 0 <= key_pos, "
+                         f"key_pos + {span} <= query_pos and query_pos + {span} <= T = {t}.")
+    out = windows.clone()
+    block = torch.cat([torch.full((n, 1), KEY_MARK), keys, torch.full((n, 1), KEY_END)], 1).to(out.dtype)
+    offs = torch.arange(span)
+    rows = torch.arange(n)[:, None]
+    out[rows, key_pos[:, None] + offs] = block
+    out[rows, query_pos[:, None] + offs] = block
+    return out
+
+
+def probe_sample(data: torch.Tensor, batch: int, length: int, p_key: float = 0.5, key_weight: float = KEY_WEIGHT):
+    """The training sampler: random windows of ``length + 1`` bytes of ``data``, a key planted in a fraction
+    ``p_key`` of them (key uniform in the window's first half, query uniform after it). Returns
+    ``sample(gen) -> (inputs, targets, weights)`` for ``models.train``: every target weighs 1 except the
+    ``KEY_LEN`` letters after the second ``KEY_MARK``, which weigh ``key_weight`` (five letters in a window of
+    hundreds of bytes would otherwise be too small a share of the loss to learn retrieval in a few hundred steps)."""
+    span = KEY_LEN + 2
+
+    def sample(gen: torch.Generator):
+        starts = torch.randint(0, data.numel() - length - 1, (batch,), generator=gen)
+        w = torch.stack([data[s: s + length + 1] for s in starts.tolist()])
+        keys = random_keys(batch, gen)
+        key_pos = (torch.rand(batch, generator=gen) * (length // 2 - span)).long()
+        room = (length + 1 - span) - (key_pos + span)  # query_pos in [key_pos + span, length + 1 - span]
+        query_pos = key_pos + span + (torch.rand(batch, generator=gen) * (room + 1)).long().clamp(max=room)
+        planted = plant_keys(w, keys, key_pos, query_pos)
+        use = torch.rand(batch, generator=gen) < p_key
+        w = torch.where(use[:, None], planted, w)
+        weights = torch.ones(batch, length)
+        letters = query_pos[:, None] + torch.arange(KEY_LEN)  # target index t predicts byte t + 1
+        weights[torch.arange(batch)[:, None], letters] = torch.where(use, key_weight, 1.0)[:, None]
+        return w[:, :-1], w[:, 1:], weights
+
+    return sample
+
+
+def save_half(model: TinyLM, path: Path, meta: dict) -> None:
+    """A float16 checkpoint (``load_model`` reads it back as float32) and its training record ``path.json``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    torch.save({"config": model.cfg.to_dict(), "state_dict": state}, path)
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def load_model(path: Path) -> TinyLM:
+    """A checkpoint of this study (float16 weights) as a float32 TinyLM in eval mode."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing; `make lm` (or `python -m ropelab.extension ...`) writes it.")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    model = TinyLM(ModelConfig.from_dict(ckpt["config"]))
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()})
+    return model.eval()
+
+
+def _val_loss(length: int):
+    from .lm import val_windows
+
+    _, val_data = load_corpus()
+    ids = val_windows(val_data, 16, length, seed=1)
+
+    def evaluate(m):
+        with torch.no_grad():
+            return {"val_loss": float(masked_loss(m(ids[:, :-1]), ids[:, 1:]))}
+
+    return evaluate
+
+
+def train_probe_model(steps: int = PROBE_STEPS, batch: int = 16, seed: int = 0, lr: float = 1e-3,
+                      out: Path = PROBE_CHECKPOINT, progress: bool = True) -> list[dict]:
+    """Notebook 05's LM trained ``steps`` more at :math:`L_0` with keys planted in half the windows."""
+    torch.manual_seed(seed)
+    model = load_lm(CHECKPOINT)
+    train_data, _ = load_corpus()
+    t0 = time.perf_counter()
+    history = train(model, probe_sample(train_data, batch, L0), steps=steps, lr=lr, warmup=20, seed=seed,
+                    log_every=50, evaluate=_val_loss(L0), eval_every=200, progress=progress, desc="probe")
+    meta = {"from": CHECKPOINT.name, "steps": steps, "batch": batch, "context": L0, "lr": lr, "seed": seed,
+            "p_key": 0.5, "train_seconds": round(time.perf_counter() - t0, 1), "threads": torch.get_num_threads(),
+            "command": "python -m ropelab.extension probe", "history": history}
+    save_half(model, out, meta)
+    return history
+
+
+def finetune(method: str, steps: int = FT_STEPS, batch: int = 8, seed: int = 0, lr: float = 1e-3,
+             out: Path | None = None, progress: bool = True) -> list[dict]:
+    """The probe model trained ``steps`` more at :math:`2L_0` under ``method`` at :math:`s = 2`; ``batch`` 8 at
+    512 is the same 4096 tokens per step as 16 at :math:`L_0`."""
+    base = load_model(PROBE_CHECKPOINT)
+    m = methods(FT_SCALE, base.cfg.head_dim)[method] if method in FINETUNED else None
+    if m is None:
+        raise ValueError(f"fine-tune one of {FINETUNED}, got {method!r}.")
+    cfg = replace(base.cfg, rope=method_spec(base.cfg.rope, m))
+    model = TinyLM(cfg)
+    model.load_state_dict(base.state_dict())
+    torch.manual_seed(seed)
+    train_data, _ = load_corpus()
+    t0 = time.perf_counter()
+    history = train(model, probe_sample(train_data, batch, FT_LENGTH), steps=steps, lr=lr, warmup=20, seed=seed,
+                    log_every=50, evaluate=_val_loss(FT_LENGTH), eval_every=150, progress=progress,
+                    desc=f"fine-tune {method}")
+    out = finetuned_checkpoint(method) if out is None else out
+    meta = {"from": PROBE_CHECKPOINT.name, "method": method, "scale": FT_SCALE, "rope": cfg.rope.to_dict(),
+            "steps": steps, "batch": batch, "context": FT_LENGTH, "lr": lr, "seed": seed, "p_key": 0.5,
+            "train_seconds": round(time.perf_counter() - t0, 1), "threads": torch.get_num_threads(),
+            "command": f"python -m ropelab.extension finetune {method!r}", "history": history}
+    save_half(model, out, meta)
+    return history
+
+
+@torch.no_grad()
+def retrieval(model: TinyLM, spec: RopeSpec, distances, windows: torch.Tensor, key_pos: int = 16,
+              seed: int = 0) -> dict[int, torch.Tensor]:
+    """Exact-match retrieval per distance: for each ``d`` in ``distances``, a key at ``key_pos`` and its query at
+    ``key_pos + d`` in every row of ``windows`` [n, >= key_pos + d + KEY_LEN + 3] (validation text; fresh random
+    keys, seeded). Returns d -> bool [n], True where the greedy prediction of all ``KEY_LEN`` letters after the
+    second ``KEY_MARK`` is right (teacher-forced, one forward)."""
+    n = windows.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for d in distances:
+        d = int(d)
+        end = key_pos + d + KEY_LEN + 2
+        if end + 1 > windows.shape[1]:
+            raise ValueError(f"distance {d} needs windows of {end + 1} bytes; these have {windows.shape[1]}.")
+        keys = random_keys(n, gen)
+        w = plant_keys(windows[:, : end + 1], keys, torch.full((n,), key_pos), torch.full((n,), key_pos + d))
+        q = key_pos + d  # the second KEY_MARK; logits at q .. q + KEY_LEN - 1 predict the key's letters
+        logits = model(w[:, : q + KEY_LEN], rope=spec)[:, q: q + KEY_LEN]
+        out[d] = (logits.argmax(-1) == keys).all(1)
+    return out
+
+
+# ---- LongRoPE's search, small --------------------------------------------------------------------------------
+
+@torch.no_grad()
+def longrope_search(model: TinyLM, scale: float = 4.0, *, n_windows: int = 6, generations: int = 12,
+                    population: int = 12, seed: int = 0, progress: bool = True) -> dict:
+    r"""LongRoPE's evolutionary search of per-pair rescale factors :math:`\lambda_i` (Ding et al. 2024,
+    arXiv 2402.13753, section 3.2), at toy size: the population starts from PI's, NTK-aware's and YaRN's factors
+    at ``scale``, keeps the paper's monotonic constraint (:math:`\lambda_i` non-decreasing from high to low
+    frequency, :math:`1 \le \lambda_i`), mutates the best by log-normal noise, and scores by the mean loss on
+    ``n_windows`` windows of :math:`sL_0` bytes of the *training* split (the notebook evaluates on the
+    validation split). ``short_factor`` is all ones: within :math:`L_0` the model keeps its trained ladder.
+    The paper's other parts (keeping the first tokens unscaled, progressive extension) are left out."""
+    head_dim = model.cfg.head_dim
+    length = int(scale * L0)
+    train_data, _ = load_corpus()
+    starts = torch.linspace(0, train_data.numel() - length - 1, n_windows).long()
+    ids = torch.stack([train_data[s: s + length + 1] for s in starts.tolist()])
+    ref = default_inv_freq(head_dim, model.cfg.rope.base)
+
+    def factors_of(m: dict) -> torch.Tensor:
+        inv, _ = frequencies(head_dim, m["base"], rope_scaling=m["scaling"], seq_len=length, max_position_embeddings=L0)
+        return (ref / inv).clamp_min(1.0)
+
+    def project(lam: torch.Tensor) -> torch.Tensor:
+        return torch.cummax(lam.clamp(1.0, 4.0 * scale), 0).values  # monotone, bounded
+
+    def score(lam: torch.Tensor) -> float:
+        m = {"base": model.cfg.rope.base, "scaling": {
+            "rope_type": "longrope", "factor": scale, "original_max_position_embeddings": L0,
+            "long_factor": lam.tolist(), "short_factor": [1.0] * (head_dim // 2)}}
+        logits = model(ids[:, :-1], rope=method_spec(model.cfg.rope, m))
+        return float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:]))
+
+    seeds = methods(scale, head_dim)
+    pool = [project(factors_of(seeds[k])) for k in ("PI", "NTK-aware", "YaRN")]
+    scored = sorted(((score(lam), i, lam) for i, lam in enumerate(pool)), key=lambda t: t[:2])
+    gen = torch.Generator().manual_seed(seed)
+    history = [{"generation": 0, "best_loss": scored[0][0]}]
+    counter = len(pool)
+    bar = range(1, generations + 1)
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(bar, desc="LongRoPE search", leave=False)
+    for g in bar:
+        parents = [lam for _, _, lam in scored[:4]]
+        children = []
+        for k in range(population):
+            p = parents[k % len(parents)]
+            noise = torch.exp(0.15 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+            children.append(project(p * noise))
+        for lam in children:
+            scored.append((score(lam), counter, lam))
+            counter += 1
+        scored = sorted(scored, key=lambda t: t[:2])[:8]
+        history.append({"generation": g, "best_loss": scored[0][0]})
+    best = scored[0][2]
+    return {"scale": scale, "L0": L0, "head_dim": head_dim, "n_windows": n_windows, "length": length,
+            "long_factor": best.tolist(), "short_factor": [1.0] * (head_dim // 2), "history": history,
+            "seed_losses": {k: score(project(factors_of(seeds[k]))) for k in ("PI", "NTK-aware", "YaRN")},
+            "command": "python -m ropelab.extension longrope"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ropelab.extension probe | finetune METHOD | longrope``."""
+    parser = argparse.ArgumentParser(prog="python -m ropelab.extension", description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=["probe", "finetune", "longrope"])
+    parser.add_argument("method", nargs="?", help=f"for finetune: one of {FINETUNED}")
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.what == "probe":
+        history = train_probe_model(steps=args.steps or PROBE_STEPS)
+        print(f"final: {history[-1]}; wrote {PROBE_CHECKPOINT}")
+    elif args.what == "finetune":
+        if args.method not in FINETUNED:
+            parser.error(f"finetune needs a method, one of {FINETUNED}")
+        history = finetune(args.method, steps=args.steps or FT_STEPS)
+        print(f"final: {history[-1]}; wrote {finetuned_checkpoint(args.method)}")
+    else:
+        result = longrope_search(load_model(PROBE_CHECKPOINT))
+        LONGROPE_FACTORS.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"best loss {result['history'][-1]['best_loss']:.4f} (seeds {result['seed_losses']}); "
+              f"wrote {LONGROPE_FACTORS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""ropelab.extension: the context-extension methods, the retrieval probe, the committed study checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from ropelab import extension as ext
+from ropelab import lm
+from ropelab.models import TinyLM
+from ropelab.scaling import critical_pair, default_inv_freq, frequencies, pair_at_turns
+
+
+def test_key_bytes_never_occur_in_the_corpus():
+    data = lm.CORPUS.read_bytes()
+    assert bytes([ext.KEY_MARK]) not in data and bytes([ext.KEY_END]) not in data
+
+
+@pytest.mark.parametrize("r, base, L0", [(32, 1e4, 256), (128, 1e4, 4096), (64, 5e5, 8192), (16, 100.0, 64)])
+def test_critical_pair_is_the_first_pair_whose_wavelength_exceeds_l0(r, base, L0):
+    wave = 2 * math.pi / default_inv_freq(r, base)
+    first = next((i for i in range(r // 2) if wave[i] > L0), r // 2)
+    assert critical_pair(r, base, L0) == first
+    # pair_at_turns(beta) is where pairs complete beta turns over L0 (continuous in i)
+    i = pair_at_turns(r, base, L0, 3.0)
+    assert abs(L0 * base ** (-2 * i / r) / (2 * math.pi) - 3.0) < 1e-9
+
+
+@pytest.mark.parametrize("scale", [2.0, 4.0, 8.0])
+def test_out_of_range_pairs_match_a_brute_force_angle_check(scale):
+    r, base, L0 = 32, 1e4, 256
+    ref = default_inv_freq(r, base)
+    trained_max = (L0 - 1) * ref                              # the largest angle each pair saw in training
+    turns = (L0 - 1) * ref >= 2 * math.pi                     # pairs that saw every angle
+    for name, row in ext.ratio_table(scale, r).items():
+        ratio = torch.tensor(row["ratio"], dtype=torch.float64)
+        reached = (scale * L0 - 1) * ref * ratio               # the largest angle at length s L0
+        brute = [i for i in range(r // 2) if not turns[i] and reached[i] > trained_max[i] * (1 + 1e-9)]
+        assert ext.out_of_range_pairs(ratio, scale, r) == brute, name
+
+
+@pytest.mark.parametrize("scale", [2.0, 4.0, 16.0])
+def test_ntk_alpha_in_range_is_the_smallest_alpha_that_keeps_every_pair_in_range(scale):
+    r, base = 32, 1e4
+    alpha = ext.ntk_alpha_in_range(scale, r, base)
+    assert alpha > scale  # the YaRN paper's "s has to be set higher than the expected scale"
+
+    def out(a):
+        inv, _ = frequencies(r, base * a ** (r / (r - 2)))
+        return ext.out_of_range_pairs(inv / default_inv_freq(r, base), scale, r, base)
+
+    assert out(alpha * (1 + 1e-6)) == [] and out(alpha * (1 - 1e-3)) == [critical_pair(r, base, lm.L0)]
+
+
+def test_ratio_table_shapes_of_the_methods():
+    t = ext.ratio_table(4.0, 32)
+    assert set(t) == {"no scaling", "PI", "NTK-aware", "dynamic NTK", "YaRN", "Llama 3"}
+    assert all(abs(x - 0.25) < 1e-15 for x in t["PI"]["ratio"])
+    assert t["NTK-aware"]["ratio"][0] == 1.0 and abs(t["NTK-aware"]["ratio"][-1] - 0.25) < 1e-12
+    assert t["YaRN"]["ratio"][0] == 1.0 and abs(t["YaRN"]["ratio"][-1] - 0.25) < 1e-15
+    assert abs(t["YaRN"]["attention_factor"] - (0.1 * math.log(4) + 1)) < 1e-15
+    # dynamic NTK at L = s L0 is NTK-aware at alpha = s^2 - s + 1 = 13
+    assert abs(t["dynamic NTK"]["ratio"][-1] - 13.0 ** -1) < 1e-12
+    lr = ext.ratio_table(4.0, 32, longrope={"long_factor": [2.0] * 16, "short_factor": [1.0] * 16})["LongRoPE"]
+    assert lr["ratio"] == [0.5] * 16 and abs(lr["attention_factor"] - math.sqrt(1 + math.log(4) / math.log(256))) < 1e-12
+    short = ext.ratio_table(4.0, 32, seq_len=200, longrope={"long_factor": [2.0] * 16, "short_factor": [1.0] * 16})
+    assert short["LongRoPE"]["ratio"] == [1.0] * 16  # within L0 the short factors apply
+
+
+def test_plant_keys_writes_both_copies_and_rejects_overlap():
+    w = torch.full((2, 40), ord(" "))
+    keys = torch.tensor([[ord(c) for c in "abcde"], [ord(c) for c in "vwxyz"]])
+    out = ext.plant_keys(w, keys, torch.tensor([0, 3]), torch.tensor([20, 30]))
+    assert bytes(out[0, 0:7].tolist()) == b"\x02abcde\x03" == bytes(out[0, 20:27].tolist())
+    assert bytes(out[1, 3:10].tolist()) == b"\x02vwxyz\x03" == bytes(out[1, 30:37].tolist())
+    assert (w == ord(" ")).all()  # a copy
+    with pytest.raises(ValueError, match="without overlap"):
+        ext.plant_keys(w, keys, torch.tensor([0, 3]), torch.tensor([5, 30]))
+    with pytest.raises(ValueError, match="without overlap"):
+        ext.plant_keys(w, keys, torch.tensor([0, 3]), torch.tensor([20, 34]))
+    with pytest.raises(ValueError, match="need keys"):
+        ext.plant_keys(w, keys[:1], torch.tensor([0, 3]), torch.tensor([20, 30]))
+
+
+def test_probe_sample_plants_keys_in_some_windows_and_is_seeded():
+    data = torch.full((5000,), ord("x"))
+    sample = ext.probe_sample(data, 64, 100)
+    x1, y1, _ = sample(torch.Generator().manual_seed(0))
+    x2, _, _ = sample(torch.Generator().manual_seed(0))
+    assert torch.equal(x1, x2) and x1.shape == (64, 100) and torch.equal(x1[:, 1:], y1[:, :-1])
+    marks = (torch.cat([x1, y1[:, -1:]], 1) == ext.KEY_MARK).sum(1)
+    assert set(marks.tolist()) <= {0, 2} and 10 < int((marks == 2).sum()) < 54
+
+
+def test_half_checkpoint_round_trip(tmp_path):
+    model = TinyLM(lm.model_config(n_layers=1, d_model=32, n_heads=2))
+    ext.save_half(model, tmp_path / "m.pt", {"note": 1})
+    back = ext.load_model(tmp_path / "m.pt")
+    for (k, a), (_, b) in zip(model.state_dict().items(), back.state_dict().items()):
+        assert b.dtype == torch.float32 and torch.equal(a.half().float(), b), k
+    assert json.loads((tmp_path / "m.json").read_text()) == {"note": 1}
+    with pytest.raises(FileNotFoundError, match="make lm"):
+        ext.load_model(tmp_path / "missing.pt")
+
+
+def test_retrieval_is_chance_for_an_untrained_model_and_checks_lengths():
+    torch.manual_seed(0)
+    model = TinyLM(lm.model_config(n_layers=1, d_model=32, n_heads=2)).eval()
+    w = torch.full((4, 60), ord("x"))
+    hits = ext.retrieval(model, model.cfg.rope, [20, 30], w, key_pos=2)
+    assert set(hits) == {20, 30} and not any(h.any() for h in hits.values())
+    with pytest.raises(ValueError, match="needs windows"):
+        ext.retrieval(model, model.cfg.rope, [60], w)
+
+
+# ---- the committed study models (written by `make lm`) --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def probe_model():
+    return ext.load_model(ext.PROBE_CHECKPOINT)
+
+
+def test_probe_model_retrieves_within_l0(probe_model):
+    _, val = lm.load_corpus()
+    w = lm.val_windows(val, 16, lm.L0)
+    hits = ext.retrieval(probe_model, probe_model.cfg.rope, [64, 200], w)
+    assert all(float(h.float().mean()) >= 0.75 for h in hits.values()), {d: float(h.float().mean()) for d, h in hits.items()}
+
+
+@pytest.mark.parametrize("method", ext.FINETUNED)
+def test_finetuned_checkpoints_carry_their_method(method):
+    model = ext.load_model(ext.finetuned_checkpoint(method))
+    m = ext.methods(ext.FT_SCALE, model.cfg.head_dim)[method]
+    assert model.cfg.rope.base == m["base"] and model.cfg.rope.scaling == m["scaling"]
+    meta = json.loads(ext.finetuned_checkpoint(method).with_suffix(".json").read_text())
+    assert meta["steps"] == ext.FT_STEPS and meta["context"] == ext.FT_LENGTH and meta["method"] == method
+
+
+def test_finetuned_models_share_one_budget():
+    metas = [json.loads(ext.finetuned_checkpoint(m).with_suffix(".json").read_text()) for m in ext.FINETUNED]
+    keys = ("steps", "batch", "context", "lr", "seed", "p_key", "from")
+    assert all({k: m[k] for k in keys} == {k: metas[0][k] for k in keys} for m in metas)
+
+
+def test_longrope_factors_obey_the_constraints_and_beat_their_seeds():
+    f = json.loads(ext.LONGROPE_FACTORS.read_text())
+    lam = torch.tensor(f["long_factor"])
+    assert lam.numel() == 16 and bool((lam >= 1).all()) and bool((lam[1:] >= lam[:-1]).all())
+    assert f["short_factor"] == [1.0] * 16
+    assert f["history"][-1]["best_loss"] <= min(f["seed_losses"].values())
+
+
+def test_finetune_and_probe_training_run(tmp_path):
+    h = ext.finetune("YaRN", steps=2, out=tmp_path / "ft.pt", progress=False)
+    assert len(h) == 1 and math.isfinite(h[0]["loss"])
+    with pytest.raises(ValueError, match="fine-tune one of"):
+        ext.finetune("Llama 3", steps=1, out=tmp_path / "x.pt", progress=False)
