@@ -2,7 +2,8 @@ r"""The zoo's own specimens: ropelab's ``apply_rope`` as a black box, and one br
 classic bug (each a factory returning ``fn(x)``, ``fn(x, cu_seqlens)`` for a ``t`` layout, laid out
 ``b s h d`` unless said). The bugs: a rotation along the heads; varlen positions that do not restart;
 a decode step without its offset; 16-bit positions, ``inv_freq`` or cos/sin tables; tables in the other
-style's layout; a wrong base; a reversed sign; RoPE or its attention factor applied twice; ...
+style's layout; a wrong base; a reversed sign; RoPE or its attention factor applied twice;
+an M-RoPE behind 1D input; ...
 """
 
 from __future__ import annotations
