@@ -14,9 +14,15 @@ small separate part: per-head rotated queries :math:`q^R_m = R_m W^{QR} c^Q_m` a
 :math:`k^R_n = R_n W^{KR} h_n` shared by all heads and cached next to the latent, and the score is
 :math:`{q^C_m}^\top k^C_n + {q^R_m}^\top k^R_n`: the first term absorbs, the second carries position.
 
-Cache per token and layer, in elements (the paper's Table 1 formulas): MHA :math:`2 n_h d_h`, GQA
-:math:`2 n_g d_h`, MLA :math:`d_c + d^R_h`. :func:`cache_bytes_per_token` evaluates them at a config's
-sizes (e.g. transformers' ``DeepseekV3Config`` defaults).
+Cache per token, in elements: DeepSeek-V2's Table 1 ("Comparison of the KV cache per token among
+different attention mechanisms") gives MHA :math:`2 n_h d_h l`, GQA :math:`2 n_g d_h l`, MQA :math:`2 d_h l`
+and MLA :math:`(d_c + d^R_h) l \approx \tfrac92 d_h l`, and under it: "For DeepSeek-V2, d_c is set to 4d_h
+and d^R_h is set to d_h/2. So, its KV cache is equal to GQA with only 2.25 groups" (its math
+transliterated). :func:`cache_bytes_per_token` evaluates these at a config's sizes and :func:`gqa_equivalent_groups`
+the group count; DeepSeek-V3 keeps the same attention sizes (transformers'
+``models/deepseek_v3/configuration_deepseek_v3.py`` defaults: 61 layers, 128 heads, ``kv_lora_rank`` 512,
+``qk_nope_head_dim`` = ``v_head_dim`` = 128, ``qk_rope_head_dim`` 64), so 4.5 d_h = 576 and 2.25 groups
+hold for it too.
 
 In transformers' DeepSeek-V3 the rotary part is ``qk_rope_head_dim`` trailing dims of q and the
 ``k_pe`` slice of ``kv_a_proj_with_mqa``; ``rope_interleave=True`` reads them as interleaved pairs and
@@ -33,7 +39,7 @@ import torch
 from .core import apply_rope, cos_sin, rotate
 from .scaling import frequencies
 
-__all__ = ["absorption_error", "cache_bytes_per_token", "deepseek_rope", "mla_scores"]
+__all__ = ["absorption_error", "cache_bytes_per_token", "gqa_equivalent_groups", "deepseek_rope", "mla_scores"]
 
 
 def _get(config: Mapping[str, Any] | Any, key: str) -> Any:
@@ -47,17 +53,28 @@ def cache_bytes_per_token(config: Mapping[str, Any] | Any, *, bytes_per_element:
                           gqa_groups: int = 8) -> dict[str, int]:
     r"""KV-cache bytes per token (all layers) for MHA, GQA with ``gqa_groups`` KV heads, MQA and MLA.
 
-    Keys have the MLA head's query/key dim :math:`d_{nope} + d_{rope}` and values ``v_head_dim``:
-    MHA :math:`l\,n_h (d_k + d_v)`, GQA :math:`l\,n_g (d_k + d_v)`, MQA :math:`l (d_k + d_v)`, MLA
-    :math:`l (d_c + d^R_h)` elements, times ``bytes_per_element`` (2 for bf16).
+    DeepSeek-V2's Table 1 (arXiv:2405.04434), with :math:`d_h` = ``qk_nope_head_dim`` (the per-head
+    dimension of :math:`k^C` and :math:`v^C`; the paper's :math:`d_h`) and values of ``v_head_dim``
+    (= :math:`d_h` in V2 and V3): MHA :math:`l\,n_h (d_h + d_v)`, GQA :math:`l\,n_g (d_h + d_v)`, MQA
+    :math:`l (d_h + d_v)`, MLA :math:`l (d_c + d^R_h)` elements, times ``bytes_per_element`` (2 for bf16).
+    A GQA port that kept MLA's 192-dim keys (:math:`d_h + d^R_h`, RoPE included) would cache
+    :math:`l\,n_g (d_h + d^R_h + d_v)` instead: 25% more than the table's :math:`2 n_g d_h l` at V3's sizes.
     """
+    if not isinstance(gqa_groups, int) or gqa_groups < 1:
+        raise ValueError(f"gqa_groups is the number of KV heads of the GQA baseline, an int >= 1; got {gqa_groups!r}.")
     layers, heads = int(_get(config, "num_hidden_layers")), int(_get(config, "num_attention_heads"))
-    d_k = int(_get(config, "qk_nope_head_dim")) + int(_get(config, "qk_rope_head_dim"))
-    d_v = int(_get(config, "v_head_dim"))
+    d_h, d_v = int(_get(config, "qk_nope_head_dim")), int(_get(config, "v_head_dim"))
     mla = int(_get(config, "kv_lora_rank")) + int(_get(config, "qk_rope_head_dim"))
-    per = {"MHA": heads * (d_k + d_v), f"GQA ({gqa_groups} groups)": gqa_groups * (d_k + d_v),
-           "MQA": d_k + d_v, "MLA": mla}
+    per = {"MHA": heads * (d_h + d_v), f"GQA ({gqa_groups} groups)": gqa_groups * (d_h + d_v),
+           "MQA": d_h + d_v, "MLA": mla}
     return {k: layers * v * bytes_per_element for k, v in per.items()}
+
+
+def gqa_equivalent_groups(config: Mapping[str, Any] | Any) -> float:
+    r"""The GQA group count with MLA's cache: :math:`(d_c + d^R_h) / (d_h + d_v)` (2.25 in DeepSeek-V2's
+    Table 1, where :math:`d_c = 4 d_h` and :math:`d^R_h = d_h / 2`)."""
+    mla = int(_get(config, "kv_lora_rank")) + int(_get(config, "qk_rope_head_dim"))
+    return mla / (int(_get(config, "qk_nope_head_dim")) + int(_get(config, "v_head_dim")))
 
 
 def _rot(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:

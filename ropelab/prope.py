@@ -4,9 +4,18 @@ Barbero, Vitvitskyi, Perivolaropoulos, Pascanu, Veličković, "Round and Round W
 Positional Encodings useful?", ICLR 2025, arXiv:2410.06205 (https://arxiv.org/abs/2410.06205): p-RoPE
 removes the lowest frequencies, keeping :math:`\omega_i = b^{-2i/d}` for the first
 :math:`\lfloor p\,d/2 \rfloor` pairs and setting the rest to 0 (those pairs pass unrotated, a NoPE
-channel); p = 1 is RoPE, p = 0 is NoPE. Hugging Face's ``proportional`` rope type with
-``partial_rotary_factor = p`` is this ladder (:func:`ropelab.scaling.frequencies`), so
-``apply_rope(x, layout=..., rope_scaling=p_rope_scaling(p))`` applies p-RoPE.
+channel); p = 1 is RoPE, p = 0 is NoPE. p is the fraction *kept*: the paper's pseudocode ``apply_p_rope``
+takes ``rope_percentage`` and sets ``rope_angles = int(rope_percentage * head_dim // 2)``, ``nope_angles =
+head_dim // 2 - rope_angles``, and of its Table 2 it writes "truncating the lowest frequencies not only
+maintains the same performance, but even seems to improve the validation perplexity" (both as the paper's
+text is reproduced at acmrep2026.k117.org; the arXiv PDF itself was not reachable here). The same ladder is
+Google DeepMind's Gemma library (github.com/google-deepmind/gemma, ``gemma/gm/math/_positional_embeddings.py``,
+``apply_rope(..., rope_proportion)``, "The proportion of the head dimension to apply RoPE to."): exponents
+:math:`2i/d` over the whole head dim for the ``rope_angles`` pairs, an infinite timescale (angle 0) for the
+rest, half-style pairs (i, i + d/2), so the unrotated dims are the tail of each half. Hugging Face's
+``proportional`` rope type with ``partial_rotary_factor = p`` is this ladder
+(:func:`ropelab.scaling.frequencies`), so ``apply_rope(x, layout=..., rope_scaling=p_rope_scaling(p))``
+applies p-RoPE.
 """
 
 from __future__ import annotations

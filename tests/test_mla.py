@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ropelab.mla import absorption_error, cache_bytes_per_token, deepseek_rope, mla_scores
+from ropelab.mla import absorption_error, cache_bytes_per_token, deepseek_rope, gqa_equivalent_groups, mla_scores
 from ropelab.precision import UNIT_ROUNDOFF
 
 F64, F32 = UNIT_ROUNDOFF[torch.float64], UNIT_ROUNDOFF[torch.float32]
@@ -33,10 +33,16 @@ def test_rope_breaks_absorption_and_decoupling_restores_it(seed):
 def test_cache_bytes_at_deepseek_v3_defaults():
     from transformers import DeepseekV3Config
 
+    # DeepSeek-V2 Table 1: MHA 2 n_h d_h l, GQA 2 n_g d_h l, MQA 2 d_h l, MLA (d_c + d_h^R) l ~ 9/2 d_h l,
+    # "equal to GQA with only 2.25 groups"; V3's sizes: l = 61, n_h = 128, d_h = 128, d_c = 512, d_h^R = 64.
     c = cache_bytes_per_token(DeepseekV3Config(), bytes_per_element=2, gqa_groups=8)
-    assert c["MLA"] == 61 * (512 + 64) * 2
-    assert c["MHA"] == 61 * 128 * (192 + 128) * 2
-    assert c["GQA (8 groups)"] == 61 * 8 * 320 * 2
+    assert c["MLA"] == 61 * (512 + 64) * 2 == 61 * 4.5 * 128 * 2
+    assert c["MHA"] == 2 * 128 * 128 * 61 * 2
+    assert c["GQA (8 groups)"] == 2 * 8 * 128 * 61 * 2 and c["MQA"] == 2 * 128 * 61 * 2
+    assert gqa_equivalent_groups(DeepseekV3Config()) == 2.25
+    assert cache_bytes_per_token(DeepseekV3Config(), gqa_groups=2)["GQA (2 groups)"] < c["MLA"]
+    with pytest.raises(ValueError, match="gqa_groups"):
+        cache_bytes_per_token(DeepseekV3Config(), gqa_groups=0)
     with pytest.raises(ValueError, match="kv_lora_rank"):
         cache_bytes_per_token({"num_hidden_layers": 2, "num_attention_heads": 2, "qk_nope_head_dim": 2,
                                "qk_rope_head_dim": 2, "v_head_dim": 2})

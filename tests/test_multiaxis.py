@@ -100,6 +100,44 @@ def test_axial_matches_rotary_embedding_torch():
     assert (ours - ref).abs().max() <= 8 * 6 * F32 * x.abs().max()
 
 
+def test_axial_3d_matches_diffusers_flux_pos_embed():
+    """FLUX.1 (diffusers' FluxTransformer2DModel: axes_dims_rope (16, 56, 56), head dim 128): per-axis ids
+    (index, row, column), each axis its own ladder over its own dims, pairs interleaved; imported, not copied.
+    diffusers forms the angles in float64 and rotates in float32: the bound is float32 rounding of x, cos,
+    sin and the two products (8u, independent of the position)."""
+    pytest.importorskip("diffusers")
+    from diffusers.models.embeddings import apply_rotary_emb
+    from diffusers.models.transformers.transformer_flux import FluxPosEmbed
+
+    axes = (16, 56, 56)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.stack([torch.randint(0, 4, (50,), generator=g), torch.randint(0, 128, (50,), generator=g),
+                       torch.randint(0, 128, (50,), generator=g)], -1)  # [s, 3], as FLUX passes them
+    x = torch.randn(2, 50, 3, 128, generator=g)  # [b, s, h, d]: FLUX applies it with sequence_dim=1
+    ref = apply_rotary_emb(x, FluxPosEmbed(theta=10000, axes_dim=list(axes))(ids), sequence_dim=1)
+    spec = MultiAxis.axial_dims(axes)
+    assert spec.sections == (8, 28, 28)
+    ours = ropelab.apply_rope(x.double(), ids.T, layout="b s h d", style="interleaved", sections=spec)
+    assert (ours - ref.double()).abs().max() <= 8 * F32 * x.abs().max()
+
+
+def test_axial_3d_matches_diffusers_cogvideox():
+    """CogVideoX 1.5 (diffusers' get_3d_rotary_pos_embed with grid_type "slice", head dim 64): t, h, w get
+    dims D/4, 3D/8, 3D/8 = 16, 24, 24, each its own ladder, pairs interleaved. It forms the angles in float32,
+    so the bound grows with the largest angle (the position, as omega_0 = 1)."""
+    pytest.importorskip("diffusers")
+    from diffusers.models.embeddings import apply_rotary_emb, get_3d_rotary_pos_embed
+
+    T, Hg, Wg = 3, 6, 10
+    cos, sin = get_3d_rotary_pos_embed(embed_dim=64, crops_coords=None, grid_size=(Hg, Wg), temporal_size=T,
+                                       grid_type="slice", max_size=(Hg, Wg))
+    x = torch.randn(1, 2, T * Hg * Wg, 64, generator=torch.Generator().manual_seed(1))  # [b, h, s, d]
+    ref = apply_rotary_emb(x, (cos, sin))
+    ours = ropelab.apply_rope(x.double(), grid_positions(T, Hg, Wg), layout="b h s d", style="interleaved",
+                              sections=MultiAxis.axial_dims((16, 24, 24)))
+    assert (ours - ref.double()).abs().max() <= 8 * F32 * (1 + max(T, Hg, Wg)) * x.abs().max()
+
+
 def test_axial_3d_relative_in_each_axis():
     """Axial scores depend only on the offset along each axis (float64)."""
     spec = MultiAxis.axial_dims((8, 12, 12))

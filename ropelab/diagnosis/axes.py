@@ -12,12 +12,26 @@ Two questions ``diagnose`` alone cannot answer:
   function of n - m. :func:`single_axis_deviation` measures that on a sequence long enough to wrap, and
   ``diagnose`` then says "not single-axis RoPE" instead of proposing a pairing or precision fix.
 
-Limit: the check reads scores, so it sees extra axes only where they move the scores. Measured over the
-zoo (64 positions): correct and buggy single-axis rows stay below 0.005 except ``mixed_tables`` (0.46) and
+Limit: the score check sees extra axes only where they move the scores. Measured over the zoo (64
+positions): correct and buggy single-axis rows stay below 0.005 except ``mixed_tables`` (0.46) and
 ``decode_without_offset`` (0.81), whose position findings come first; a 2D RoPE behind 1D input of width 8
 gives 0.85; but an M-RoPE whose h and w axes drive only low-frequency pairs (sections (8, 4, 4) at head
-dim 32) gives 0.003, indistinguishable from bf16 tables, and ``diagnose`` then still reports its phase
-error as a precision problem. Probe such a function with :func:`diagnose_axes`.
+dim 32, t = 0, h = i // 8, w = i % 8: the zoo's ``mrope_behind_1d``) gives 0.003, as small as bf16 tables.
+``diagnose`` therefore reads two more signs from its phase check (positions 0 .. ``max_position``):
+
+- the phase error against the envelope of 16-bit rounding, :math:`4u(1 + |\theta|)` with u = 2^-8 (positions,
+  inv_freq and their product each rounded once err by at most :math:`3u|\theta|`, cos/sin tables by
+  :math:`\sqrt2 u`): the zoo's 16-bit rows and positions / inv_freq / angles / tables in bf16 or fp16 reach at
+  most 0.61 of it at 4096 positions (``esm_old_bf16``; 0.59 at 1024), ``mrope_behind_1d`` 16 times it
+  (5.0 at 1024; per pair 16, 10, 6.2, 3.6 on the w pairs at 4096), widths 32 and 64 give 40 and 48;
+- dims unrotated over the short probe that turn later (pass-through dims stay exactly 1): every
+  single-axis row 0, ``mrope_behind_1d`` 2.4 (its h pairs start turning at position 8).
+
+Either sign makes the verdict "not single-axis RoPE", never a precision or pairing fix. Still out of reach
+(measured): a grid narrower than the short structure probe (widths 2 and 4: read as a sequence-axis or
+positions fault), and Qwen2-VL's own sizes (sections (16, 24, 24), base 1e6) with t constant, whose
+h and w pairs turn by less than the probe's angle tolerance over 6 positions (read as no rotation). Probe
+such a function with :func:`diagnose_axes`.
 """
 
 from __future__ import annotations

@@ -225,6 +225,10 @@ def _yarn_configs(g, idx, mid, i0, i1, s, b, r) -> list[tuple[str, dict, str]]:
         "(one common scale is free)"
     )
     for low, high, trunc in ranges:
+        # yarn's correction dims lie in [0, r - 1] (clamped); a fit far outside is no yarn ramp (and
+        # b ** (2 d / r) would overflow for a ramp of near-zero slope, as a multi-axis RoPE can give).
+        if not (math.isfinite(low) and math.isfinite(high)) or max(abs(low), abs(high)) > 2 * r:
+            continue
         if trunc and abs(high - round(high)) > 1e-3:
             continue
         if trunc:

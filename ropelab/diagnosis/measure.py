@@ -112,19 +112,38 @@ def _single_axis(fn, lay: Layout, sz: dict[str, int], dg: Diagnosis) -> None:
     """Replace pairing/ladder/precision fixes by one finding when fn is not a RoPE along one axis at all."""
     try:
         dev = single_axis_deviation(fn, layout=str(lay), sizes=sz)
-    except Exception:  # noqa: BLE001 - fn may refuse the longer probe; then the report stands as measured
-        return
-    if dev > NOT_SINGLE_AXIS:
-        dg.problems.clear()
-        dg.codes.clear()
-        dg.problem(
-            "not_single_axis",
-            f"not single-axis RoPE: with one q and one k at every position, the scores are not a function of "
-            f"n - m over {SINGLE_AXIS_LENGTH} positions (relative deviation {dev:.2g}); the rows above describe "
-            f"a short probe only, and no pairing, base or precision fix applies. A 2D/3D or M-RoPE computing "
-            f"several positions per token does this: probe it with multi-axis positions "
-            f"(ropelab.diagnosis.axes.diagnose_axes).",
+    except Exception:  # noqa: BLE001 - fn may refuse the longer probe; the phase check's evidence remains
+        dev = None
+    evidence = []
+    if dev is not None and dev > NOT_SINGLE_AXIS:
+        evidence.append(
+            f"with one q and one k at every position, the scores are not a function of n - m over "
+            f"{SINGLE_AXIS_LENGTH} positions (relative deviation {dev:.2g})"
         )
+    if dg.late_turn is not None and dg.late_turn > STRUCT_TOL:
+        evidence.append(
+            f"head dims that stay unrotated over the first {dg.sizes[dg.declared_seq]} positions turn later, by up "
+            f"to {dg.late_turn:.2g} by position {dg.max_position} (a single-axis RoPE turns every rotating pair "
+            "from position 1 on)"
+        )
+    if dg.roundoff_ratio is not None and dg.roundoff_ratio > 1:
+        evidence.append(
+            f"the angles depart from m * inv_freq by up to {dg.roundoff_ratio:.2g} times what positions, inv_freq, "
+            "angles or cos/sin tables rounded to bfloat16 or float16 can produce (4u(1 + |theta|), u = 2^-8)"
+        )
+    if not evidence:
+        return
+    dg.problems.clear()
+    dg.codes.clear()
+    dg.length_dependent = None  # frequencies refitted at another length describe no single ladder here
+    dg.notes[:] = [n for n in dg.notes if not n.startswith("the frequencies change with the sequence length")]
+    dg.problem(
+        "not_single_axis",
+        "not single-axis RoPE: " + "; ".join(evidence) + ". The rows above describe a short probe only, and no "
+        "pairing, base or precision fix applies. A 2D/3D or M-RoPE computing several positions per token "
+        "(row and column, or frame, from the token index) does this: probe it with multi-axis positions "
+        "(ropelab.diagnosis.axes.diagnose_axes).",
+    )
 
 
 
@@ -347,20 +366,27 @@ def _expectations(dg: Diagnosis, expect: Mapping[str, Any]) -> None:
             )
 
 
-def _phase_call(fn, lay: Layout, sz, pdt, L, pairs_ab, st_dir, perm=None) -> torch.Tensor:
-    """Angles [L, P] read back from a call with positions 0 .. L-1 and every pair set to (1, 0)."""
+def _phase_call(fn, lay: Layout, sz, pdt, L, pairs_ab, st_dir, perm=None, still=None) -> torch.Tensor:
+    """Angles [L, P] read back from a call with positions 0 .. L-1 and every pair set to (1, 0). With
+    ``still`` (the dims the short probe saw unrotated, set to 1 too) returns also how far they move,
+    ``max |y_j - 1|`` over the positions: 0 for a pass-through dim."""
     shape = [L if a == lay.seq else (sz[a] if a in ("d", "h") else 1) for a in lay.axes]
     a, b = pairs_ab
     x = torch.zeros(shape, dtype=pdt)
     d_idx = lay.index("d")
     x.movedim(d_idx, -1)[..., a] = 1.0
+    if still is not None:
+        x.movedim(d_idx, -1)[..., still] = 1.0
     cu = torch.tensor([0, L], dtype=torch.int32) if lay.seq == "t" else None
     y = call(fn, x, lay, cu)
     y = y.reshape(shape).to(torch.float64).movedim(d_idx, -1).movedim(lay.index(lay.seq), 0)
     y = y.reshape(L, -1, y.shape[-1])[:, 0]
     if perm is not None:  # back to input dims: output dim k holds input dim perm[k]
         y = y[:, torch.argsort(torch.tensor(perm))]
-    return torch.atan2(y[:, b], y[:, a]) * st_dir
+    angles = torch.atan2(y[:, b], y[:, a]) * st_dir
+    if still is None:
+        return angles
+    return angles, float((y[:, still] - 1).abs().max()) if len(still) else 0.0
 
 
 def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosis) -> None:
@@ -375,7 +401,9 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
         # would otherwise serve it the tables the high-precision call at this length just built.
         args = (lay, sz), L, (a, b), dg.direction, dg.output_permutation
         lo = _phase_call(fn, *args[0], dtype, *args[1:])
-        hi = lo if dtype == st.probe_dtype else _phase_call(fn, *args[0], st.probe_dtype, *args[1:])
+        paired = {i for p in dg.pairs for i in p}
+        still = [j for j in range(dg.head_dim) if j not in paired]
+        hi, dg.late_turn = _phase_call(fn, *args[0], st.probe_dtype, *args[1:], still=still)
     except NotATensor:
         raise
     except Exception as e:  # noqa: BLE001
@@ -423,6 +451,12 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
     dg.phase_allowed = phase_tolerance(dtype, max_angle)
     if dg.phase_error <= dg.phase_allowed:
         return
+    # Every 16-bit cause below errs by at most 3u|theta| (positions, inv_freq and their product each
+    # rounded once) plus ~sqrt(2)u (cos and sin rounded): within 4u(1 + |theta|) for u = u(bf16), the largest
+    # unit roundoff of the formats named. An error past that envelope is no rounding (measured over the
+    # zoo's 16-bit rows: at most 0.61 of it; an M-RoPE behind 1D input: 16 to 48 times it).
+    envelope = dg.phase_allowed + 4 * UNIT_ROUNDOFF[torch.bfloat16] * (1 + exact.abs())
+    dg.roundoff_ratio = float((err / envelope).max())
     first = int((per_pos > dg.phase_allowed).nonzero()[0])
     best = None
     for where in ("positions", "inv_freq", "angle", "all", "tables"):

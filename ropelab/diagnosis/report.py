@@ -60,6 +60,8 @@ class Diagnosis:
     phase_error_position: int | None = None
     phase_allowed: float | None = None
     phase_cause: str | None = None
+    roundoff_ratio: float | None = None  # worst phase error / the most any 16-bit rounding can give (set past allowed)
+    late_turn: float | None = None  # how far dims unrotated in the short probe move over the phase check
     max_position: int = 4096
     problems: list[str] = field(default_factory=list)
     codes: list[str] = field(default_factory=list)

@@ -525,6 +525,13 @@ ROWS: list[Row] = [
     Row("permuted_pairs", sp.permuted_pairs, "b s h d", "style", "rotating pairs in a scrambled dim order"),
     Row("bf16_compute", sp.bf16_compute, "b s h d", "dtype", "computes and returns bf16 for any input"),
     Row(
+        "mrope_behind_1d",
+        sp.mrope_behind_1d,
+        "b s h d",
+        "not_single_axis",
+        "M-RoPE (8, 4, 4) of a grid 8 wide behind 1D input: h, w drive only low-frequency pairs",
+    ),
+    Row(
         "interleaved_for_half",
         lambda: sp.ropelab_rope("b s h d", "interleaved"),
         "b s h d",
