@@ -1,5 +1,6 @@
 """diagnosis.axes: multi-axis probing, and 'not single-axis RoPE' instead of a wrong fix."""
 
+import pytest
 import torch
 
 import ropelab
@@ -102,3 +103,86 @@ def test_16_bit_rounding_stays_inside_the_roundoff_envelope():
         assert rep.roundoff_ratio is None or rep.roundoff_ratio < 0.75, (name, rep.roundoff_ratio)
         if name != "tables_torch.float16":  # fp16 tables err below float32's allowance: named by the norm probe
             assert {"precision", "inv_freq_precision"} & set(rep.codes), (name, rep.codes)
+
+
+NEW_ROWS = ("mrope_behind_1d_width2", "mrope_behind_1d_width4", "qwen2vl_image_behind_1d", "qwen2vl_text_then_image")
+FIXES = ("Permute", "float32", "offset", "transpose", "Pass positions", "layout it expects", "Drop the")
+
+
+@pytest.mark.parametrize("name", NEW_ROWS)
+@pytest.mark.parametrize("max_position", [64, 4096])
+def test_narrow_grids_and_qwen2vl_sizes_are_not_single_axis(name, max_position):
+    """A grid narrower than the 6-token structure probe, and Qwen2-VL's sizes whose w pairs turn by less than
+    the probe's angle tolerance in 6 tokens, used to get a sequence-axis, positions, style or no-rotation fix.
+    The pairs of one token read different positions (measured spread 0.64 to 1.0 against 0.013 at most for a
+    single-axis RoPE with 16-bit tables)."""
+    from ropelab.diagnosis import zoo
+    from ropelab.diagnosis.axes import SPREAD_TOL
+
+    row = zoo.ZOO[name]
+    rep = ropelab.diagnose(row.fn, layout=row.layout, sizes=row.sizes, max_position=max_position)
+    assert rep.codes == ["not_single_axis"], rep
+    text = rep.problems[0]
+    assert "diagnose_axes" in text and not any(f in text for f in FIXES), text
+    assert rep.position_spread > 2 * SPREAD_TOL and rep.positions_ok is None, rep.position_spread
+
+
+def test_single_axis_rows_read_one_position_per_token():
+    """Every zoo row without a multi-axis finding, and 16-bit tables / angles, read one position per token:
+    the spread stays below SPREAD_TOL / 8 (measured: at most 0.013, bf16 tables and ESM after .to(bf16))."""
+    from ropelab.core import parse_layout
+    from ropelab.diagnosis import zoo
+    from ropelab.diagnosis.axes import SPREAD_TOL, position_spread
+    from ropelab.diagnosis.probes import one_thread, probe_sizes
+
+    cases = [(r.name, r.fn, r.layout, r.sizes) for r in zoo.broken() if r.finding != "not_single_axis" and not r.needs]
+    cases += [(n, zoo.ZOO[n].fn, zoo.ZOO[n].layout, None) for n in ("ropelab_half_bshd", "ropelab_interleaved_thd")]
+    cases += [(f"{w}_{dt}", _tables16(w, dt), "b s h d", None)
+              for w in ("tables", "angle", "all", "inv_freq") for dt in (torch.bfloat16, torch.float16)]
+    for name, fn, layout, sizes in cases:
+        lay = parse_layout(layout)
+        sz = probe_sizes(lay, sizes)
+        pairs = ropelab.diagnose(fn, layout=layout, sizes=sizes, max_position=8).pairs
+        with one_thread():
+            sp = position_spread(fn, lay, sz, length=1025, pairs=pairs)
+        assert sp is None or sp.spread < SPREAD_TOL / 8, (name, sp)
+
+
+def test_qwen2vl_specimen_numbers_positions_as_transformers_get_rope_index():
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+
+    from ropelab.diagnosis.specimens import qwen2vl_positions
+
+    text, rows, width, tail = 4, 4, 8, 20
+    fake = SimpleNamespace(config=SimpleNamespace(vision_config=SimpleNamespace(spatial_merge_size=1)))
+    fake.get_vision_position_ids = lambda *a, **k: Qwen2VLModel.get_vision_position_ids(fake, *a, **k)
+    mm = torch.tensor([[0] * text + [1] * rows * width + [0] * tail])
+    grid = torch.tensor([[1, rows, width]])
+    pos, _ = Qwen2VLModel.get_rope_index(fake, torch.zeros_like(mm), mm, image_grid_thw=grid)
+    assert torch.equal(pos[:, 0], qwen2vl_positions(mm.shape[1], text, rows, width))
+
+
+@pytest.mark.parametrize("text", [16, 1000, 2000, 4000])
+def test_image_after_long_text_gets_no_precision_fix(text):
+    """Past 6 text tokens the structure probe sees 1D RoPE; the image's phase error then exceeds 16-bit
+    rounding's envelope up to ~1500 text tokens (ratio 1.9 at 1000, 0.97 at 2000: measured). Beyond, no
+    16-bit cause reproduces its pattern, so diagnose cannot decide and says so: never a precision fix."""
+    from ropelab.diagnosis import zoo
+
+    rep = ropelab.diagnose(zoo.qwen2vl_text_then_image(text), layout="b s h d", sizes={"d": 128}, max_position=4096)
+    assert rep.codes == ["not_single_axis"] and "float32" not in rep.problems[0], rep
+    assert rep.phase_cause == "unexplained"
+
+
+def test_multi_axis_past_the_probe_is_out_of_reach():
+    """Limit: an image that starts after max_position, or a grid wider than it, is a 1D RoPE over every position
+    diagnose looks at (measured: OK, resp. a style finding)."""
+    from ropelab.diagnosis import zoo
+
+    assert ropelab.diagnose(zoo.qwen2vl_text_then_image(300), layout="b s h d", sizes={"d": 128},
+                            max_position=256).ok
+    wide = ropelab.diagnose(zoo.qwen2vl_image_behind_1d(300), layout="b s h d", sizes={"d": 128}, max_position=256)
+    assert "not_single_axis" not in wide.codes

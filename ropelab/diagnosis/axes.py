@@ -42,17 +42,126 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core import pair_indices
+from ..core import Layout, pair_indices
 from ..multiaxis import MultiAxis
-from .probes import sanity_checks
+from ..precision import UNIT_ROUNDOFF
+from .probes import STRUCT_TOL, NotATensor, call, sanity_checks
 
-__all__ = ["AxisReport", "diagnose_axes", "single_axis_deviation", "SINGLE_AXIS_LENGTH", "NOT_SINGLE_AXIS"]
+__all__ = [
+    "AxisReport",
+    "diagnose_axes",
+    "single_axis_deviation",
+    "position_spread",
+    "Spread",
+    "SINGLE_AXIS_LENGTH",
+    "NOT_SINGLE_AXIS",
+    "SPREAD_TOL",
+]
 
 SINGLE_AXIS_LENGTH = 64  # long enough that a flattened grid of width <= 32 wraps at least once
 NOT_SINGLE_AXIS = 0.3  # relative Toeplitz deviation; a 1D RoPE sits at round-off (bf16 angles below 0.1)
 # fn may form its tables in float32 (transformers does): angles and |(cos, sin)| are then good to a few
 # float32 ulps times the position, far below this, while a wrong pairing or a non-rotation is off by O(1).
 AXIS_TOL = 2.0**-12
+
+
+# One token, one position: under a single-axis RoPE every pair of a token reads the same position, each
+# to within 3u of 16-bit rounding (positions are common to all pairs, inv_freq a per-pair scale, the angle
+# and cos/sin rounded once each): normalised angles differ by at most ~12u = 0.047. 64u = 0.25 leaves 5x.
+SPREAD_TOL = 64 * UNIT_ROUNDOFF[torch.bfloat16]
+# Angles below fp16's smallest normal (2^-14) lose relative precision in fp16 tables: not compared.
+ANGLE_FLOOR = 2.0**-14
+
+
+@dataclass
+class Spread:
+    """What :func:`position_spread` read: the largest disagreement, where, and from how many pairs."""
+
+    spread: float  # max over tokens of (max - min) / max |.| of the pairs' normalised angles
+    token: int  # the token (index along the sequence axis) where it is largest
+    pairs: int  # pairs compared (turning, never past pi/2, so unwrapped under a single-axis RoPE)
+    style: str  # the pairing the long call was read with
+
+
+def _pairings(pairs, d: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """Full-width pairings that contain the pairs a short probe saw turn (all of them when it saw none):
+    interleaved (2i, 2i+1) over the head, half (i, i + D) over [0, 2D) or [d - 2D, d) for the one offset D."""
+    seen = {tuple(sorted(p)) for p in pairs}
+    out = []
+    if all(a % 2 == 0 and b == a + 1 for a, b in seen):
+        a, b = pair_indices(d, "interleaved")
+        out.append(("interleaved", a, b))
+    offsets = {b - a for a, b in seen} or {d // 2}
+    if len(offsets) == 1:
+        D = offsets.pop()
+        for start in sorted({0, d - 2 * D}):
+            if start >= 0 and start + 2 * D <= d and all(start <= a < start + D for a, _ in seen):
+                a, b = pair_indices(2 * D, "half")
+                out.append(("half", a + start, b + start))
+    return out
+
+
+def position_spread(fn: Callable, lay: Layout, sizes: dict[str, int], *, length: int, pairs=(),
+                    dtype: torch.dtype = torch.float64) -> Spread | None:
+    r"""Does every pair of a token see the same position? Over positions 0 .. ``length`` - 1.
+
+    A single-axis RoPE, right or wrong (shifted, restarting, flattened positions, scrambled pairs), turns
+    pair i of token n by :math:`p_n\,\omega_i`: one position :math:`p_n` per token. An M-RoPE or axial RoPE
+    turns it by :math:`p_{a(i),n}\,\omega_i`, with a(i) the axis driving pair i. Two calls (the a dims, then
+    the b dims of a pairing set to 1 at every token) read the angle :math:`	heta_{n,i}` of every pair along
+    the sequence (the other axes at index 0). Of the pairs that turn but never past :math:`\pi/2` (so no
+    wrap hides a multiple of :math:`2\pi`), each is divided by its largest angle, giving
+    :math:`p_n / p_{max}` under one position per token; the spread at token n is (max - min) / max|.| over
+    the pairs (angles below ``ANGLE_FLOOR`` left out). Returns the largest spread, or None when no pairing
+    containing ``pairs`` is a rotation at every token or fewer than two pairs qualify.
+    """
+    shape = [length if a == lay.seq else sizes[a] for a in lay.axes]
+    d_idx = lay.index("d")
+    cu = torch.tensor([0, length], dtype=torch.int32) if lay.seq == "t" else None
+    best = None
+    for style, a, b in _pairings(pairs, sizes["d"]):
+        ys = []
+        for idx in (a, b):
+            x = torch.zeros(shape, dtype=dtype)
+            x.movedim(d_idx, -1)[..., idx] = 1.0
+            try:
+                y = call(fn, x, lay, cu)
+            except NotATensor:
+                raise
+            except Exception:  # noqa: BLE001 - fn refuses this length: no evidence
+                return None
+            y = y.reshape(shape).to(torch.float64).movedim(d_idx, -1).movedim(lay.index(lay.seq), 0)
+            ys.append(y.reshape(length, -1, y.shape[-1])[:, 0])
+        ya, yb = ys  # e_a -> (c, s) in (a, b); e_b -> (-s, c)
+        c, s = (ya[:, a] + yb[:, b]) / 2, (ya[:, b] - yb[:, a]) / 2
+        scale = max(1.0, float(torch.hypot(c, s).max()))
+        if float(torch.maximum((ya[:, a] - yb[:, b]).abs(), (ya[:, b] + yb[:, a]).abs()).max()) > STRUCT_TOL * scale:
+            continue  # not this pairing: some pair is no rotation at some token
+        theta = torch.atan2(s, c)
+        n = 16
+        while True:  # prefixes 16, 64, 256, ...: pairs that pass pi/2 later still count over a shorter one
+            got = _spread(theta[: min(n, length)], style)
+            if got is not None and (best is None or got.spread > best.spread):
+                best = got
+            if n >= length:
+                break
+            n *= 4
+    return best
+
+
+def _spread(theta: torch.Tensor, style: str) -> Spread | None:
+    top = theta.abs().amax(0)
+    keep = (top >= ANGLE_FLOOR) & (top <= math.pi / 2)
+    if int(keep.sum()) < 2:
+        return None
+    th = theta[:, keep]
+    ref = th.gather(0, th.abs().argmax(0, keepdim=True))  # each pair's largest angle, signed
+    q = torch.where(th.abs() >= ANGLE_FLOOR, th / ref, torch.nan)
+    n_ok = (~q.isnan()).sum(1)
+    hi, lo = q.nan_to_num(-math.inf).amax(1), q.nan_to_num(math.inf).amin(1)
+    row = torch.where(n_ok >= 2, (hi - lo) / torch.maximum(hi.abs(), lo.abs()), torch.zeros_like(hi))
+    k = int(row.argmax())
+    return Spread(float(row[k]), k, int(keep.sum()), style)
 
 
 def single_axis_deviation(fn: Callable, *, layout: str, sizes: dict[str, int]) -> float:

@@ -12,7 +12,7 @@ import torch
 from ..core import STYLES, Layout, parse_layout
 from ..precision import DTYPE_NAMES, UNIT_ROUNDOFF, perturbed_angle, phase_tolerance, wrap_angle
 from ..scaling import default_inv_freq, frequencies
-from .axes import NOT_SINGLE_AXIS, SINGLE_AXIS_LENGTH, single_axis_deviation
+from .axes import NOT_SINGLE_AXIS, SINGLE_AXIS_LENGTH, SPREAD_TOL, position_spread, single_axis_deviation
 from .ladder import LADDER_RESEMBLES, LADDER_RTOL, fit_ladder, fmt, head_base, rel_err
 from .probes import STRUCT_TOL, NotATensor, call, one_thread, probe_cu_seqlens, probe_sizes
 from .report import Diagnosis
@@ -21,6 +21,11 @@ from .structure import Structure, measure_structure
 __all__ = ["diagnose", "check_args", "EXPECT_KEYS"]
 
 LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Findings of the short structure probe that a RoPE with several positions per token behind 1D input can
+# produce (a grid narrower than the probe, or extra axes too slow to turn in it): each is confirmed over
+# positions 0 .. max_position before it is reported (axes.position_spread).
+UNEXPLAINED = "unexplained"  # phase_cause when no 16-bit cause reproduces the phase error
+SHORT_PROBE_FINDINGS = frozenset({"no_rotation", "positions", "seq_axis", "restart", "style", "direction"})
 
 
 EXPECT_KEYS = ("style", "base", "rotary_dim", "rope_scaling", "max_position_embeddings", "attention_factor")
@@ -97,15 +102,48 @@ def _diagnose(fn, lay: Layout, sz: dict[str, int], dtype, max_position, expect, 
         head_dim=sz["d"],
     )
     st = measure_structure(fn, lay, sz, cu, dg)
+    short = SHORT_PROBE_FINDINGS & set(dg.codes)
     if st is not None:
         _frequencies(st, dg)
         _expectations(dg, expect or {})
         positions_wrong = any(map(dg.has, ("varlen", "positions", "restart")))
         if dg.seq_axis == lay.seq and dg.inv_freq is not None and not positions_wrong:
             _phase(fn, lay, sz, dtype, max_position, st, dg)
-        if dg.problems and dg.positions_ok and not positions_wrong:
+        if (dg.problems or dg.phase_cause == UNEXPLAINED) and dg.positions_ok and not positions_wrong:
             _single_axis(fn, lay, sz, dg)
+    if short & set(dg.codes):  # still reported: confirm it over positions 0 .. max_position
+        _several_positions(fn, lay, sz, max_position, dg)
     return dg
+
+
+def _several_positions(fn, lay: Layout, sz: dict[str, int], max_position: int, dg: Diagnosis) -> None:
+    """Before a short-probe finding is reported: do the pairs of one token read different positions over
+    positions 0 .. max_position? Then fn is no RoPE along one axis, and that finding's fix would be wrong."""
+    sp = position_spread(fn, lay, sz, length=max_position + 1, pairs=dg.pairs, dtype=dg.probe_dtype or torch.float64)
+    if sp is None or sp.spread <= SPREAD_TOL:
+        return
+    dg.position_spread = sp.spread
+    dg.positions_ok = None  # the short probe's reading of the positions does not apply
+    _not_single_axis(dg, [
+        f"over positions 0 .. {max_position} the pairs of one token read different positions: at index {sp.token} "
+        f"their angles, each divided by its largest, spread by {sp.spread:.2g} of their size ({sp.pairs} pairs that "
+        f"never pass pi/2, read as {sp.style} pairs; one position per token keeps this below {SPREAD_TOL:.2g} even "
+        "with 16-bit tables)"
+    ])
+
+
+def _not_single_axis(dg: Diagnosis, evidence: list[str]) -> None:
+    dg.problems.clear()
+    dg.codes.clear()
+    dg.length_dependent = None  # frequencies refitted at another length describe no single ladder here
+    dg.notes[:] = [n for n in dg.notes if not n.startswith("the frequencies change with the sequence length")]
+    dg.problem(
+        "not_single_axis",
+        "not single-axis RoPE: " + "; ".join(evidence) + ". The rows above describe a short probe only, and no "
+        "pairing, position, base or precision fix applies. A 2D/3D or M-RoPE computing several positions per token "
+        "(row and column, or frame, from the token index) does this: probe it with multi-axis positions "
+        "(ropelab.diagnosis.axes.diagnose_axes).",
+    )
 
 
 def _single_axis(fn, lay: Layout, sz: dict[str, int], dg: Diagnosis) -> None:
@@ -131,20 +169,15 @@ def _single_axis(fn, lay: Layout, sz: dict[str, int], dg: Diagnosis) -> None:
             f"the angles depart from m * inv_freq by up to {dg.roundoff_ratio:.2g} times what positions, inv_freq, "
             "angles or cos/sin tables rounded to bfloat16 or float16 can produce (4u(1 + |theta|), u = 2^-8)"
         )
-    if not evidence:
-        return
-    dg.problems.clear()
-    dg.codes.clear()
-    dg.length_dependent = None  # frequencies refitted at another length describe no single ladder here
-    dg.notes[:] = [n for n in dg.notes if not n.startswith("the frequencies change with the sequence length")]
-    dg.problem(
-        "not_single_axis",
-        "not single-axis RoPE: " + "; ".join(evidence) + ". The rows above describe a short probe only, and no "
-        "pairing, base or precision fix applies. A 2D/3D or M-RoPE computing several positions per token "
-        "(row and column, or frame, from the token index) does this: probe it with multi-axis positions "
-        "(ropelab.diagnosis.axes.diagnose_axes).",
-    )
-
+    elif dg.phase_cause == UNEXPLAINED:
+        evidence.append(
+            f"past position {dg.phase_first} the angles depart from m * inv_freq (phase error {dg.phase_error:.2g} "
+            f"rad at position {dg.phase_error_position}, allowed {dg.phase_allowed:.1e}) in a pattern that none of "
+            "positions, inv_freq, angles or cos/sin tables held in bfloat16 or float16 reproduces; diagnose cannot "
+            "tell positions that change past its short probe from several positions per token"
+        )
+    if evidence:
+        _not_single_axis(dg, evidence)
 
 
 def _frequencies(st: Structure, dg: Diagnosis) -> None:
@@ -500,6 +533,13 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
             "positions, inv_freq and angles in float32 or float64."
         )
     tables_named = dg.has("precision")  # the structure probe named 16-bit cos/sin tables already
+    if best[0] > dg.phase_allowed + 4 * UNIT_ROUNDOFF[torch.bfloat16] and not tables_named and dg.positions_ok:
+        # No 16-bit cause reproduces the error and the tables are not 16-bit: no precision fix is known to
+        # be right. _single_axis reports it (positions changing past the short probe, or an M-RoPE behind
+        # 1D input whose image starts late: at 2000 text tokens its error is inside 4u(1 + |theta|)).
+        dg.phase_cause = UNEXPLAINED
+        dg.phase_first = first
+        return
     if dg.phase_cause in ("inv_freq in bf16", "inv_freq in fp16", "all in bf16", "all in fp16"):
         if tables_named and not dg.has("inv_freq_precision"):  # drift growing with m: more than the tables
             dg.problem("inv_freq_precision", text)

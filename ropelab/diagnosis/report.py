@@ -59,9 +59,11 @@ class Diagnosis:
     phase_error: float | None = None
     phase_error_position: int | None = None
     phase_allowed: float | None = None
-    phase_cause: str | None = None
+    phase_cause: str | None = None  # e.g. "positions in bf16"; "unexplained" when no 16-bit cause fits
+    phase_first: int | None = None  # the first position whose phase error passes phase_allowed (if named)
     roundoff_ratio: float | None = None  # worst phase error / the most any 16-bit rounding can give (set past allowed)
     late_turn: float | None = None  # how far dims unrotated in the short probe move over the phase check
+    position_spread: float | None = None  # how far the pairs of one token disagree about its position (if read)
     max_position: int = 4096
     problems: list[str] = field(default_factory=list)
     codes: list[str] = field(default_factory=list)

@@ -3,7 +3,8 @@ classic bug (each a factory returning ``fn(x)``, ``fn(x, cu_seqlens)`` for a ``t
 ``b s h d`` unless said). The bugs: a rotation along the heads; varlen positions that do not restart;
 a decode step without its offset; 16-bit positions, ``inv_freq`` or cos/sin tables; tables in the other
 style's layout; a wrong base; a reversed sign; RoPE or its attention factor applied twice;
-an M-RoPE behind 1D input; ...
+M-RoPE behind 1D input (a grid of any width; Qwen2-VL's sizes with t constant; a text-then-image
+sequence as Qwen2-VL numbers it); ...
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ __all__ = [
     "permuted_pairs",
     "bf16_compute",
     "mrope_behind_1d",
+    "QWEN2_VL",
+    "qwen2vl_image_behind_1d",
+    "qwen2vl_text_then_image",
+    "qwen2vl_positions",
 ]
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
@@ -245,7 +250,8 @@ def mrope_behind_1d(width: int = 8) -> Callable:
     """An M-RoPE (Qwen2-VL-style contiguous sections (8, 4, 4), head dim 32) behind 1D input: the image
     tokens' positions derived from the token index, t = 0, h = index // width, w = index % width. Its h and w
     axes drive only the 8 lowest-frequency pairs, so over 64 positions the scores are nearly Toeplitz
-    (relative deviation 0.003, as small as bf16 tables give); the phase check to 4096 shows it."""
+    (relative deviation 0.003, as small as bf16 tables give); the phase check to 4096 shows it. A width
+    below the structure probe's 6 tokens (2, 4) turns h and w pairs inside it instead."""
     spec = MultiAxis.mrope((8, 4, 4))
 
     def fn(x):
@@ -256,3 +262,48 @@ def mrope_behind_1d(width: int = 8) -> Callable:
         return apply_rope(x, pos, layout="b s h d", sections=spec)
 
     return _named(fn, "mrope_behind_1d")
+
+
+# Qwen2-VL's rotary sizes: mrope_section [16, 24, 24] (the default of transformers' Qwen2VLRotaryEmbedding,
+# models/qwen2_vl/modeling_qwen2_vl.py), rope_theta 1e6 and head dim 8192 / 64 = 128 (Qwen2VLTextConfig's
+# default_theta, hidden_size and num_attention_heads, models/qwen2_vl/configuration_qwen2_vl.py).
+QWEN2_VL = {"sections": (16, 24, 24), "base": 1e6, "head_dim": 128}
+
+
+def _qwen2vl(x: torch.Tensor, pos: torch.Tensor, name: str) -> torch.Tensor:
+    if x.shape[-1] != QWEN2_VL["head_dim"]:
+        raise ValueError(f"{name} is built for head_dim 128 (Qwen2-VL); pass sizes={{'d': 128}}")
+    return apply_rope(x, pos, layout="b s h d", sections=MultiAxis.mrope(QWEN2_VL["sections"]), base=QWEN2_VL["base"])
+
+
+def qwen2vl_image_behind_1d(width: int = 8) -> Callable:
+    """Qwen2-VL's M-RoPE (sections (16, 24, 24), head dim 128, base 1e6) on image tokens behind 1D input:
+    t = 0, h = index // width, w = index % width. Its w pairs (the 24 lowest frequencies, <= 1.8e-4 rad
+    per position) turn by less than the structure probe's angle tolerance within 6 tokens, and its h pairs
+    not at all before index ``width``."""
+
+    def fn(x):
+        i = torch.arange(x.shape[1])
+        return _qwen2vl(x, torch.stack([torch.zeros_like(i), i // width, i % width]), "qwen2vl_image_behind_1d")
+
+    return _named(fn, "qwen2vl_image_behind_1d")
+
+
+def qwen2vl_text_then_image(text: int = 4, rows: int = 4, width: int = 8) -> Callable:
+    """A Qwen2-VL sequence behind 1D input, numbered as transformers' ``Qwen2VLModel.get_rope_index`` does:
+    ``text`` text tokens at t = h = w = index; one image of rows x width tokens at t = text, h = text + row,
+    w = text + column (``get_vision_position_ids`` with ``start_position`` = text); then text again from
+    text + max(rows, width) on every axis. Sections (16, 24, 24), head dim 128, base 1e6."""
+
+    def fn(x):
+        return _qwen2vl(x, qwen2vl_positions(x.shape[1], text, rows, width), "qwen2vl_text_then_image")
+
+    return _named(fn, "qwen2vl_text_then_image")
+
+
+def qwen2vl_positions(length: int, text: int, rows: int, width: int) -> torch.Tensor:
+    """The [3, length] (t, h, w) positions of :func:`qwen2vl_text_then_image`'s first ``length`` tokens."""
+    n_img = rows * width
+    img = torch.stack([torch.zeros(n_img, dtype=torch.long), torch.arange(n_img) // width, torch.arange(n_img) % width])
+    after = text + max(rows, width) + torch.arange(max(0, length - text - n_img))
+    return torch.cat([torch.arange(text).expand(3, -1), img + text, after.expand(3, -1)], 1)[:, :length]

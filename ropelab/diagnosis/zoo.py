@@ -531,6 +531,32 @@ ROWS: list[Row] = [
         "not_single_axis",
         "M-RoPE (8, 4, 4) of a grid 8 wide behind 1D input: h, w drive only low-frequency pairs",
     ),
+    *[
+        Row(
+            f"mrope_behind_1d_width{w}",
+            (lambda w=w: sp.mrope_behind_1d(w)),
+            "b s h d",
+            "not_single_axis",
+            f"M-RoPE (8, 4, 4) of a grid {w} wide behind 1D input: narrower than the 6-token structure probe",
+        )
+        for w in (2, 4)
+    ],
+    Row(
+        "qwen2vl_image_behind_1d",
+        sp.qwen2vl_image_behind_1d,
+        "b s h d",
+        "not_single_axis",
+        "Qwen2-VL's M-RoPE (16, 24, 24), base 1e6, t = 0 and h, w of a grid 8 wide behind 1D input",
+        sizes={"d": 128},
+    ),
+    Row(
+        "qwen2vl_text_then_image",
+        sp.qwen2vl_text_then_image,
+        "b s h d",
+        "not_single_axis",
+        "Qwen2-VL positions of 4 text tokens, a 4 x 8 image, then text (get_rope_index), behind 1D input",
+        sizes={"d": 128},
+    ),
     Row(
         "interleaved_for_half",
         lambda: sp.ropelab_rope("b s h d", "interleaved"),
