@@ -27,11 +27,28 @@ dim 32, t = 0, h = i // 8, w = i % 8: the zoo's ``mrope_behind_1d``) gives 0.003
 - dims unrotated over the short probe that turn later (pass-through dims stay exactly 1): every
   single-axis row 0, ``mrope_behind_1d`` 2.4 (its h pairs start turning at position 8).
 
-Either sign makes the verdict "not single-axis RoPE", never a precision or pairing fix. Still out of reach
-(measured): a grid narrower than the short structure probe (widths 2 and 4: read as a sequence-axis or
-positions fault), and Qwen2-VL's own sizes (sections (16, 24, 24), base 1e6) with t constant, whose
-h and w pairs turn by less than the probe's angle tolerance over 6 positions (read as no rotation). Probe
-such a function with :func:`diagnose_axes`.
+Either sign makes the verdict "not single-axis RoPE", never a precision or pairing fix.
+
+The structure probe sees 6 tokens only, and its findings come before the phase check. A grid narrower
+than that (widths 2 and 4) turns h and w pairs inside it: it was read as a sequence-axis and style fault.
+Qwen2-VL's own sizes (sections (16, 24, 24), head dim 128, base 1e6) with t constant turn their w pairs by
+at most 5 * 1.8e-4 rad there, below the probe's angle tolerance 2^-10: read as no rotation plus style.
+Qwen2-VL's numbering of 4 text tokens and then an image (t frozen, h and w offset by the text, as
+transformers' ``get_rope_index``): read as a sequence-axis fault. So every such short-probe finding
+(``no_rotation, positions, seq_axis, restart, style, direction``) still standing after the phase check is
+confirmed, before it is reported, by
+:func:`position_spread` over positions 0 .. ``max_position``: does every pair of a token read the same
+position? Measured at 1025 and 4097 positions: every single-axis zoo row at most 0.014 (``esm_old_bf16``;
+0.012 for bf16 tables), the M-RoPE rows 0.64 (``qwen2vl_text_then_image``) to 1.0, against
+``SPREAD_TOL`` = 64u = 0.25. And when the phase error past the short probe matches no 16-bit cause at all
+(an image after ~2000 text tokens: its error is then inside the envelope above, ratio 0.97 at 2000 text
+tokens, 0.49 at 4000), ``diagnose`` says it cannot tell positions that change past the probe from several
+positions per token, again "not single-axis RoPE" and no fix.
+
+Still out of reach (measured): several positions per token that first differ past ``max_position`` (an
+image after more text tokens than that, a grid wider than that) are a 1D RoPE over every position the
+check reads: reported OK, or as the pairing the short probe saw. Probe such a function with
+:func:`diagnose_axes`.
 """
 
 from __future__ import annotations
@@ -102,7 +119,7 @@ def _pairings(pairs, d: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
 
 
 def position_spread(fn: Callable, lay: Layout, sizes: dict[str, int], *, length: int, pairs=(),
-                    dtype: torch.dtype = torch.float64) -> Spread | None:
+                    dtype: torch.dtype = torch.float64, output_permutation=None) -> Spread | None:
     r"""Does every pair of a token see the same position? Over positions 0 .. ``length`` - 1.
 
     A single-axis RoPE, right or wrong (shifted, restarting, flattened positions, scrambled pairs), turns
@@ -112,7 +129,8 @@ def position_spread(fn: Callable, lay: Layout, sizes: dict[str, int], *, length:
     the sequence (the other axes at index 0). Of the pairs that turn but never past :math:`\pi/2` (so no
     wrap hides a multiple of :math:`2\pi`), each is divided by its largest angle, giving
     :math:`p_n / p_{max}` under one position per token; the spread at token n is (max - min) / max|.| over
-    the pairs (angles below ``ANGLE_FLOOR`` left out). Returns the largest spread, or None when no pairing
+    the pairs (angles below ``ANGLE_FLOOR`` left out), on prefixes 16, 64, 256, ... of the sequence too (a
+    pair that passes pi/2 late still counts early). Returns the largest spread, or None when no pairing
     containing ``pairs`` is a rotation at every token or fewer than two pairs qualify.
     """
     shape = [length if a == lay.seq else sizes[a] for a in lay.axes]
@@ -131,7 +149,10 @@ def position_spread(fn: Callable, lay: Layout, sizes: dict[str, int], *, length:
             except Exception:  # noqa: BLE001 - fn refuses this length: no evidence
                 return None
             y = y.reshape(shape).to(torch.float64).movedim(d_idx, -1).movedim(lay.index(lay.seq), 0)
-            ys.append(y.reshape(length, -1, y.shape[-1])[:, 0])
+            y = y.reshape(length, -1, y.shape[-1])[:, 0]
+            if output_permutation is not None:  # back to input dims (output dim k holds input dim perm[k])
+                y = y[:, torch.argsort(torch.tensor(output_permutation))]
+            ys.append(y)
         ya, yb = ys  # e_a -> (c, s) in (a, b); e_b -> (-s, c)
         c, s = (ya[:, a] + yb[:, b]) / 2, (ya[:, b] - yb[:, a]) / 2
         scale = max(1.0, float(torch.hypot(c, s).max()))

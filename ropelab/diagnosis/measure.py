@@ -119,7 +119,8 @@ def _diagnose(fn, lay: Layout, sz: dict[str, int], dtype, max_position, expect, 
 def _several_positions(fn, lay: Layout, sz: dict[str, int], max_position: int, dg: Diagnosis) -> None:
     """Before a short-probe finding is reported: do the pairs of one token read different positions over
     positions 0 .. max_position? Then fn is no RoPE along one axis, and that finding's fix would be wrong."""
-    sp = position_spread(fn, lay, sz, length=max_position + 1, pairs=dg.pairs, dtype=dg.probe_dtype or torch.float64)
+    sp = position_spread(fn, lay, sz, length=max_position + 1, pairs=dg.pairs, dtype=dg.probe_dtype or torch.float64,
+                         output_permutation=dg.output_permutation)
     if sp is None or sp.spread <= SPREAD_TOL:
         return
     dg.position_spread = sp.spread
