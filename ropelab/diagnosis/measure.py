@@ -21,10 +21,10 @@ from .structure import Structure, measure_structure
 __all__ = ["diagnose", "check_args", "EXPECT_KEYS"]
 
 LOW_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+UNEXPLAINED = "unexplained"  # phase_cause when no 16-bit cause reproduces the phase error
 # Findings of the short structure probe that a RoPE with several positions per token behind 1D input can
 # produce (a grid narrower than the probe, or extra axes too slow to turn in it): each is confirmed over
 # positions 0 .. max_position before it is reported (axes.position_spread).
-UNEXPLAINED = "unexplained"  # phase_cause when no 16-bit cause reproduces the phase error
 SHORT_PROBE_FINDINGS = frozenset({"no_rotation", "positions", "seq_axis", "restart", "style", "direction"})
 
 
