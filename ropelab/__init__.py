@@ -36,6 +36,8 @@ the runner ``figures``.
 - ``staleness``: how stale post-RoPE cached keys are, and the attention drift that follows;
 - ``hf``: a Hugging Face Llama model driven layer by layer for ``kvcache``;
 - ``lm``: the byte-level LM trained for notebook 05 (corpus, training, evaluation of schemes);
+- ``extension``: notebook 07's context-extension study (every scaling at one factor, the retrieval probe, the
+  same fine-tune at 2 L0 per method, a small LongRoPE search);
 - ``paths``: where the repository, data, build and figure directories are (works from an installed package);
 - ``figures``: the notebook runner, the ``setup`` / ``save`` helpers notebooks call, and the figure manifest;
 - ``explorers``: the notebooks' interactive explorers (ipywidgets over pure compute functions);

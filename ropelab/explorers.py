@@ -2,8 +2,8 @@ r"""Interactive explorers for the notebooks: sliders over the package's own func
 
 Each explorer is three layers, so that what it shows is tested like the rest of the package:
 
-- a pure compute function (``ladder``, ``decay``, ``ntk_drift``, ``extension_ratios``, ``cope_gates``) that returns the numbers
-  drawn, from :mod:`ropelab.scaling`, :mod:`ropelab.precision`, :mod:`ropelab.decay`,
+- a pure compute function (``ladder``, ``decay``, ``ntk_drift``, ``extension_ratios``, ``cope_gates``) that returns
+  the numbers drawn, from :mod:`ropelab.scaling`, :mod:`ropelab.precision`, :mod:`ropelab.decay`,
   :mod:`ropelab.kvcache`, :mod:`ropelab.extension` and :mod:`ropelab.cope`;
 - an :class:`Explorer` that owns one matplotlib figure (Agg, never pyplot, so nothing is shown twice) and
   redraws it from the compute function: ``update(**params)`` returns the PNG bytes;

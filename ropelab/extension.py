@@ -4,9 +4,10 @@ probe trained into notebook 05's language model, and the same short fine-tune at
 The models are siblings of ``ropelab.lm``'s byte-level LM (:math:`L_0 = 256`):
 
 * **probe model** (``tinylm_probe_L256``): notebook 05's checkpoint trained on for ``PROBE_STEPS`` more steps at
-  :math:`L_0` on the same corpus, with a key planted in half of the windows: ``KEY_MARK`` + five random letters +
-  ``KEY_END`` early, and the same seven bytes again later. After the second ``KEY_MARK`` the five letters can
-  only come from attention to the first copy, so the model learns to retrieve within :math:`L_0`.
+  :math:`L_0` on the same corpus, with a key planted in half of the windows: ``KEY_OPEN`` + five random uppercase
+  letters + ``KEY_CLOSE`` early, and the same nine bytes again later (:func:`probe_sample`). After the second
+  ``KEY_OPEN`` the five letters can only come from attention to the first copy, so the model learns to retrieve
+  within :math:`L_0`.
 * **fine-tuned models** (``tinylm_probe_ft512_<method>``): the probe model trained ``FT_STEPS`` more steps at
   :math:`2L_0` with each method at :math:`s = 2` (no scaling, PI, NTK-aware, YaRN), same data, seed, batch of
   tokens and learning rate for each: the protocol of YaRN's Table 1 (Peng et al. 2023, arXiv 2309.00071), which
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import replace
@@ -33,15 +33,19 @@ from pathlib import Path
 
 import torch
 
-from .lm import CHECKPOINT, L0, LM_DIR, load_corpus, load_lm, model_config
+from .lm import CHECKPOINT, L0, LM_DIR, load_corpus, load_lm
 from .models import ModelConfig, TinyLM, masked_loss, train
 from .scaling import critical_pair, default_inv_freq, frequencies, ntk_aware_base
 from .spec import RopeSpec
 
 __all__ = [
-    "KEY_MARK",
-    "KEY_END",
+    "KEY_OPEN",
+    "KEY_CLOSE",
+    "KEY_ALPHABET",
     "KEY_LEN",
+    "SPAN",
+    "COPY_WEIGHT",
+    "PROBE_LR",
     "KEY_WEIGHT",
     "PROBE_CHECKPOINT",
     "PROBE_STEPS",
@@ -69,11 +73,20 @@ __all__ = [
     "main",
 ]
 
-KEY_MARK, KEY_END = 0x02, 0x03  # STX / ETX: bytes the corpus never contains (a test checks)
-KEY_LEN = 5  # random lowercase letters: 26^5 keys, so a right answer is retrieval, not a guess
+# The key block is KEY_OPEN + KEY_LEN letters of KEY_ALPHABET + KEY_CLOSE. Every byte of it is one the LM was trained
+# on: measured, bytes the corpus never contains (control bytes) keep embeddings the pretraining pushed aside, and
+# neither a copy of them nor a marker made of them was learned in 800 steps. The two markers never occur as
+# pairs in the corpus (a test checks); uppercase letters are rare in it (1.7 % of bytes), so the key's letters
+# are nearly unique in a window and the model can find the next one by matching the current one.
+KEY_OPEN, KEY_CLOSE = b"##", b"%%"
+KEY_ALPHABET = tuple(range(ord("A"), ord("Z") + 1))
+KEY_LEN = 5  # 26^5 keys, so a right answer is retrieval, not a guess
+SPAN = len(KEY_OPEN) + KEY_LEN + len(KEY_CLOSE)
 KEY_WEIGHT = 20.0  # the loss weight of the retrieved letters (see probe_sample)
+COPY_WEIGHT = 5.0  # the loss weight of a copy segment's second copy
 PROBE_CHECKPOINT = LM_DIR / "tinylm_probe_L256.pt"
-PROBE_STEPS = 600
+PROBE_STEPS = 2500
+PROBE_LR = 2e-3
 FT_LENGTH = 2 * L0
 FT_SCALE = 2.0
 FT_STEPS = 300
@@ -111,7 +124,8 @@ def methods(scale: float, head_dim: int, *, original: int = L0, base: float = 10
         "PI": dict(base=base, scaling={"rope_type": "linear", "factor": s}),
         "NTK-aware": dict(base=ntk_aware_base(base, head_dim, s), scaling=None),
         "dynamic NTK": dict(base=base, scaling={"rope_type": "dynamic", "factor": s}),
-        "YaRN": dict(base=base, scaling={"rope_type": "yarn", "factor": s, "original_max_position_embeddings": original}),
+        "YaRN": dict(base=base, scaling={"rope_type": "yarn", "factor": s,
+                                         "original_max_position_embeddings": original}),
         "Llama 3": dict(base=base, scaling={"rope_type": "llama3", "factor": s, "low_freq_factor": 1.0,
                                             "high_freq_factor": 4.0, "original_max_position_embeddings": original}),
     }
@@ -136,7 +150,8 @@ def ratio_table(scale: float, head_dim: int, *, seq_len: int | None = None, orig
     ref = default_inv_freq(head_dim, base)
     out = {}
     for name, m in methods(scale, head_dim, original=original, base=base, longrope=longrope).items():
-        inv, att = frequencies(head_dim, m["base"], rope_scaling=m["scaling"], seq_len=seq_len, max_position_embeddings=original)
+        inv, att = frequencies(head_dim, m["base"], rope_scaling=m["scaling"], seq_len=seq_len,
+                               max_position_embeddings=original)
         out[name] = {"ratio": (inv / ref).tolist(), "attention_factor": float(att)}
     return out
 
@@ -144,7 +159,8 @@ def ratio_table(scale: float, head_dim: int, *, seq_len: int | None = None, orig
 def out_of_range_pairs(ratio, scale: float, rotary_dim: int, base: float = 10000.0, original: int = L0) -> list[int]:
     r"""The pairs that meet angles they were never trained on at length :math:`sL_0`: those that do not turn within
     :math:`L_0` (``scaling.critical_pair`` and above; the others saw every angle) and whose largest angle
-    :math:`sL_0\,\omega_i'` exceeds the largest trained one :math:`L_0\,\omega_i`, i.e. :math:`s\,\omega_i'/\omega_i > 1`
+    :math:`sL_0\,\omega_i'` exceeds the largest trained one :math:`L_0\,\omega_i`, i.e.
+    :math:`s\,\omega_i'/\omega_i > 1`
     (``ratio`` = :math:`\omega_i'/\omega_i` per pair; a relative slack of 1e-9 absorbs round-off)."""
     crit = critical_pair(rotary_dim, base, original)
     return [i for i in range(crit, rotary_dim // 2) if scale * float(ratio[i]) > 1 + 1e-9]
@@ -166,7 +182,8 @@ def ntk_alpha_in_range(scale: float, rotary_dim: int, base: float = 10000.0, ori
 
 
 @torch.no_grad()
-def temperature_sweep(model: TinyLM, windows: torch.Tensor, scale: float, factors, *, original: int = L0) -> list[float]:
+def temperature_sweep(model: TinyLM, windows: torch.Tensor, scale: float, factors, *,
+                      original: int = L0) -> list[float]:
     r"""Mean loss of YaRN at ``scale`` on ``windows`` [n, T + 1] for each attention factor :math:`\sqrt{1/t}` in
     ``factors`` (Hugging Face's ``attention_factor`` key overrides :math:`0.1\ln s + 1`): the experiment behind
     YaRN's eq. 22, which fits the loss-minimising :math:`\sqrt{1/t}` against s on LLaMA without fine-tuning."""
@@ -183,15 +200,17 @@ def temperature_sweep(model: TinyLM, windows: torch.Tensor, scale: float, factor
 # ---- the retrieval probe -------------------------------------------------------------------------------------
 
 def random_keys(n: int, gen: torch.Generator) -> torch.Tensor:
-    """``n`` keys of ``KEY_LEN`` random lowercase ASCII letters, [n, KEY_LEN] int64."""
-    return torch.randint(ord("a"), ord("z") + 1, (n, KEY_LEN), generator=gen)
+    """``n`` keys of ``KEY_LEN`` symbols drawn uniformly from ``KEY_ALPHABET``, [n, KEY_LEN] int64."""
+    alphabet = torch.tensor(KEY_ALPHABET)
+    return alphabet[torch.randint(0, len(KEY_ALPHABET), (n, KEY_LEN), generator=gen)]
 
 
-def plant_keys(windows: torch.Tensor, keys: torch.Tensor, key_pos: torch.Tensor, query_pos: torch.Tensor) -> torch.Tensor:
-    """A copy of ``windows`` [n, T] with ``KEY_MARK key KEY_END`` written at ``key_pos`` and again at
-    ``query_pos`` (per row). The key's bytes after the second mark are what the probe scores."""
+def plant_keys(windows: torch.Tensor, keys: torch.Tensor, key_pos: torch.Tensor,
+               query_pos: torch.Tensor) -> torch.Tensor:
+    """A copy of ``windows`` [n, T] with ``KEY_OPEN key KEY_CLOSE`` written at ``key_pos`` and again at
+    ``query_pos`` (per row). The key's letters after the second ``KEY_OPEN`` are what the probe scores."""
     n, t = windows.shape
-    span = KEY_LEN + 2
+    span = SPAN
     if keys.shape != (n, KEY_LEN) or key_pos.shape != (n,) or query_pos.shape != (n,):
         raise ValueError(f"need keys [n, {KEY_LEN}] and positions [n] for n = {n} windows; got {tuple(keys.shape)}, "
                          f"{tuple(key_pos.shape)}, {tuple(query_pos.shape)}.")
@@ -199,7 +218,8 @@ def plant_keys(windows: torch.Tensor, keys: torch.Tensor, key_pos: torch.Tensor,
         raise ValueError(f"the key must lie in the window before the query without overlap: need 0 <= key_pos, "
                          f"key_pos + {span} <= query_pos and query_pos + {span} <= T = {t}.")
     out = windows.clone()
-    block = torch.cat([torch.full((n, 1), KEY_MARK), keys, torch.full((n, 1), KEY_END)], 1).to(out.dtype)
+    opener, closer = torch.tensor(list(KEY_OPEN)), torch.tensor(list(KEY_CLOSE))
+    block = torch.cat([opener.expand(n, -1), keys, closer.expand(n, -1)], 1).to(out.dtype)
     offs = torch.arange(span)
     rows = torch.arange(n)[:, None]
     out[rows, key_pos[:, None] + offs] = block
@@ -207,13 +227,21 @@ def plant_keys(windows: torch.Tensor, keys: torch.Tensor, key_pos: torch.Tensor,
     return out
 
 
-def probe_sample(data: torch.Tensor, batch: int, length: int, p_key: float = 0.5, key_weight: float = KEY_WEIGHT):
-    """The training sampler: random windows of ``length + 1`` bytes of ``data``, a key planted in a fraction
-    ``p_key`` of them (key uniform in the window's first half, query uniform after it). Returns
-    ``sample(gen) -> (inputs, targets, weights)`` for ``models.train``: every target weighs 1 except the
-    ``KEY_LEN`` letters after the second ``KEY_MARK``, which weigh ``key_weight`` (five letters in a window of
-    hundreds of bytes would otherwise be too small a share of the loss to learn retrieval in a few hundred steps)."""
-    span = KEY_LEN + 2
+def probe_sample(data: torch.Tensor, batch: int, length: int, p_key: float = 0.5, p_copy: float = 0.0,
+                 key_weight: float = KEY_WEIGHT, copy_weight: float = COPY_WEIGHT):
+    """The training sampler: random windows of ``length + 1`` bytes of ``data``. A fraction ``p_key`` carries a
+    key block (:func:`plant_keys`; key uniform in the window's first half, query uniform after it); a fraction
+    ``p_copy`` (of the rest) carries a copy segment instead: 16-48 random ``KEY_ALPHABET`` letters early, and the
+    same letters again later at a random distance. Returns ``sample(gen) -> (inputs, targets, weights)`` for
+    ``models.train``: every target weighs 1 except the key's letters after the second ``KEY_OPEN``
+    (``key_weight``) and the second copy's letters (``copy_weight``). Why: five letters in a window of hundreds
+    of bytes are too small a share of the loss, and matching a letter to its earlier copy (an induction
+    circuit) is a skill the text-only LM does not have (measured: it copies a repeated random string at chance)."""
+    span = SPAN
+    alphabet = torch.tensor(KEY_ALPHABET)
+    if length < 4 * span or (p_copy > 0 and length < 64):
+        raise ValueError(f"length {length} is too short for a key block ({span} bytes, twice, in the first half) "
+                         "and a copy segment (16 letters, twice); use length >= 64.")
 
     def sample(gen: torch.Generator):
         starts = torch.randint(0, data.numel() - length - 1, (batch,), generator=gen)
@@ -223,11 +251,22 @@ def probe_sample(data: torch.Tensor, batch: int, length: int, p_key: float = 0.5
         room = (length + 1 - span) - (key_pos + span)  # query_pos in [key_pos + span, length + 1 - span]
         query_pos = key_pos + span + (torch.rand(batch, generator=gen) * (room + 1)).long().clamp(max=room)
         planted = plant_keys(w, keys, key_pos, query_pos)
-        use = torch.rand(batch, generator=gen) < p_key
-        w = torch.where(use[:, None], planted, w)
+        u = torch.rand(batch, generator=gen)
+        use = u < p_key
+        copy = (u >= p_key) & (u < p_key + p_copy)
+        w = torch.where(use[:, None], planted, w).clone()
         weights = torch.ones(batch, length)
-        letters = query_pos[:, None] + torch.arange(KEY_LEN)  # target index t predicts byte t + 1
+        # target index t predicts byte t + 1: the letters follow the opener's last byte
+        letters = query_pos[:, None] + len(KEY_OPEN) - 1 + torch.arange(KEY_LEN)
         weights[torch.arange(batch)[:, None], letters] = torch.where(use, key_weight, 1.0)[:, None]
+        for b in copy.nonzero().flatten().tolist():
+            k = int(torch.randint(16, min(48, length // 4) + 1, (1,), generator=gen))  # 16-48 at length >= 192
+            first = int(torch.randint(0, length // 4, (1,), generator=gen))
+            second = int(torch.randint(first + k, length + 1 - k, (1,), generator=gen))
+            text = alphabet[torch.randint(0, len(alphabet), (k,), generator=gen)]
+            w[b, first: first + k] = text
+            w[b, second: second + k] = text
+            weights[b, second: second + k - 1] = copy_weight  # targets second + 1 .. second + k - 1
         return w[:, :-1], w[:, 1:], weights
 
     return sample
@@ -251,30 +290,42 @@ def load_model(path: Path) -> TinyLM:
     return model.eval()
 
 
-def _val_loss(length: int):
+def _probe_eval(length: int, progress: bool):
     from .lm import val_windows
 
     _, val_data = load_corpus()
     ids = val_windows(val_data, 16, length, seed=1)
+    probe = val_windows(val_data, 32, length, seed=2)
+    distances = (length // 8, length // 2, length - SPAN - 17)
 
     def evaluate(m):
         with torch.no_grad():
-            return {"val_loss": float(masked_loss(m(ids[:, :-1]), ids[:, 1:]))}
+            out = {"val_loss": float(masked_loss(m(ids[:, :-1]), ids[:, 1:]))}
+        hits = retrieval(m, m.cfg.rope, distances, probe, seed=11)
+        out.update({f"retrieval_{d}": float(h.float().mean()) for d, h in hits.items()})
+        if progress:
+            from tqdm.auto import tqdm
+
+            tqdm.write(json.dumps(out))
+        return out
 
     return evaluate
 
 
-def train_probe_model(steps: int = PROBE_STEPS, batch: int = 16, seed: int = 0, lr: float = 1e-3,
+def train_probe_model(steps: int = PROBE_STEPS, batch: int = 16, seed: int = 0, lr: float = PROBE_LR,
                       out: Path = PROBE_CHECKPOINT, progress: bool = True) -> list[dict]:
-    """Notebook 05's LM trained ``steps`` more at :math:`L_0` with keys planted in half the windows."""
+    """Notebook 05's LM trained ``steps`` more at :math:`L_0`: half the windows carry a key, a quarter a copy
+    segment, a quarter are plain text (:func:`probe_sample`)."""
     torch.manual_seed(seed)
     model = load_lm(CHECKPOINT)
     train_data, _ = load_corpus()
     t0 = time.perf_counter()
-    history = train(model, probe_sample(train_data, batch, L0), steps=steps, lr=lr, warmup=20, seed=seed,
-                    log_every=50, evaluate=_val_loss(L0), eval_every=200, progress=progress, desc="probe")
+    history = train(model, probe_sample(train_data, batch, L0, p_key=0.5, p_copy=0.25), steps=steps, lr=lr,
+                    warmup=50, seed=seed, log_every=50, evaluate=_probe_eval(L0, progress), eval_every=250,
+                    progress=progress, desc="probe")
     meta = {"from": CHECKPOINT.name, "steps": steps, "batch": batch, "context": L0, "lr": lr, "seed": seed,
-            "p_key": 0.5, "train_seconds": round(time.perf_counter() - t0, 1), "threads": torch.get_num_threads(),
+            "p_key": 0.5, "p_copy": 0.25, "key_weight": KEY_WEIGHT, "copy_weight": COPY_WEIGHT,
+            "train_seconds": round(time.perf_counter() - t0, 1), "threads": torch.get_num_threads(),
             "command": "python -m ropelab.extension probe", "history": history}
     save_half(model, out, meta)
     return history
@@ -294,12 +345,13 @@ def finetune(method: str, steps: int = FT_STEPS, batch: int = 8, seed: int = 0, 
     torch.manual_seed(seed)
     train_data, _ = load_corpus()
     t0 = time.perf_counter()
-    history = train(model, probe_sample(train_data, batch, FT_LENGTH), steps=steps, lr=lr, warmup=20, seed=seed,
-                    log_every=50, evaluate=_val_loss(FT_LENGTH), eval_every=150, progress=progress,
-                    desc=f"fine-tune {method}")
+    history = train(model, probe_sample(train_data, batch, FT_LENGTH, p_key=0.5, p_copy=0.25), steps=steps, lr=lr,
+                    warmup=20, seed=seed, log_every=50, evaluate=_probe_eval(FT_LENGTH, progress), eval_every=150,
+                    progress=progress, desc=f"fine-tune {method}")
     out = finetuned_checkpoint(method) if out is None else out
     meta = {"from": PROBE_CHECKPOINT.name, "method": method, "scale": FT_SCALE, "rope": cfg.rope.to_dict(),
             "steps": steps, "batch": batch, "context": FT_LENGTH, "lr": lr, "seed": seed, "p_key": 0.5,
+            "p_copy": 0.25, "key_weight": KEY_WEIGHT, "copy_weight": COPY_WEIGHT,
             "train_seconds": round(time.perf_counter() - t0, 1), "threads": torch.get_num_threads(),
             "command": f"python -m ropelab.extension finetune {method!r}", "history": history}
     save_half(model, out, meta)
@@ -310,20 +362,20 @@ def finetune(method: str, steps: int = FT_STEPS, batch: int = 8, seed: int = 0, 
 def retrieval(model: TinyLM, spec: RopeSpec, distances, windows: torch.Tensor, key_pos: int = 16,
               seed: int = 0) -> dict[int, torch.Tensor]:
     """Exact-match retrieval per distance: for each ``d`` in ``distances``, a key at ``key_pos`` and its query at
-    ``key_pos + d`` in every row of ``windows`` [n, >= key_pos + d + KEY_LEN + 3] (validation text; fresh random
+    ``key_pos + d`` in every row of ``windows`` [n, >= key_pos + d + SPAN + 1] (validation text; fresh random
     keys, seeded). Returns d -> bool [n], True where the greedy prediction of all ``KEY_LEN`` letters after the
-    second ``KEY_MARK`` is right (teacher-forced, one forward)."""
+    second ``KEY_OPEN`` is right (teacher-forced, one forward)."""
     n = windows.shape[0]
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for d in distances:
         d = int(d)
-        end = key_pos + d + KEY_LEN + 2
+        end = key_pos + d + SPAN
         if end + 1 > windows.shape[1]:
             raise ValueError(f"distance {d} needs windows of {end + 1} bytes; these have {windows.shape[1]}.")
         keys = random_keys(n, gen)
         w = plant_keys(windows[:, : end + 1], keys, torch.full((n,), key_pos), torch.full((n,), key_pos + d))
-        q = key_pos + d  # the second KEY_MARK; logits at q .. q + KEY_LEN - 1 predict the key's letters
+        q = key_pos + d + len(KEY_OPEN) - 1  # the second opener's last byte; logits q .. q + KEY_LEN - 1: the key
         logits = model(w[:, : q + KEY_LEN], rope=spec)[:, q: q + KEY_LEN]
         out[d] = (logits.argmax(-1) == keys).all(1)
     return out
@@ -332,7 +384,7 @@ def retrieval(model: TinyLM, spec: RopeSpec, distances, windows: torch.Tensor, k
 # ---- LongRoPE's search, small --------------------------------------------------------------------------------
 
 @torch.no_grad()
-def longrope_search(model: TinyLM, scale: float = 4.0, *, n_windows: int = 6, generations: int = 12,
+def longrope_search(model: TinyLM, scale: float = 4.0, *, n_windows: int = 6, generations: int = 16,
                     population: int = 12, seed: int = 0, progress: bool = True) -> dict:
     r"""LongRoPE's evolutionary search of per-pair rescale factors :math:`\lambda_i` (Ding et al. 2024,
     arXiv 2402.13753, section 3.2), at toy size: the population starts from PI's, NTK-aware's and YaRN's factors
@@ -399,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("method", nargs="?", help=f"for finetune: one of {FINETUNED}")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0, help="for finetune: the data and init seed")
+    parser.add_argument("--out", type=Path, help="for finetune: write here instead of data/lm/")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.what == "probe":
@@ -407,8 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "finetune":
         if args.method not in FINETUNED:
             parser.error(f"finetune needs a method, one of {FINETUNED}")
-        history = finetune(args.method, steps=args.steps or FT_STEPS)
-        print(f"final: {history[-1]}; wrote {finetuned_checkpoint(args.method)}")
+        out = args.out or finetuned_checkpoint(args.method)
+        history = finetune(args.method, steps=args.steps or FT_STEPS, seed=args.seed, out=out)
+        print(f"final: {history[-1]}; wrote {out}")
     else:
         result = longrope_search(load_model(PROBE_CHECKPOINT))
         LONGROPE_FACTORS.write_text(json.dumps(result, indent=1) + "\n")

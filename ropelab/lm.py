@@ -32,6 +32,7 @@ from .spec import RopeSpec
 __all__ = [
     "CORPUS",
     "CHECKPOINT",
+    "LM_DIR",
     "L0",
     "SCALE",
     "build_corpus",

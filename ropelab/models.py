@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 import torch
@@ -90,7 +90,8 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         """Plain types only (what a checkpoint stores); ``ModelConfig.from_dict`` reads it back."""
-        out = {k: v for k, v in asdict(self).items() if k != "rope"}
+        # not asdict(self): it would deep-copy the RopeSpec, whose scaling dict is a read-only mappingproxy
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rope"}
         out["rope"] = self.rope.to_dict()
         return out
 
@@ -303,7 +304,7 @@ class TinyLMAdapter:
 
 
 def masked_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean cross-entropy over the positions where ``loss_mask`` is True (all positions when None); a float
+    r"""Mean cross-entropy over the positions where ``loss_mask`` is True (all positions when None); a float
     ``loss_mask`` weighs each position (the weighted mean :math:`\sum w_t \ell_t / \sum w_t`)."""
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
     if loss_mask is None:

@@ -14,9 +14,11 @@ from ropelab.models import TinyLM
 from ropelab.scaling import critical_pair, default_inv_freq, frequencies, pair_at_turns
 
 
-def test_key_bytes_never_occur_in_the_corpus():
+def test_key_markers_never_occur_in_the_corpus_but_their_bytes_do():
     data = lm.CORPUS.read_bytes()
-    assert bytes([ext.KEY_MARK]) not in data and bytes([ext.KEY_END]) not in data
+    assert ext.KEY_OPEN not in data and ext.KEY_CLOSE not in data
+    # every byte of a key block is one the LM was trained on (untrained bytes were not learned: see KEY_OPEN)
+    assert all(bytes([b]) in data for b in (*ext.KEY_OPEN, *ext.KEY_CLOSE, *ext.KEY_ALPHABET))
 
 
 @pytest.mark.parametrize("r, base, L0", [(32, 1e4, 256), (128, 1e4, 4096), (64, 5e5, 8192), (16, 100.0, 64)])
@@ -33,11 +35,12 @@ def test_critical_pair_is_the_first_pair_whose_wavelength_exceeds_l0(r, base, L0
 def test_out_of_range_pairs_match_a_brute_force_angle_check(scale):
     r, base, L0 = 32, 1e4, 256
     ref = default_inv_freq(r, base)
-    trained_max = (L0 - 1) * ref                              # the largest angle each pair saw in training
-    turns = (L0 - 1) * ref >= 2 * math.pi                     # pairs that saw every angle
+    # positions span [0, L0) in training and [0, s L0) when extended (the suprema, as in the PI paper)
+    trained_max = L0 * ref                                    # the angles each pair saw: [0, L0 w_i)
+    turns = L0 * ref >= 2 * math.pi                           # pairs that saw every angle
     for name, row in ext.ratio_table(scale, r).items():
         ratio = torch.tensor(row["ratio"], dtype=torch.float64)
-        reached = (scale * L0 - 1) * ref * ratio               # the largest angle at length s L0
+        reached = scale * L0 * ref * ratio                    # the angles reached at length s L0
         brute = [i for i in range(r // 2) if not turns[i] and reached[i] > trained_max[i] * (1 + 1e-9)]
         assert ext.out_of_range_pairs(ratio, scale, r) == brute, name
 
@@ -65,34 +68,53 @@ def test_ratio_table_shapes_of_the_methods():
     # dynamic NTK at L = s L0 is NTK-aware at alpha = s^2 - s + 1 = 13
     assert abs(t["dynamic NTK"]["ratio"][-1] - 13.0 ** -1) < 1e-12
     lr = ext.ratio_table(4.0, 32, longrope={"long_factor": [2.0] * 16, "short_factor": [1.0] * 16})["LongRoPE"]
-    assert lr["ratio"] == [0.5] * 16 and abs(lr["attention_factor"] - math.sqrt(1 + math.log(4) / math.log(256))) < 1e-12
-    short = ext.ratio_table(4.0, 32, seq_len=200, longrope={"long_factor": [2.0] * 16, "short_factor": [1.0] * 16})
+    assert lr["ratio"] == [0.5] * 16
+    assert abs(lr["attention_factor"] - math.sqrt(1 + math.log(4) / math.log(256))) < 1e-12
+    factors = {"long_factor": [2.0] * 16, "short_factor": [1.0] * 16}
+    short = ext.ratio_table(4.0, 32, seq_len=200, longrope=factors)
     assert short["LongRoPE"]["ratio"] == [1.0] * 16  # within L0 the short factors apply
 
 
 def test_plant_keys_writes_both_copies_and_rejects_overlap():
     w = torch.full((2, 40), ord(" "))
-    keys = torch.tensor([[ord(c) for c in "abcde"], [ord(c) for c in "vwxyz"]])
+    keys = torch.tensor([[ord(c) for c in "ABCDE"], [ord(c) for c in "VWXYZ"]])
     out = ext.plant_keys(w, keys, torch.tensor([0, 3]), torch.tensor([20, 30]))
-    assert bytes(out[0, 0:7].tolist()) == b"\x02abcde\x03" == bytes(out[0, 20:27].tolist())
-    assert bytes(out[1, 3:10].tolist()) == b"\x02vwxyz\x03" == bytes(out[1, 30:37].tolist())
+    assert bytes(out[0, 0:9].tolist()) == b"##ABCDE%%" == bytes(out[0, 20:29].tolist())
+    assert bytes(out[1, 3:12].tolist()) == b"##VWXYZ%%" == bytes(out[1, 30:39].tolist())
     assert (w == ord(" ")).all()  # a copy
     with pytest.raises(ValueError, match="without overlap"):
         ext.plant_keys(w, keys, torch.tensor([0, 3]), torch.tensor([5, 30]))
     with pytest.raises(ValueError, match="without overlap"):
-        ext.plant_keys(w, keys, torch.tensor([0, 3]), torch.tensor([20, 34]))
+        ext.plant_keys(w, keys, torch.tensor([0, 3]), torch.tensor([20, 32]))
     with pytest.raises(ValueError, match="need keys"):
         ext.plant_keys(w, keys[:1], torch.tensor([0, 3]), torch.tensor([20, 30]))
 
 
-def test_probe_sample_plants_keys_in_some_windows_and_is_seeded():
+def test_probe_sample_plants_keys_and_copies_weighs_them_and_is_seeded():
     data = torch.full((5000,), ord("x"))
-    sample = ext.probe_sample(data, 64, 100)
-    x1, y1, _ = sample(torch.Generator().manual_seed(0))
-    x2, _, _ = sample(torch.Generator().manual_seed(0))
-    assert torch.equal(x1, x2) and x1.shape == (64, 100) and torch.equal(x1[:, 1:], y1[:, :-1])
-    marks = (torch.cat([x1, y1[:, -1:]], 1) == ext.KEY_MARK).sum(1)
-    assert set(marks.tolist()) <= {0, 2} and 10 < int((marks == 2).sum()) < 54
+    sample = ext.probe_sample(data, 64, 100, p_key=0.5, p_copy=0.25)
+    x1, y1, w1 = sample(torch.Generator().manual_seed(0))
+    x2, _, w2 = sample(torch.Generator().manual_seed(0))
+    assert torch.equal(x1, x2) and torch.equal(w1, w2) and x1.shape == w1.shape == (64, 100)
+    assert torch.equal(x1[:, 1:], y1[:, :-1])
+    full = torch.cat([x1, y1[:, -1:]], 1)
+    keyed = torch.tensor([bytes(r.tolist()).count(ext.KEY_OPEN) == 2 for r in full])
+    copied = (w1 == ext.COPY_WEIGHT).any(1)
+    plain = ~keyed & ~copied
+    assert 10 < int(keyed.sum()) < 54 and 4 < int(copied.sum()) < 30 and int(plain.sum()) > 4
+    assert not bool((keyed & copied).any())
+    # a keyed window weighs exactly its five retrieved letters, and they are the key's letters
+    for r in keyed.nonzero().flatten().tolist():
+        heavy = (w1[r] == ext.KEY_WEIGHT).nonzero().flatten()
+        assert heavy.numel() == ext.KEY_LEN
+        opener = bytes(full[r].tolist()).rindex(ext.KEY_OPEN)
+        assert heavy.tolist() == list(range(opener + 1, opener + 1 + ext.KEY_LEN))
+        assert torch.equal(y1[r, heavy], full[r, opener + 2: opener + 2 + ext.KEY_LEN])
+    # a copy window's heavy targets repeat letters written earlier in the window
+    for r in copied.nonzero().flatten().tolist():
+        heavy = (w1[r] == ext.COPY_WEIGHT).nonzero().flatten()
+        assert all(chr(int(y1[r, t])) in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" for t in heavy)
+    assert bool((w1[plain] == 1).all())
 
 
 def test_half_checkpoint_round_trip(tmp_path):
@@ -127,7 +149,8 @@ def test_probe_model_retrieves_within_l0(probe_model):
     _, val = lm.load_corpus()
     w = lm.val_windows(val, 16, lm.L0)
     hits = ext.retrieval(probe_model, probe_model.cfg.rope, [64, 200], w)
-    assert all(float(h.float().mean()) >= 0.75 for h in hits.values()), {d: float(h.float().mean()) for d, h in hits.items()}
+    acc = {d: float(h.float().mean()) for d, h in hits.items()}
+    assert all(a >= 0.75 for a in acc.values()), acc
 
 
 @pytest.mark.parametrize("method", ext.FINETUNED)
