@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from .lm import CHECKPOINT, L0, LM_DIR, load_corpus, load_lm
+from .lm import CHECKPOINT, L0, LM_DIR, load_corpus, load_lm, per_position_loss, val_windows
 from .models import ModelConfig, TinyLM, masked_loss, train
 from .scaling import critical_pair, default_inv_freq, frequencies, ntk_aware_base
 from .spec import RopeSpec
@@ -192,8 +192,7 @@ def temperature_sweep(model: TinyLM, windows: torch.Tensor, scale: float, factor
         m = {"base": model.cfg.rope.base, "scaling": {"rope_type": "yarn", "factor": float(scale),
                                                       "original_max_position_embeddings": original,
                                                       "attention_factor": float(f)}}
-        logits = model(windows[:, :-1], rope=method_spec(model.cfg.rope, m))
-        out.append(float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), windows[:, 1:])))
+        out.append(float(per_position_loss(model, windows, m).mean()))
     return out
 
 
@@ -291,8 +290,6 @@ def load_model(path: Path) -> TinyLM:
 
 
 def _probe_eval(length: int, progress: bool):
-    from .lm import val_windows
-
     _, val_data = load_corpus()
     ids = val_windows(val_data, 16, length, seed=1)
     probe = val_windows(val_data, 32, length, seed=2)
@@ -411,8 +408,7 @@ def longrope_search(model: TinyLM, scale: float = 4.0, *, n_windows: int = 6, ge
         m = {"base": model.cfg.rope.base, "scaling": {
             "rope_type": "longrope", "factor": scale, "original_max_position_embeddings": L0,
             "long_factor": lam.tolist(), "short_factor": [1.0] * (head_dim // 2)}}
-        logits = model(ids[:, :-1], rope=method_spec(model.cfg.rope, m))
-        return float(torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:]))
+        return float(per_position_loss(model, ids, m).mean())
 
     seeds = methods(scale, head_dim)
     pool = [project(factors_of(seeds[k])) for k in ("PI", "NTK-aware", "YaRN")]
