@@ -35,9 +35,11 @@ the runner ``figures``.
   (a registry) and ``decode``;
 - ``staleness``: how stale post-RoPE cached keys are, and the attention drift that follows;
 - ``hf``: a Hugging Face Llama model driven layer by layer for ``kvcache``;
+- ``extend``: the one table of context-extension methods (name -> ``RopeSpec``) and what each does per pair;
+  pure (no training; L0 and the base passed in);
 - ``lm``: the byte-level LM trained for notebook 05 (corpus, training, evaluation of schemes);
-- ``extension``: notebook 07's context-extension study (every scaling at one factor, the retrieval probe, the
-  same fine-tune at 2 L0 per method, a small LongRoPE search);
+- ``extension``: notebook 07's context-extension study (the retrieval probe, the same fine-tune at 2 L0 per
+  method, a small LongRoPE search; ``extend``'s table at this study's L0);
 - ``paths``: where the repository, data, build and figure directories are (works from an installed package);
 - ``figures``: the notebook runner, the ``setup`` / ``save`` helpers notebooks call, and the figure manifest;
 - ``explorers``: the notebooks' interactive explorers (ipywidgets over pure compute functions);

@@ -19,9 +19,11 @@ Attention is computed explicitly (no fused kernel) so notebooks can read the att
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -44,6 +46,8 @@ __all__ = [
     "sinusoidal_table",
     "masked_loss",
     "train",
+    "save_checkpoint",
+    "load_checkpoint",
 ]
 
 PE_TYPES = ("none", "learned", "sinusoidal", "rope", "alibi", "cope", "cope+rope")
@@ -373,3 +377,32 @@ def train(
                 bar.set_postfix(loss=f"{entry['loss']:.3f}")
     model.eval()
     return history
+
+
+def save_checkpoint(model: TinyLM, path: str | Path, *, dtype: torch.dtype = torch.float32,
+                    meta: Mapping[str, Any] | None = None) -> Path:
+    """Write ``{"config": model.cfg.to_dict(), "state_dict": ...}`` to ``path``, floating tensors cast to
+    ``dtype`` (float16 halves the bytes; :func:`load_checkpoint` reads either back as float32), and ``meta``
+    (a training record) as JSON to ``path`` with the suffix ``.json``. Returns ``path``."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating torch dtype (torch.float32, torch.float16), got {dtype!r}.")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    torch.save({"config": model.cfg.to_dict(), "state_dict": state}, path)
+    if meta is not None:
+        path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    return path
+
+
+def load_checkpoint(path: str | Path) -> TinyLM:
+    """A checkpoint written by :func:`save_checkpoint` (or the flat-field configs of older ones, see
+    :meth:`ModelConfig.from_dict`) as a float32 ``TinyLM`` in eval mode."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing; `make lm` writes the study checkpoints in data/lm/ "
+                                "(python -m ropelab.lm train, python -m ropelab.extension ...).")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    model = TinyLM(ModelConfig.from_dict(ckpt["config"]))
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()})
+    return model.eval()
