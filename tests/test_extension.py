@@ -248,3 +248,12 @@ def test_committed_checkpoints_load_bit_identically_through_the_one_reader(path)
     assert list(a) == list(b)
     for k in a:
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def test_make_lm_reads_the_finetuned_methods_from_the_package():
+    """One list of fine-tuned methods (FINETUNED): the Makefile asks `python -m ropelab.extension list` for it."""
+    from pathlib import Path
+
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    assert "-m ropelab.extension list" in makefile
+    assert not any(f'"{m}"' in makefile or f" {m} " in makefile for m in ext.FINETUNED)
