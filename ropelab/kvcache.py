@@ -31,8 +31,8 @@ enters the cache for this step's keys) and, if its cached keys are not in the cu
 count any extra pass over the cached keys with ``cache.traffic.count(...)``; decorate it with
 :func:`register_policy`. ``decode`` and ``RotaryKVCache`` then accept its name.
 
-The decoder is driven through a small adapter (``ropelab.models.TinyLMAdapter`` for ``TinyLM``,
-``ropelab.hf.HFLlamaAdapter`` for a Hugging Face ``LlamaForCausalLM``), so the same cache code runs both.
+The decoder is driven through a small adapter (``ropelab.adapters.TinyLMAdapter`` for ``TinyLM``,
+``ropelab.adapters.HFLlamaAdapter`` for a Hugging Face ``LlamaForCausalLM``), so the same cache code runs both.
 Staleness analytics (the phase error of stale keys, the drift probe) are in ``ropelab.staleness``.
 Note what a KV cache means for any policy: the keys and values of *deeper* layers were computed from
 hidden states of earlier steps, so only the first layer's cache equals a full forward at the current

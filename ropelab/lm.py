@@ -23,8 +23,9 @@ from pathlib import Path
 
 import torch
 
+from .adapters import TinyLMAdapter
 from .kvcache import BUILTIN_POLICIES, RopeSchedule, decode
-from .models import ModelConfig, TinyLM, TinyLMAdapter, masked_loss, train
+from .models import ModelConfig, TinyLM, masked_loss, train
 from .paths import BUILD_DIR, DATA_DIR
 from .scaling import ntk_aware_base
 from .spec import RopeSpec
