@@ -33,8 +33,8 @@ count any extra pass over the cached keys with ``cache.traffic.count(...)``; dec
 declared on its class, and every caller asks the class: ``rotated`` (are cached keys stored after RoPE) and
 ``bucket_growth`` (the schedule it runs on, :func:`schedule_for`). No module outside this one names a policy.
 
-The decoder is driven through a small adapter (``ropelab.models.TinyLMAdapter`` for ``TinyLM``,
-``ropelab.hf.HFLlamaAdapter`` for a Hugging Face ``LlamaForCausalLM``), so the same cache code runs both.
+The decoder is driven through a small adapter (``ropelab.adapters.TinyLMAdapter`` for ``TinyLM``,
+``ropelab.adapters.HFLlamaAdapter`` for a Hugging Face ``LlamaForCausalLM``), so the same cache code runs both.
 Staleness analytics (the phase error of stale keys, the drift probe) are in ``ropelab.staleness``.
 Note what a KV cache means for any policy: the keys and values of *deeper* layers were computed from
 hidden states of earlier steps, so only the first layer's cache equals a full forward at the current

@@ -25,9 +25,10 @@ from typing import NamedTuple
 
 import torch
 
+from .adapters import TinyLMAdapter
 from .extend import method_spec, methods
 from .kvcache import decode, schedule_for
-from .models import ModelConfig, TinyLM, TinyLMAdapter, load_checkpoint, masked_loss, save_checkpoint, train
+from .models import ModelConfig, TinyLM, load_checkpoint, masked_loss, save_checkpoint, train
 from .paths import BUILD_DIR, DATA_DIR
 from .scaling import ntk_aware_base
 from .spec import RopeSpec

@@ -249,7 +249,7 @@ def test_kernel_policy_equals_the_full_forward_over_every_prefix(rope, monkeypat
     """One layer, so the cache holds exactly what a full forward computes: at every step L the kernel
     policy must give Hugging Face's full-forward logits over L tokens (threshold of the recompute test in
     tests/test_kvcache.py), agree with the PyTorch rope_on_load policy, and post_rope must not."""
-    from ropelab.hf import HFLlamaAdapter
+    from ropelab.adapters import HFLlamaAdapter
     from ropelab.kvcache import RopeSchedule, decode
 
     calls = []

@@ -7,8 +7,8 @@ import torch
 from _helpers import tiny_llama as _tiny_llama
 
 from ropelab import apply_rope
+from ropelab.adapters import HFLlamaAdapter
 from ropelab.attention import attend as ropelab_attend
-from ropelab.hf import HFLlamaAdapter
 from ropelab.kvcache import (
     BUILTIN_POLICIES,
     POLICIES,
