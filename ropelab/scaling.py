@@ -255,8 +255,8 @@ def _proportional(rotary_dim, base, params, seq_len, max_pos, dtype):
 # in modeling_rope_utils.py; here they are one row).
 # --------------------------------------------------------------------------------------------------
 
-# What a key holds. None stands for an absent key everywhere (transformers reads the optional keys with
-# .get), except that a required key may not be None.
+# What a key holds. A value of None is refused unless the record lists the key as ``nullable``: transformers
+# reads most keys with ``.get(key, default)`` or ``[key]``, where an explicit None crashes its compute.
 POSITIVE = "a finite number > 0"
 NONNEGATIVE = "a finite number >= 0"  # 0 means "not set": transformers tests these keys for truth
 FRACTION = "a number in (0, 1]"
@@ -290,6 +290,8 @@ class RopeType:
             ``max_position_embeddings``, as transformers' ``standardize_rope_params`` sets it.
         example: a valid dict of this type (``rope_type`` included) at :data:`EXAMPLE_HEAD_DIM` and
             :data:`EXAMPLE_MAX_POSITION_EMBEDDINGS`; the tests run every type through it.
+        nullable: the keys whose value None means "not set", because transformers' compute tests them for
+            None or truth (yarn's ``attention_factor``, ``beta_fast``, ...); any other None is refused.
         validate: ``(params, rotary_dim, max_pos) -> None``, the type's own checks beyond the keys' kinds
             (``rotary_dim`` and ``max_pos`` may be None when not known yet); raises ValueError.
         whole_head: ``compute`` receives the whole head dim as ``rotary_dim`` and reads
@@ -305,21 +307,23 @@ class RopeType:
     length_dependent: bool = False
     original_key: str | None = None
     example: Mapping[str, Any] = field(default_factory=dict)
+    nullable: frozenset[str] = frozenset()
     validate: Callable[[ScalingParams, int | None, int | None], None] | None = None
     whole_head: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keys", types.MappingProxyType(dict(self.keys)))
         object.__setattr__(self, "required", frozenset(self.required))
+        object.__setattr__(self, "nullable", frozenset(self.nullable))
         object.__setattr__(self, "example", types.MappingProxyType({"rope_type": self.name, **self.example}))
         if not (isinstance(self.name, str) and self.name) or not callable(self.compute):
             raise ValueError(f"a RopeType needs a name (a non-empty str) and a callable compute, got {self.name!r}.")
         bad = {k: v for k, v in self.keys.items() if v not in _KINDS}
         if bad:
             raise ValueError(f"RopeType {self.name!r}: keys {sorted(bad)} hold an unknown kind; use one of {_KINDS}.")
-        stray = sorted((self.required | {self.original_key} - {None}) - set(self.keys))
+        stray = sorted((self.required | self.nullable | {self.original_key} - {None}) - set(self.keys))
         if stray:
-            raise ValueError(f"RopeType {self.name!r}: required / original_key {stray} are not among its keys.")
+            raise ValueError(f"RopeType {self.name!r}: required / nullable / original_key {stray} are not its keys.")
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, float]:
         return self.compute(*args)
@@ -370,6 +374,13 @@ def _validate_longrope(params: ScalingParams, rotary_dim: int | None, max_pos: i
             "rope_type 'longrope' needs 'factor' (or max_position_embeddings to derive it as "
             "max_position_embeddings / original_max_position_embeddings)."
         )
+    original = params.get("original_max_position_embeddings") or max_pos
+    factor = params.get("factor") or (max_pos / original if original and max_pos else None)
+    if params.get("attention_factor") is None and original is not None and original <= 1 and (factor or 0) > 1:
+        raise ValueError(
+            f"rope_type 'longrope' divides by ln(original_max_position_embeddings) for its attention factor; "
+            f"got original_max_position_embeddings={original}: give a length > 1 or an attention_factor."
+        )
     if rotary_dim is not None:
         lengths = {k: len(params[k]) for k in ("long_factor", "short_factor")}
         if set(lengths.values()) != {rotary_dim // 2}:
@@ -391,11 +402,13 @@ _BUILTIN = (
     RopeType("dynamic", _dynamic, {"factor": POSITIVE}, {"factor"}, length_dependent=True,
              example={"factor": 4.0}, validate=_validate_dynamic),
     RopeType("yarn", _yarn, _YARN_KEYS, original_key="original_max_position_embeddings",
+             nullable={"factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"},
              example={"factor": 4.0, "original_max_position_embeddings": 32}, validate=_validate_yarn),
     RopeType("longrope", _longrope,
              {"factor": POSITIVE, "original_max_position_embeddings": POSITIVE, "attention_factor": POSITIVE,
               "short_factor": POSITIVE_LIST, "long_factor": POSITIVE_LIST},
              {"short_factor", "long_factor"}, length_dependent=True, original_key="original_max_position_embeddings",
+             nullable={"factor", "attention_factor"},
              example={"factor": 4.0, "original_max_position_embeddings": 32, "short_factor": [1.0] * 16,
                       "long_factor": [1.0 + 0.3 * i for i in range(16)]},
              validate=_validate_longrope),
@@ -613,7 +626,7 @@ def frequencies(
             )
         rotary_dim = head_dim
     elif rotary_dim is None:
-        rotary_dim = int(head_dim * float(params.get("partial_rotary_factor") or 1.0))
+        rotary_dim = int(head_dim * float(params.get("partial_rotary_factor", 1.0)))
     check_rotary_dim(rotary_dim, head_dim)
     check_base(base)
     check_scaling(params, rotary_dim=rotary_dim, max_position_embeddings=max_position_embeddings)
@@ -671,8 +684,9 @@ def _value_ok(kind: str, v: Any) -> bool:
 
 def check_scaling_values(params: Mapping[str, Any]) -> None:
     """Raise ValueError naming the key: for a key its type does not read, a value that is not what the key
-    holds (the record's kind: a NaN, zero or string factor, a bool where a number or a list belongs), or a
-    required key that is missing or None. ``params`` is a :class:`ScalingParams` or a plain dict."""
+    holds (the record's kind: a NaN, zero or string factor, a bool where a number or a list belongs, None
+    for a key that is not ``nullable``), or a required key that is missing or None. ``params`` is a
+    :class:`ScalingParams` or a plain dict."""
     rope_type = getattr(params, "rope_type", None) or params.get("rope_type", params.get("type", "default"))
     rec = ROPE_TYPES[rope_type]
     kinds = {**COMMON_KEYS, **rec.keys}
@@ -682,14 +696,16 @@ def check_scaling_values(params: Mapping[str, Any]) -> None:
             f"scaling key(s) {unknown} are not read by rope_type {rope_type!r} (it reads "
             f"{sorted(rec.keys)}, and rope_theta / partial_rotary_factor); check the spelling."
         )
-    for key, kind in kinds.items():
-        v = params.get(key)
-        if v is not None and not _value_ok(kind, v):
-            shown = list(v)[:4] if isinstance(v, (list, tuple)) else v
-            raise ValueError(f"rope_scaling[{key!r}] must be {kind}, got {type(v).__name__} {shown!r}.")
     for key in sorted(rec.required):
         if params.get(key) is None:
             raise ValueError(
                 f"rope_scaling of type {rope_type!r} needs the key {key!r}; add it to the dict "
                 f"(Hugging Face configs keep it in rope_scaling / rope_parameters)."
             )
+    for key, kind in kinds.items():
+        v = params.get(key)
+        if v is None and (key not in params or key in rec.nullable):
+            continue
+        if not _value_ok(kind, v):
+            shown = list(v)[:4] if isinstance(v, (list, tuple)) else v
+            raise ValueError(f"rope_scaling[{key!r}] must be {kind}, got {type(v).__name__} {shown!r}.")
