@@ -7,6 +7,11 @@ float64 (``dtype`` selects float32 to mimic an implementation that holds them in
 
 ``frequencies`` reads a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict as it is, so the
 numbers can be checked against ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`` (the tests do).
+Each type is one :class:`RopeType` record in the open registry ``ROPE_TYPES``: its function, the keys it
+reads and what they hold, which are required, whether it depends on the length, which key is its
+original length, and an example. ``RopeSpec``'s key lists, ``LENGTH_DEPENDENT``, the KV-cache schedule's
+threshold and the tests all read the records, so a new type is one ``register_rope_type(...)`` call.
+:func:`check_scaling` holds the validation rule, read against transformers' own.
 This module imports nothing from the rest of ropelab: it is the bottom of the import graph.
 """
 
