@@ -11,7 +11,8 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
 ``ropelab`` itself). Imports flow one way: ``scaling`` <- ``core`` <- ``spec`` <- the rest; no module imports
 the runner ``figures``.
 
-- ``scaling``: the frequency ladder and every Hugging Face scaling (``frequencies``, ``ROPE_TYPES``);
+- ``scaling``: the frequency ladder and every Hugging Face scaling, one record per type (``frequencies``,
+  ``ROPE_TYPES``, ``register_rope_type``);
 - ``core``: layouts, positions, cos/sin tables, the rotation, ``apply_rope`` and two float64 oracles
   (``apply_rope``, ``rotate``, ``cos_sin``, ``pair_indices``, ``parse_layout``, ``Layout``, ``STYLES``,
   ``resolve_positions``, ``varlen_positions``, ``rotation_matrix``, ``reference_matrix``, ``reference_complex``);

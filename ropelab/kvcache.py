@@ -51,7 +51,7 @@ import torch
 
 from .attention import attend, attend_scores, grouped_scores
 from .core import check_positions, cos_sin, rotate
-from .scaling import ntk_base
+from .scaling import length_threshold, ntk_base
 from .spec import RopeSpec
 
 __all__ = [
@@ -112,10 +112,7 @@ class RopeSchedule:
     @property
     def threshold(self) -> int | None:
         """:math:`L_0`: where a length-dependent scaling starts to move."""
-        sc = self.spec.scaling or {}
-        if self.spec.rope_type == "longrope":
-            return sc.get("original_max_position_embeddings") or self.spec.max_position_embeddings
-        return self.spec.max_position_embeddings
+        return length_threshold(self.spec.scaling, self.spec.max_position_embeddings)
 
     def effective_length(self, length: int) -> int:
         """The length whose frequencies are used at current length ``length``."""
