@@ -10,7 +10,7 @@ JOBS ?= 2
 # Extra arguments for JupyterLab, e.g. make lab LAB_ARGS="--no-browser --port=8899"
 LAB_ARGS ?=
 
-.PHONY: setup test lint figures figures-smoke lab bench lm clean
+.PHONY: setup test lint figures figures-smoke lab bench lm cope clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,11 @@ lm: setup
 	methods="$$($(PY) -m ropelab.extension list)" && printf '%s\n' "$$methods" | while IFS= read -r m; do \
 		$(PY) -m ropelab.extension finetune "$$m" --threads 2 </dev/null || exit 1; done
 	$(PY) -m ropelab.extension longrope --threads 2
+
+# Retrain notebook 04's Selective Copy sweep from scratch (60 runs of one thread each) and rewrite its data files.
+cope: setup
+	rm -f data/cope_selective_copy.json data/cope_selective_copy_models.pt
+	$(PY) -m ropelab.figures --only 04
 
 clean:
 	rm -rf build .pytest_cache .hypothesis

@@ -5,11 +5,13 @@
     python -m ropelab.bench decode [--lengths 1024 4096 16384 32768] [--batches 1 8] [--out data/bench/decode.json]
 
 ``cpu`` times, on the same q and k ([b, h, s, d] float32 by default, the issue's Llama-7B-like head
-shape): a plain clone of q and k (the memory-traffic floor), ``ropelab.apply_rope`` (tables included),
+shape): a copy of q and k into preallocated buffers (``out.copy_(q)``: the memory-traffic reference, no
+allocation timed), ``ropelab.apply_rope`` (tables included),
 ``ropelab.rotate`` with precomputed tables, Hugging Face Llama's ``apply_rotary_pos_emb`` (eager, tables
 precomputed by ``LlamaRotaryEmbedding`` and not timed) and ``torch.compile`` of it. Each method is timed
-as the median of ``--repeats`` runs after warm-up, methods interleaved round-robin so drift in the
-machine's speed touches all alike. Prints a table (time, GB/s, ratio to the clone) and writes JSON.
+as the median and interquartile range of ``--repeats`` runs (at least 20) after warm-up, methods
+interleaved round-robin so drift in the machine's speed touches all alike. Prints a table (time, IQR, GB/s,
+ratio to the copy) and writes JSON; ``ordering`` lists only the pairs of methods whose IQRs do not overlap.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from .scaling import frequencies
 from .spec import RopeSpec
 
 __all__ = ["machine_info", "time_methods", "bench_cpu", "bench_decode", "print_table", "print_decode",
-           "step_distribution", "main"]
+           "step_distribution", "iqr_overlap", "main"]
 
 
 def time_methods(methods: dict[str, Callable[[], object]], repeats: int, warmup: int = 3) -> dict[str, list[float]]:
@@ -49,8 +51,14 @@ def time_methods(methods: dict[str, Callable[[], object]], repeats: int, warmup:
     return times
 
 
+COPY = "copy into preallocated buffers (reference)"  # bench_cpu's reference row
+
+
 def bench_cpu(shape=(1, 32, 4096, 128), repeats: int = 20, threads: int = 2, compile: bool = True) -> dict:
-    """RoPE on q and k [b, h, s, d]: ropelab vs Hugging Face eager and compiled vs a clone (module docstring)."""
+    """RoPE on q and k [b, h, s, d]: ropelab vs Hugging Face eager and compiled vs a copy into preallocated
+    buffers (module docstring). Each row has ``median_ms``, ``q25_ms``, ``q75_ms`` and ``ratio_to_copy``."""
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int (20 or more for an IQR), got {repeats!r}.")
     torch.manual_seed(0)
     torch.set_num_threads(threads)
     b, h, s, d = shape
@@ -58,9 +66,10 @@ def bench_cpu(shape=(1, 32, 4096, 128), repeats: int = 20, threads: int = 2, com
     inv_freq, _ = frequencies(d)
     c, si = cos_sin(torch.arange(s), inv_freq, dtype=torch.float32)
     c4, s4 = c[None, None], si[None, None]
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)  # the copy writes into these: no allocation timed
 
     methods: dict[str, Callable[[], object]] = {
-        "clone (floor)": lambda: (q.clone(), k.clone()),
+        COPY: lambda: (q_out.copy_(q), k_out.copy_(k)),
         "ropelab.apply_rope": lambda: (apply_rope(q, layout="b h s d"), apply_rope(k, layout="b h s d")),
         "ropelab.rotate (tables given)": lambda: (rotate(q, c4, s4), rotate(k, c4, s4)),
     }
@@ -104,19 +113,24 @@ def bench_cpu(shape=(1, 32, 4096, 128), repeats: int = 20, threads: int = 2, com
 
     times = time_methods(methods, repeats)
     nbytes = 4 * q.numel() * q.element_size()  # read q, k; write q', k'
-    floor = statistics.median(times["clone (floor)"])
+    floor = statistics.median(times[COPY])
     rows = []
     for name, ts in times.items():
-        med = statistics.median(ts)
+        q25, med, q75 = _quartiles(ts)
         rows.append(
             {
                 "method": name,
                 "median_ms": med * 1e3,
+                "q25_ms": q25 * 1e3,
+                "q75_ms": q75 * 1e3,
                 "min_ms": min(ts) * 1e3,
                 "gb_per_s": nbytes / med / 1e9,
-                "ratio_to_clone": med / floor,
+                "ratio_to_copy": med / floor,
             }
         )
+    # "a is faster than b" only where a's upper quartile lies below b's lower quartile
+    ordering = [[a["method"], b["method"]] for a in rows for b in rows
+                if a is not b and a["q75_ms"] < b["q25_ms"]]
     by = {r["method"]: r["median_ms"] for r in rows}
     ratios = {}
     if "HF apply_rotary_pos_emb (eager)" in by:
@@ -138,12 +152,13 @@ def bench_cpu(shape=(1, 32, 4096, 128), repeats: int = 20, threads: int = 2, com
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rows": rows,
         "ratios": ratios,
+        "ordering": ordering,
         "notes": notes,
     }
 
 
 def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 8), head_dim=128,
-                 repeats: int = 3, threads: int = 2, l0: int = 4096, factor: float = 8.0) -> dict:
+                 repeats: int = 100, threads: int = 2, l0: int = 4096, factor: float = 8.0) -> dict:
     """Time one decoding step of one attention layer at each cached length, for the four cache policies.
 
     Llama-3-8B-like heads (32 query heads, 8 key/value heads, d = 128), dynamic NTK past ``l0``. The
@@ -154,12 +169,20 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
     Policies take turns within each repeat, so a change in the machine's speed touches all alike.
 
     A mean hides ``bucketed``'s spike, so every row also carries the step-time distribution of a decode
-    through the doubling window [L/2, L) (L/2 steps): ``median_ms``, ``p99_ms`` and ``max_ms``. The
-    ordinary steps are the measured samples, each standing for an equal share of the window; for
-    ``bucketed`` one step of the window is the boundary step, timed as it happens (the cache still in
-    the frame of L/2, so ``step`` re-rotates every cached key before attending). At L/2 >= 100 steps the
-    boundary is under 1 % of them, so it shows in the maximum, not in the median or the p99.
+    through the doubling window [L/2, L) (L/2 steps), from ``repeats`` timed ordinary steps per policy and,
+    for ``bucketed``, ``repeats`` timed repeats of the window's one boundary step, timed as it happens (the
+    cache still in the frame of L/2, so ``step`` re-rotates every cached key before attending):
+    ``median_ms`` with its interquartile range ``q25_ms``-``q75_ms``, ``p99_ms`` (``None`` under 100
+    ordinary samples, where a nearest-rank p99 is only the maximum), ``boundary_ms`` and ``max_ms``
+    (:func:`step_distribution`). At L/2 >= 100 steps the boundary is under 1 % of the window, so it shows in
+    the maximum, not in the median or the p99. ``equal_to_post_rope_within_noise`` says whether a row's IQR
+    overlaps ``post_rope``'s (:func:`iqr_overlap`): then no speed difference between the two is claimed. At
+    the default 100 repeats the run takes about a quarter of an hour on 2 idle cores (the batch-8, 32k-token
+    cache is refilled for every timed step).
     """
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int (at least 30 for a median with an IQR, 100 for a "
+                         f"p99), got {repeats!r}.")
     from .kvcache import POLICIES, RopeSchedule, RotaryKVCache, schedule_for
 
     torch.manual_seed(0)
@@ -232,9 +255,12 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
                                  "boundary_step_ms": statistics.median(boundary[policy]) * 1e3,
                                  "key_bytes_per_step": traffic[policy] + 2 * keys.numel() * 4 / steps})
             del keys, values
-    base = {(r["batch"], r["cached_tokens"]): r["step_ms"] for r in rows if r["policy"] == "post_rope"}
+    base = {(r["batch"], r["cached_tokens"]): r for r in rows if r["policy"] == "post_rope"}
     for r in rows:
-        r["ratio_to_post_rope"] = r["step_ms"] / base[(r["batch"], r["cached_tokens"])]
+        ref = base[(r["batch"], r["cached_tokens"])]
+        r["ratio_to_post_rope"] = r["step_ms"] / ref["step_ms"]
+        if "q25_ms" in r:
+            r["equal_to_post_rope_within_noise"] = iqr_overlap(r, ref)
     return {
         "benchmark": "decode",
         "heads_q_kv": [hq, hkv],
@@ -252,28 +278,63 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
     }
 
 
+def _quartiles(xs: list[float]) -> tuple[float, float, float]:
+    """Lower quartile, median and upper quartile of ``xs`` (linear interpolation between order statistics)."""
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+P99_MIN_SAMPLES = 100  # nearest-rank p99 of n < 100 samples is just their maximum: no p99 is reported then
+
+
 def step_distribution(steps: list[float], boundary: list[float], window: int) -> dict:
-    """Median, p99 and max (ms) of the per-step time over a window of ``window`` decoding steps: one of them a
-    boundary step (when ``boundary`` samples are given), the rest ordinary. Each measured sample stands for an
-    equal share of the steps of its kind (a weighted empirical distribution; p99 by nearest rank)."""
+    """The per-step time (ms) over a window of ``window`` decoding steps, from ``steps`` (timed ordinary steps,
+    seconds) and ``boundary`` (timed repeats of the window's one boundary step, seconds; empty if the window
+    has none).
+
+    - ``median_ms``, ``q25_ms``, ``q75_ms``, ``n_steps``: the ordinary steps' median and interquartile range
+      (IQR), over the ``n_steps`` samples.
+    - ``p99_ms``: the window's 99th percentile (nearest rank), each ordinary sample standing for an equal share
+      of the ``window - 1`` ordinary steps and the boundary step for one. It needs at least
+      :data:`P99_MIN_SAMPLES` ordinary samples, else it is ``None`` (the p99 of 30 samples is their maximum).
+    - ``boundary_ms``, ``boundary_q25_ms``, ``boundary_q75_ms``, ``n_boundary``: the boundary step's median and
+      IQR over its repeats (``None`` and 0 without a boundary).
+    - ``max_ms``: the window's largest step: the boundary step's median if it has one and it is larger, else the
+      slowest ordinary sample.
+    """
     if not steps:
         raise ValueError("step_distribution needs at least one measured ordinary step.")
+    if not isinstance(window, int) or window < 1 + bool(boundary):
+        raise ValueError(f"window must be an int of at least {1 + bool(boundary)} steps, got {window!r}.")
+    q25, med, q75 = _quartiles(steps)
+    out = {"median_ms": med * 1e3, "q25_ms": q25 * 1e3, "q75_ms": q75 * 1e3, "n_steps": len(steps),
+           "window_steps": window}
     n_boundary = 1 if boundary else 0
-    samples = [(t, (window - n_boundary) / len(steps)) for t in steps]
-    samples += [(t, n_boundary / len(boundary)) for t in boundary]
-    samples.sort()
-    total = sum(w for _, w in samples)
+    if boundary:
+        b25, bmed, b75 = _quartiles(boundary)
+        out.update(boundary_ms=bmed * 1e3, boundary_q25_ms=b25 * 1e3, boundary_q75_ms=b75 * 1e3,
+                   n_boundary=len(boundary))
+    else:
+        out.update(boundary_ms=None, boundary_q25_ms=None, boundary_q75_ms=None, n_boundary=0)
+    samples = sorted([(t, (window - n_boundary) / len(steps)) for t in steps]
+                     + ([(bmed, 1.0)] if boundary else []))
+    acc, p99 = 0.0, samples[-1][0]
+    for t, w in samples:
+        acc += w
+        if acc >= 0.99 * window - 1e-9:
+            p99 = t
+            break
+    out["p99_ms"] = p99 * 1e3 if len(steps) >= P99_MIN_SAMPLES else None
+    out["max_ms"] = max(max(steps), bmed if boundary else 0.0) * 1e3
+    return out
 
-    def quantile(p: float) -> float:
-        acc = 0.0
-        for t, w in samples:
-            acc += w
-            if acc >= p * total - 1e-9:
-                return t
-        return samples[-1][0]
 
-    return {"median_ms": quantile(0.5) * 1e3, "p99_ms": quantile(0.99) * 1e3, "max_ms": samples[-1][0] * 1e3,
-            "window_steps": window}
+def iqr_overlap(a: dict, b: dict) -> bool:
+    """Whether two rows' interquartile ranges (``q25_ms`` to ``q75_ms``) overlap: then their medians are equal
+    within noise, and no ordering of the two is claimed."""
+    return a["q25_ms"] <= b["q75_ms"] and b["q25_ms"] <= a["q75_ms"]
 
 
 def print_decode(result: dict) -> None:
@@ -281,9 +342,12 @@ def print_decode(result: dict) -> None:
     print(f"one decoding step, one layer, heads {result['heads_q_kv']} (q, kv), d={result['head_dim']}, "
           f"dynamic NTK past {result['l0']}, {result['machine']['torch_threads']} threads, {result['machine']['cpu']}")
     print(f"{'batch':>5s} {'cached':>7s} {'policy':22s} {'ms/step':>9s} {'x post_rope':>11s} {'key MB/step':>11s} "
-          f"{'of it cos/sin ms':>16s} {'median':>8s} {'p99':>8s} {'max':>8s}")
+          f"{'of it cos/sin ms':>16s} {'median':>8s} {'IQR':>17s} {'p99':>8s} {'max':>8s}  (ordinary steps)")
     for r in result["rows"]:
-        spread = "".join(f" {r[k]:8.2f}" if k in r else f" {'':8s}" for k in ("median_ms", "p99_ms", "max_ms"))
+        iqr = f" [{r['q25_ms']:7.2f}, {r['q75_ms']:7.2f}]" if "q25_ms" in r else f" {'':17s}"
+        spread = "".join(f" {r[k]:8.2f}" if r.get(k) is not None else f" {'-' if k in r else '':>8s}"
+                         for k in ("median_ms", "p99_ms", "max_ms"))
+        spread = spread[:9] + iqr + spread[9:]
         print(f"{r['batch']:5d} {r['cached_tokens']:7d} {r['policy']:22s} {r['step_ms']:9.2f} "
               f"{r['ratio_to_post_rope']:11.2f} {r['key_bytes_per_step'] / 1e6:11.2f} {r.get('table_ms', 0.0):16.2f}"
               + spread)
@@ -293,9 +357,13 @@ def print_table(result: dict) -> None:
     """Print ``bench_cpu``'s rows and ratios as a table."""
     print(f"RoPE on q and k, shape {result['shape_bhsd']} (b h s d) float32, "
           f"{result['machine']['torch_threads']} threads, {result['machine']['cpu']}")
-    print(f"{'method':42s} {'median ms':>10s} {'GB/s':>7s} {'x clone':>8s}")
+    print(f"{'method':44s} {'median ms':>10s} {'IQR ms':>19s} {'GB/s':>7s} {'x copy':>7s}")
     for r in result["rows"]:
-        print(f"{r['method']:42s} {r['median_ms']:10.2f} {r['gb_per_s']:7.2f} {r['ratio_to_clone']:8.2f}")
+        iqr = f"[{r['q25_ms']:8.2f}, {r['q75_ms']:8.2f}]" if "q25_ms" in r else ""
+        ratio = r.get("ratio_to_copy", r.get("ratio_to_clone"))
+        print(f"{r['method']:44s} {r['median_ms']:10.2f} {iqr:>19s} {r['gb_per_s']:7.2f} {ratio:7.2f}")
+    for a, b in result.get("ordering", []):
+        print(f"faster across the IQRs: {a} < {b}")
     for k, v in result["ratios"].items():
         print(f"{k}: {v:.2f}x")
     for k, v in result["notes"].items():
@@ -306,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m ropelab.bench cpu | decode``."""
     parser = argparse.ArgumentParser(prog="python -m ropelab.bench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="which", required=True)
-    cpu = sub.add_parser("cpu", help="RoPE on q and k: ropelab vs Hugging Face eager and compiled, vs a clone")
+    cpu = sub.add_parser("cpu", help="RoPE on q and k: ropelab vs Hugging Face eager and compiled, vs a copy")
     cpu.add_argument("--shape", type=int, nargs=4, default=[1, 32, 4096, 128], metavar=("B", "H", "S", "D"))
     cpu.add_argument("--repeats", type=int, default=20)
     cpu.add_argument("--threads", type=int, default=2)
@@ -321,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     dec.add_argument("--heads", type=int, nargs=2, default=[32, 8], metavar=("Q", "KV"))
     dec.add_argument("--head-dim", type=int, default=128)
-    dec.add_argument("--repeats", type=int, default=3)
+    dec.add_argument("--repeats", type=int, default=100,
+                     help="timed ordinary steps per policy (and boundary steps): >= 30 for an IQR, 100 for a p99")
     dec.add_argument("--threads", type=int, default=2)
     dec.add_argument("--out", default=str(DATA_DIR / "bench" / "decode.json"))
     dec.add_argument("--gpu-out-dir", default=str(DATA_DIR / "bench"),

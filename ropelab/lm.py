@@ -6,7 +6,8 @@ PSF License 2.0; about 465 kB of English technical prose), written to ``data/cor
 
     python -m ropelab.lm corpus       # (re)build data/corpus/python_reference.txt
     python -m ropelab.lm train        # train and write data/lm/tinylm_rope_L256.pt (+ history JSON)
-    python -m ropelab.lm eval         # per-position loss to 4 x L0 under every scheme -> build/lm_eval.json
+    python -m ropelab.lm eval         # per-position loss to 4 x L0 under every scheme, on every disjoint
+                                      # validation window -> data/lm/eval_schemes.pt (notebook 05 reads it)
 
 ``make lm`` runs all three.
 """
@@ -55,7 +56,14 @@ __all__ = [
     "schemes",
     "per_position_loss",
     "evaluate_schemes",
+    "EVAL_RESULTS",
+    "save_scheme_losses",
+    "load_or_evaluate_schemes",
     "summarize",
+    "smooth_windows",
+    "plot_loss_vs_position",
+    "plot_attention_drift",
+    "plot_decode_cost",
     "main",
 ]
 
@@ -69,6 +77,7 @@ SCALE = 4.0  # extend L0 -> 4 L0
 METHODS = {"no scaling": "no scaling", "linear (PI)": "PI", "NTK-aware": "NTK-aware", "YaRN": "YaRN",
            "dynamic NTK, full sequence": "dynamic NTK"}
 CACHE_POLICIES = ("post_rope", "recompute", "bucketed", "rope_on_load")
+EVAL_RESULTS = LM_DIR / "eval_schemes.pt"  # notebook 05's 45-window evaluation, written by `python -m ropelab.lm eval`
 
 
 def build_corpus(out: Path = CORPUS) -> Path:
@@ -224,6 +233,46 @@ def evaluate_schemes(model: TinyLM, n: int = 8, length: int = int(SCALE * L0), p
     return result
 
 
+def _checkpoint_sha256(path: Path = CHECKPOINT) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def save_scheme_losses(result: dict, path: str | Path = EVAL_RESULTS) -> Path:
+    """Write :func:`evaluate_schemes`' result for the committed checkpoint: every window's per-position loss as
+    float32 tensors (the losses are float32, so nothing is rounded), with the settings and the checkpoint's
+    SHA-256, so :func:`load_or_evaluate_schemes` can tell whether the file answers a request."""
+    meta = {k: result[k] for k in ("n_windows", "length", "L0", "scale")}
+    meta.update(checkpoint=CHECKPOINT.name, checkpoint_sha256=_checkpoint_sha256(), command="python -m ropelab.lm eval",
+                schemes=list(result["window_loss"]))
+    blob = {"meta": meta, "window_loss": {k: torch.tensor(v, dtype=torch.float32)
+                                          for k, v in result["window_loss"].items()}}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(blob, path)
+    return path
+
+
+def load_or_evaluate_schemes(model: TinyLM, n: int, length: int, names: list[str], path: str | Path = EVAL_RESULTS,
+                             checkpoint: str | Path = CHECKPOINT) -> dict:
+    """:func:`evaluate_schemes` for ``names``, read from ``path`` when it holds them for the same ``n`` windows,
+    ``length``, L0, scale and checkpoint (``model`` must be the committed ``checkpoint``, as :func:`load_lm`
+    gives); computed otherwise (minutes: every cached scheme decodes token by token). The numbers are the same
+    either way: the file stores the float32 losses themselves."""
+    path = Path(path)
+    if path.exists():
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        meta = blob["meta"]
+        if (meta["n_windows"], meta["length"], meta["L0"], meta["scale"]) == (n, length, L0, SCALE) and set(
+                names) <= set(blob["window_loss"]) and meta["checkpoint_sha256"] == _checkpoint_sha256(checkpoint):
+            wl = {k: v for k, v in blob["window_loss"].items() if k in names}  # in schemes() order, as computed
+            return {"n_windows": n, "length": length, "L0": L0, "scale": SCALE, "source": str(path),
+                    "loss": {k: v.mean(0).tolist() for k, v in wl.items()},
+                    "window_loss": {k: v.tolist() for k, v in wl.items()}}
+    return {**evaluate_schemes(model, n, length, names=names), "source": "computed"}
+
+
 def summarize(result: dict, edges=(0, 256, 512, 768, 1024)) -> dict[str, list[float]]:
     """Mean loss (nats per byte) per position band [edges[i], edges[i+1])."""
     out = {}
@@ -264,6 +313,79 @@ def band_intervals(result: dict, edges=(0, 256, 512, 768, 1024), reference: str 
     return out
 
 
+# ---------------------------------------------------------------- notebook 05's figures
+
+def smooth_windows(w: torch.Tensor, width: int = 32, stride: int = 8) -> torch.Tensor:
+    """``width``-token means of per-window losses [n, T], every ``stride`` tokens: [n, (T - width) // stride + 1]."""
+    return torch.nn.functional.avg_pool1d(torch.as_tensor(w, dtype=torch.float32)[:, None], width, stride)[:, 0]
+
+
+def plot_loss_vs_position(per_window: dict, reference: str, n_windows: int):
+    """One panel per scheme: the 32-token mean loss against position with its 95 % bootstrap band over windows,
+    and the ``reference`` scheme's mean as a grey line in every other panel. The y range holds every band's
+    upper end (notebook 05, section 5). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    bands = {name: bootstrap_means(smooth_windows(w)) for name, w in per_window.items()}
+    x = torch.arange(next(iter(bands.values()))[0].shape[0]) * 8 + 16
+    ncol = 3
+    nrow = math.ceil(len(bands) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(12, 2.6 * nrow), sharex=True, sharey=True, squeeze=False)
+    for ax, (name, (mean, lo, hi)) in zip(axes.flat, bands.items()):
+        if name != reference:
+            ax.plot(x, bands[reference][0], color="0.6", lw=1, ls="--", label=f"{reference.split(', ')[-1]} "
+                    "(consistent)")
+        ax.fill_between(x, lo, hi, color="C0", alpha=0.3, lw=0)
+        ax.plot(x, mean, color="C0", lw=1.3, label="this scheme, 95 % CI")
+        ax.axvline(L0, color="0.5", ls=":")
+        ax.set_title(name, fontsize=9)
+    for ax in axes.flat[len(bands):]:
+        ax.set_visible(False)
+    axes[0, 0].set_ylim(0.8, float(max(hi.max() for _, _, hi in bands.values())) + 0.2)
+    axes[0, 0].legend(fontsize=7, loc="upper left")
+    fig.supxlabel("position")
+    fig.supylabel("loss (nats/byte), 32-token mean")
+    fig.suptitle(f"loss against position, trained at {L0}; {n_windows} windows", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_attention_drift(axes, kl: torch.Tensor, contribution: torch.Tensor, length: int) -> None:
+    """KL(consistent || post_rope) per layer against the current length, and the energy-weighted phase error
+    per pair of layer 0 (notebook 05, section 4)."""
+    for layer in range(kl.shape[0]):
+        axes[0].plot(torch.arange(L0, L0 + kl.shape[1]), kl[layer], label=f"layer {layer}",
+                     ls=["-", "--", "-.", ":"][layer % 4])
+    axes[0].axvline(L0, color="0.5", ls=":")
+    axes[0].set(xlabel="current length L", ylabel="KL(consistent || post_rope)", yscale="log", ylim=(1e-6, None),
+                title="attention drift, last query")
+    axes[0].legend()
+    axes[1].plot(torch.arange(contribution.shape[0]), contribution, marker="o")
+    axes[1].xaxis.get_major_locator().set_params(integer=True)
+    axes[1].set(xlabel="pair i", ylabel=r"$E_i \cdot$ mean $2\sin(|\varepsilon_i|/2)$", title=f"layer 0, L = {length}")
+
+
+def plot_decode_cost(axes, bench: dict) -> None:
+    """``python -m ropelab.bench decode``'s medians per policy against the cached length, one panel per batch,
+    with the interquartile range as error bars where the file has one, and ``bucketed``'s boundary step."""
+    rows = bench["rows"]
+    for ax, b in zip(axes, sorted({r["batch"] for r in rows})):
+        for j, policy in enumerate(("post_rope", "bucketed", "recompute", "rope_on_load")):
+            pts = sorted((r for r in rows if r["batch"] == b and r["policy"] == policy),
+                         key=lambda r: r["cached_tokens"])
+            n, med = [r["cached_tokens"] for r in pts], [r["median_ms"] for r in pts]
+            err = ([[r["median_ms"] - r["q25_ms"] for r in pts], [r["q75_ms"] - r["median_ms"] for r in pts]]
+                   if all("q25_ms" in r for r in pts) else None)
+            line = ax.errorbar(n, med, yerr=err, marker="os^D"[j], ls=["-", "--", "-.", ":"][j], capsize=2,
+                               label=f"{policy}, median" + (" and IQR" if err else ""))[0]
+            if policy == "bucketed":
+                top = [r.get("boundary_ms") or r["max_ms"] for r in pts]
+                ax.plot(n, top, marker="v", ls="none", color=line.get_color(), label="bucketed, boundary step")
+        ax.set(xscale="log", yscale="log", xlabel="cached tokens", title=f"batch {b}")
+    axes[0].set_ylabel("ms per decoding step (one layer)")
+    axes[0].legend(fontsize=7)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m ropelab.lm corpus | train | eval``."""
     parser = argparse.ArgumentParser(prog="python -m ropelab.lm", description=__doc__.split("\n")[0])
@@ -279,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"final: {history[-1]}; wrote {CHECKPOINT}")
     else:
         result = evaluate_schemes(load_lm(), disjoint_windows(load_corpus()[1], int(SCALE * L0)))
+        print(f"wrote {save_scheme_losses(result)}")
         result.pop("window_loss")
         out = BUILD_DIR / "lm_eval.json"
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,13 @@ def test_bench_cpu_small(tmp_path):
     assert bench.main(args) == 0
     result = json.loads(out.read_text())
     names = [r["method"] for r in result["rows"]]
-    assert names[:3] == ["clone (floor)", "ropelab.apply_rope", "ropelab.rotate (tables given)"]
+    assert names[:3] == [bench.COPY, "ropelab.apply_rope", "ropelab.rotate (tables given)"]
     assert "HF apply_rotary_pos_emb (eager)" in names
-    assert all(r["median_ms"] > 0 for r in result["rows"])
+    assert all(0 < r["q25_ms"] <= r["median_ms"] <= r["q75_ms"] for r in result["rows"])
+    assert result["rows"][0]["ratio_to_copy"] == 1.0
+    # an ordering is listed only where the IQRs are disjoint
+    by = {r["method"]: r for r in result["rows"]}
+    assert all(by[a]["q75_ms"] < by[b]["q25_ms"] for a, b in result["ordering"])
     assert "hf_eager / ropelab.apply_rope" in result["ratios"]
     # ropelab and HF rotate the same way: they differ only by float32 angle rounding at positions < 64
     assert result["notes"]["max_abs_diff_ropelab_vs_hf"] < 1e-4
@@ -37,12 +41,23 @@ def test_bench_decode_small(tmp_path):
 
 
 def test_step_distribution_shows_a_rare_spike_only_in_the_max():
-    # 511 ordinary steps of ~1 ms and one boundary step of 50 ms in a window of 512 steps
-    d = bench.step_distribution([0.001, 0.0011, 0.0012], [0.05], 512)
-    assert abs(d["median_ms"] - 1.1) < 1e-9
-    assert abs(d["p99_ms"] - 1.2) < 1e-9 and abs(d["max_ms"] - 50.0) < 1e-9
-    # without a boundary the max is the slowest ordinary sample
-    assert abs(bench.step_distribution([0.001, 0.003], [], 10)["max_ms"] - 3.0) < 1e-9
+    # 511 ordinary steps of 1.00 to 1.99 ms (100 samples) and one boundary step of 50 ms in a window of 512
+    steps = [0.001 + 1e-5 * i for i in range(100)]
+    d = bench.step_distribution(steps, [0.05, 0.052, 0.048], 512)
+    assert abs(d["median_ms"] - 1.495) < 1e-9 and abs(d["q25_ms"] - 1.2475) < 1e-9 and d["n_steps"] == 100
+    # the p99 (nearest rank over the 512 steps, each sample standing for 5.11 of them): the top 1 % of the
+    # window is the boundary step and about 4 ordinary steps, i.e. the slowest sample, not the 50 ms spike
+    assert abs(d["p99_ms"] - 1.99) < 1e-9
+    assert abs(d["max_ms"] - 50.0) < 1e-9 and abs(d["boundary_ms"] - 50.0) < 1e-9 and d["n_boundary"] == 3
+    # without a boundary the max is the slowest ordinary sample; under 100 samples there is no p99
+    few = bench.step_distribution([0.001, 0.003], [], 10)
+    assert abs(few["max_ms"] - 3.0) < 1e-9 and few["p99_ms"] is None and few["boundary_ms"] is None
+
+
+def test_iqr_overlap_decides_equal_within_noise():
+    a = {"q25_ms": 1.0, "q75_ms": 2.0}
+    assert bench.iqr_overlap(a, {"q25_ms": 1.9, "q75_ms": 3.0})
+    assert not bench.iqr_overlap(a, {"q25_ms": 2.1, "q75_ms": 3.0})
 
 
 def test_bench_decode_reports_the_boundary_spike(tmp_path):
@@ -53,7 +68,8 @@ def test_bench_decode_reports_the_boundary_spike(tmp_path):
     result = json.loads(out.read_text())
     for r in result["rows"]:
         if r["policy"] != "bucketed (amortised)":
-            assert r["median_ms"] <= r["p99_ms"] <= r["max_ms"]
+            assert r["q25_ms"] <= r["median_ms"] <= r["q75_ms"] <= r["max_ms"] and r["p99_ms"] is None
+            assert isinstance(r["equal_to_post_rope_within_noise"], bool)
     by = {(r["cached_tokens"], r["policy"]): r for r in result["rows"]}
     assert by[(256, "bucketed")]["window_steps"] == 128 and by[(256, "bucketed (amortised)")]["boundary_step_ms"] > 0
     assert "load_average_1_5_15_min" in result and "note" in result

@@ -11,7 +11,8 @@ Implementations, in one run on the same inputs (bf16, Llama-3-8B attention: 32 q
   calls, backward as its own ``conjugate=True`` call, when found;
 - ``copy``: a device-to-device copy of q and k into preallocated buffers (the same bytes): the ceiling.
 
-Shapes: batch x seq from 1 x 512 to 8 x 4096 (working sets up to 671 MB, far past the H200's 60 MB L2), a
+Shapes: batch x seq from 1 x 512 to 8 x 4096 (working sets up to 671 MB, several times a data-centre GPU's L2
+at the larger shapes: 50 MB on an H100 SXM, the H200 not confirmed from an NVIDIA source), a
 packed varlen batch of 131072 tokens, decode (one token for each of 256 sequences at scattered
 positions), and head_dim 64 and 256.
 

@@ -55,6 +55,17 @@ __all__ = [
     "load_selective_copy_results",
     "VALIDATION_SEED",
     "TEST_SEED",
+    "SelectiveCopySweep",
+    "models_path",
+    "save_selective_copy_models",
+    "load_selective_copy_models",
+    "load_or_run_selective_copy",
+    "selective_copy_claims",
+    "cope_gate_analysis",
+    "plot_lr_sweep",
+    "plot_selective_copy_errors",
+    "plot_training_curves",
+    "plot_cope_gates",
     "main",
 ]
 
@@ -264,24 +275,29 @@ def run_selective_copy_sweep(
     """
     if not isinstance(workers, int) or workers < 1 or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"workers and threads must be positive ints, got workers={workers!r}, threads={threads!r}.")
-    jobs = [
-        dict(pe=pe, seed=seed, lr=float(lr), splits=splits, steps=steps, threads=threads, progress=False, **kwargs)
-        for pe in pes
-        for lr in lrs
-        for seed in seeds
-    ]
+    keys = [(pe, float(lr), seed) for pe in pes for lr in lrs for seed in seeds]
+    return _run_jobs(keys, splits=splits, steps=steps, workers=workers, threads=threads, **kwargs)
+
+
+def _run_jobs(keys, *, splits, steps, workers, threads, **kwargs) -> tuple[list[dict], dict]:
+    # run_selective_copy for each (pe, lr, seed) in keys, in worker processes when workers > 1
+    from .machine import machine_info
+
+    jobs = [dict(pe=pe, seed=seed, lr=float(lr), splits=splits, steps=steps, threads=threads, progress=False,
+                 **kwargs) for pe, lr, seed in keys]
     if workers == 1:
         outputs = [_sweep_job(dict(job)) for job in jobs]
     else:
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
             outputs = list(pool.map(_sweep_job, jobs))
     results, models = [], {}
+    cpu = machine_info()["cpu"]
     for cfg, state, result in outputs:
         model = TinyLM(ModelConfig.from_dict(cfg))
         model.load_state_dict(state)
         model.eval()
         models[result["pe"], result["lr"], result["seed"]] = model
-        results.append(result)
+        results.append({**result, "cpu": cpu})
     return results, models
 
 
@@ -292,7 +308,7 @@ def selective_copy_protocol(smoke: bool = False) -> dict:
     if smoke:
         return dict(pes=["none", "learned", "rope", "cope"], lrs=[3e-3], seeds=[0], steps=30, batch=32,
                     n_val=40, n_test=40, eval_every=15, n_eval=20)
-    return dict(pes=["none", "learned", "rope", "cope"], lrs=[1e-3, 3e-3, 1e-2], seeds=[0, 1, 2], steps=400,
+    return dict(pes=["none", "learned", "rope", "cope"], lrs=[1e-3, 3e-3, 1e-2], seeds=[0, 1, 2, 3, 4], steps=400,
                 batch=64, n_val=500, n_test=500, eval_every=50, n_eval=200)
 
 
@@ -500,6 +516,242 @@ def load_selective_copy_results(path: str | os.PathLike) -> dict:
     record = json.loads(Path(path).read_text())
     _check_record(record)
     return record
+
+
+# ---------------------------------------------------------------- notebook 04: reuse a committed sweep
+
+_PROTOCOL_KEYS = ("pes", "lrs", "seeds", "steps", "batch", "n_val", "n_test", "eval_every", "n_eval")
+
+
+class SelectiveCopySweep(NamedTuple):
+    """What :func:`load_or_run_selective_copy` returns."""
+
+    results: list  # every run_selective_copy result, in the order (pe, lr, seed)
+    models: dict  # {(pe, lr, seed): TinyLM}: every model when trained here, CoPE's at its selected lr when read
+    seconds: float  # the training time of all its runs, one after another (run_selective_copy's train_seconds)
+    machine: dict  # {"cpus": the CPU models that trained the runs}
+    source: str  # "trained", the path read, or the path and how many runs were trained to complete it
+
+
+def models_path(results_path: str | os.PathLike) -> Path:
+    """Where the CoPE checkpoints of a results file live: ``X.json`` -> ``X_models.pt`` next to it."""
+    p = Path(results_path)
+    return p.with_name(p.stem + "_models.pt")
+
+
+def save_selective_copy_models(models: dict, pe: str, lr: float, seeds, path: str | os.PathLike) -> Path:
+    """Write the models ``models[pe, lr, seed]`` of every seed (float32 state dicts and configs) to ``path``:
+    notebook 04 reads them back (:func:`load_selective_copy_models`) instead of training them again."""
+    blob = {"pe": pe, "lr": float(lr), "models": {int(s): {"config": models[pe, lr, s].cfg.to_dict(),
+                                                           "state_dict": models[pe, lr, s].state_dict()}
+                                                  for s in seeds}}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(blob, path)
+    return path
+
+
+def load_selective_copy_models(path: str | os.PathLike) -> dict:
+    """Read :func:`save_selective_copy_models`' file: ``{(pe, lr, seed): TinyLM}`` in eval mode."""
+    blob = torch.load(Path(path), map_location="cpu", weights_only=True)
+    out = {}
+    for seed, m in blob["models"].items():
+        model = TinyLM(ModelConfig.from_dict(m["config"]))
+        model.load_state_dict(m["state_dict"])
+        out[blob["pe"], blob["lr"], int(seed)] = model.eval()
+    return out
+
+
+def load_or_run_selective_copy(protocol: dict, path: str | os.PathLike, *, splits: dict, workers: int = 1,
+                               threads: int = 1) -> SelectiveCopySweep:
+    """Notebook 04's sweep, trained only where ``path`` (a :func:`save_selective_copy_results` file) and its
+    checkpoint file (:func:`models_path`) do not already hold it.
+
+    Runs of the file made with the same protocol (up to its seeds) and thread count are reused; the runs of
+    ``protocol`` it lacks are trained (:func:`run_selective_copy`), and so are the CoPE models at the selected
+    learning rate that have no checkpoint. Each run trains on ``threads`` threads from its seed, so a rerun
+    on the same kind of CPU gives the same numbers: a retrained CoPE model whose test errors differ from the
+    file's raises ``ValueError`` (the file is from another CPU family: retrain it all with ``make cope``)."""
+    path = Path(path)
+    want = [(pe, float(lr), s) for pe in protocol["pes"] for lr in protocol["lrs"] for s in protocol["seeds"]]
+    reused, models, source = [], {}, "trained"
+    if path.exists():
+        record = load_selective_copy_results(path)
+        got = record["protocol"]
+        if all(got.get(k) == protocol[k] for k in _PROTOCOL_KEYS if k != "seeds") and got.get(
+                "threads_per_run") == threads:
+            reused = [r for r in record["runs"] if (r["pe"], r["lr"], r["seed"]) in set(want)]
+            if models_path(path).exists():
+                models = load_selective_copy_models(models_path(path))
+            source = str(path)
+    have = {(r["pe"], r["lr"], r["seed"]) for r in reused}
+    kw = dict(splits=splits, steps=protocol["steps"], batch=protocol["batch"], n_val=protocol["n_val"],
+              n_test=protocol["n_test"], eval_every=protocol["eval_every"], n_eval=protocol["n_eval"],
+              workers=workers, threads=threads)
+    missing = [k for k in want if k not in have]
+    if missing:
+        print(f"training {len(missing)} of the sweep's {len(want)} runs ({len(have)} read from {path.name})")
+    new, new_models = _run_jobs(missing, **kw) if missing else ([], {})
+    models.update(new_models)
+    order = {k: i for i, k in enumerate(want)}
+    results = sorted(reused + new, key=lambda r: order[r["pe"], r["lr"], r["seed"]])
+    lr = select_learning_rates(results)["cope"]["lr"]
+    need = [("cope", lr, s) for s in protocol["seeds"] if ("cope", lr, s) not in models]
+    if need:
+        print(f"training {len(need)} CoPE models again that have no checkpoint (their results are read)")
+        again, again_models = _run_jobs(need, **kw)
+        by = {(r["pe"], r["lr"], r["seed"]): r for r in results}
+        for r in again:
+            old = by[r["pe"], r["lr"], r["seed"]]["errors"]  # error counts / set size: exact on one CPU family
+            if any(r["errors"][sp][m] != old[sp][m] for sp in old for m in ("sequence_error", "token_error")):
+                raise ValueError(f"CoPE seed {r['seed']} retrained here gives other test errors than {path}: the "
+                                 "file was made on another kind of CPU; retrain the sweep with `make cope`.")
+        models.update(again_models)
+    seconds = sum(r["train_seconds"] for r in results)
+    return SelectiveCopySweep(results, models, seconds, {"cpus": sorted({r.get("cpu", "unknown") for r in results})},
+                              source if not missing and not need else f"{source}, {len(missing) + len(need)} trained")
+
+
+def selective_copy_claims(splits) -> dict:
+    """Notebook 04's claims, each a test of a :func:`summarize_runs` summary. They are thresholds with room,
+    chosen to hold on both CPU families measured (AMD EPYC and Intel Xeon), not the digits of one run."""
+    token_count = ("learned", "rope")
+    return {
+        "CoPE: in-distribution error < 10 % for every seed": lambda s: max(s["cope"]["in_dist"]["per_seed"]) < 10,
+        "CoPE: dense OOD error < 20 % for every seed": lambda s: max(s["cope"]["ood_dense"]["per_seed"]) < 20,
+        "CoPE: mean sparse OOD error < 50 %": lambda s: s["cope"]["ood_sparse"]["mean"] < 50,
+        "absolute PE and RoPE: OOD error > 80 % for every seed (both splits)": lambda s: min(
+            min(s[pe][sp]["per_seed"]) for pe in token_count for sp in ("ood_dense", "ood_sparse")) > 80,
+        "absolute PE and RoPE: in-distribution error > 30 % for every seed (they do not fit the task either)":
+            lambda s: min(min(s[pe]["in_dist"]["per_seed"]) for pe in token_count) > 30,
+        "CoPE's mean error is the lowest of the four encodings on every split": lambda s: all(
+            s["cope"][sp]["mean"] < min(s[pe][sp]["mean"] for pe in ("none", "learned", "rope")) for sp in splits),
+    }
+
+
+def cope_gate_analysis(models: dict, lr: float, seeds, best: list[dict], task: SelectiveCopy, n: int = 200,
+                       seed: int = 7) -> dict:
+    """Notebook 04's section 4: for every CoPE model ``models["cope", lr, seed]``, the gates of each layer on
+    ``n`` in-distribution sequences (generator ``seed``), read with :func:`ropelab.cope.cope_internals`.
+
+    Returns a dict with ``inputs`` [n, s]; ``gate_stats`` (one :func:`gate_statistics` dict per seed and
+    layer, for the answer queries over the context keys); ``rows`` ``{(seed, layer): (sym, blank)}``;
+    ``records`` (what :func:`save_selective_copy_results` stores per CoPE model: test errors from ``best``,
+    the mean position logits per layer and head, the histogram of :func:`source_positions`); and
+    ``first_gates`` (layer 0 of the first seed, sequence 0: [h, answers, context + 1 + n_symbols])."""
+    import numpy as np
+
+    from .cope import cope_internals
+
+    c = task.context_len
+    inputs, _, _ = task.sample(n, torch.Generator().manual_seed(seed))
+    is_symbol = (inputs[:, :c] != BLANK)[:, None, None, :]  # [b, 1, 1, context keys]
+    edges = np.arange(0, 64.5, 0.5)
+    out = {"inputs": inputs, "gate_stats": [], "rows": {}, "records": [], "first_gates": None}
+    for s in seeds:
+        internals = cope_internals(models["cope", lr, s], inputs)
+        hist = []
+        for layer, lay in enumerate(internals):
+            sym, blank, st = gate_statistics(lay["gates"][:, :, c:, :c], is_symbol)  # answer queries x context
+            out["rows"][s, layer] = (sym, blank)
+            out["gate_stats"].append({"seed": s, "layer": layer, **st})
+            p_src = source_positions(lay["positions"], inputs, task)  # [b, h, n]
+            hist.append([np.histogram(p_src[:, h].numpy(), edges)[0].tolist() for h in range(p_src.shape[1])])
+        run = next(r for r in best if r["pe"] == "cope" and r["seed"] == s)
+        out["records"].append({
+            "seed": s, "lr": lr, "errors": {k: v["sequence_error"] for k, v in run["errors"].items()},
+            "position_logits": [lay["integer_logits"][:, :, c:, :].mean((0, 2)).tolist() for lay in internals],
+            "source_positions": {"bin_edges": edges.tolist(), "counts": hist},
+        })
+        if out["first_gates"] is None:
+            out["first_gates"] = internals[0]["gates"][0, :, c:, : c + 1 + task.n_symbols]
+    return out
+
+
+# ---------------------------------------------------------------- notebook 04's figures
+
+def plot_lr_sweep(ax, selected: dict, lrs, labels: dict, style: dict, n_seeds: int, steps: int) -> None:
+    """Validation error against learning rate per encoding, the selected one circled (notebook 04, section 1)."""
+    for pe, sel in selected.items():
+        sweep = sel["sweep"]
+        ax.plot(lrs, [sweep[lr]["sequence_error"] for lr in lrs], label=labels[pe], ms=6, **style[pe])
+        ax.plot([sel["lr"]], [sweep[sel["lr"]]["sequence_error"]], "o", ms=13, mfc="none", mec=style[pe]["color"])
+    ax.set(xscale="log", xlabel="peak learning rate", ylabel="validation error (% of sequences)", ylim=(-3, 103),
+           title=f"learning-rate sweep: mean of {n_seeds} seeds, {steps} steps (circled: selected)")
+    ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
+    ax.minorticks_off()
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+
+
+def plot_selective_copy_errors(ax, summary: dict, splits, labels: dict, style: dict, lrs: dict, steps: int) -> None:
+    """Mean test error per encoding and split as bars, each seed a dot (notebook 04, section 2)."""
+    import numpy as np
+
+    pes, width = list(summary), 0.2
+    n_seeds = len(next(iter(summary.values()))[splits[0]]["per_seed"])
+    for k, pe in enumerate(pes):
+        x = np.arange(len(splits)) + (k - 1.5) * width
+        means = [summary[pe][s]["mean"] for s in splits]
+        ax.bar(x, means, width, label=f"{labels[pe]} (lr {lrs[pe]:g})", color=style[pe]["color"],
+               hatch=["", "//", "..", "xx"][k % 4], edgecolor="white", linewidth=0)
+        for xi, s, m in zip(x, splits, means):
+            ax.plot([xi] * n_seeds, summary[pe][s]["per_seed"], "k.", ms=4)
+            top = max(m, summary[pe][s]["max"])  # the label goes above the bar and every seed's dot
+            ax.annotate(f"{m:.1f}", (xi, top), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=7)
+    ax.set_xticks(range(3), ["in distribution\n(32 blanks)", "OOD dense\n(16 blanks)", "OOD sparse\n(64 blanks)"])
+    ax.set_ylabel("test error (% of sequences)")
+    ax.set_ylim(0, 128)
+    ax.set_title(f"Selective Copy: mean of {n_seeds} seeds (dots: each seed), {steps} steps, "
+                 "each encoding at its selected learning rate", fontsize=10)
+    ax.legend(ncol=2, fontsize=8, loc="upper left")
+
+
+def plot_training_curves(axes, best: list[dict], labels: dict, style: dict) -> None:
+    """Training loss and validation error against step, one line per seed (notebook 04, section 3)."""
+    first = {}
+    for res in best:
+        pe, hist = res["pe"], res["history"]
+        st = dict(color=style[pe]["color"], ls=style[pe]["ls"], lw=1)
+        axes[0].plot([h["step"] for h in hist], [h["loss"] for h in hist], **st,
+                     label=labels[pe] if first.setdefault(pe, res["seed"]) == res["seed"] else None)
+        ev = [h for h in hist if "in_dist_sequence_error" in h]
+        axes[1].plot([h["step"] for h in ev], [100 * h["in_dist_sequence_error"] for h in ev], **st,
+                     marker=style[pe]["marker"], ms=3)
+    axes[0].set(yscale="log", xlabel="step", ylabel="training loss (answer tokens, nats)")
+    axes[1].axhline(1, color="k", lw=0.8, ls=":")
+    axes[1].annotate("1 %", (0, 1), xytext=(2, 3), textcoords="offset points", fontsize=8)
+    axes[1].set(xlabel="step", ylabel="validation error % (in distribution)")
+    axes[0].legend(fontsize=8)
+
+
+def plot_cope_gates(fig, axes, gates: dict, task: SelectiveCopy, seeds) -> None:
+    """Layer 0's gates of one sequence as a heat map, and every (sequence, head, query) row's mean gate on
+    symbols against blanks per seed (notebook 04, section 4; ``gates`` is :func:`cope_gate_analysis`')."""
+    import numpy as np
+
+    inputs, first, c = gates["inputs"], gates["first_gates"], task.context_len
+    h, n = first.shape[:2]
+    im = axes[0].imshow(first.reshape(h * n, -1).numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1,
+                        interpolation="nearest")
+    axes[0].grid(False)
+    sym_cols = np.flatnonzero(inputs[0, :c].numpy() != BLANK)
+    axes[0].set_xticks(sym_cols, [task.render(inputs[0, j:j + 1]) for j in sym_cols])
+    axes[0].set_yticks([k * n + n / 2 - 0.5 for k in range(h)], [f"head {k}" for k in range(h)])
+    for k in range(1, h):
+        axes[0].axhline(k * n - 0.5, color="w", lw=1)
+    axes[0].set_xlabel("key: symbols labelled, blanks unlabelled; then separator and answers")
+    axes[0].set_title(f"layer-0 gates, seed {seeds[0]}, one sequence\nrows: answer queries t = 1..{n} of each "
+                      "head", fontsize=10)
+    fig.colorbar(im, ax=axes[0], fraction=0.03, label="gate $g_{ij}$")
+    for k, seed in enumerate(seeds):
+        sym, blank = gates["rows"][seed, 0]
+        axes[1].scatter(blank[:50].flatten(), sym[:50].flatten(), s=4, alpha=0.35, color=f"C{[0, 1, 4, 2, 9][k % 5]}",
+                        marker="os^Dv"[k % 5], label=f"seed {seed}", rasterized=True)  # raster: a small SVG
+    axes[1].axvline(0.05, color="k", ls=":", lw=0.8)
+    axes[1].set(xlabel="mean gate on blank keys", ylabel="mean gate on symbol keys", xlim=(-0.02, 1.02),
+                ylim=(-0.02, 1.02))
+    axes[1].set_title("layer 0: one dot per\n(sequence, head, query)", fontsize=10)
+    axes[1].legend(fontsize=8, markerscale=3, loc="lower right")
 
 
 def main(argv: list[str] | None = None) -> int:
