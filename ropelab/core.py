@@ -15,8 +15,8 @@ depends on positions only through n - m. Which dims form pair i is the *style*:
 
 Numerics: angles are formed in float64 (``angle_dtype`` may select float32, to mimic Hugging Face) and
 cos/sin are rounded once to the compute dtype, float32 for 16-bit inputs; the output is cast back to the
-input dtype. Tensor layouts are named einops-style (``"b s h d"``) so nothing is ever broadcast along an
-axis the caller did not mean.
+input dtype, and so is the gradient, computed in float32 too (:func:`rotate`). Tensor layouts are named
+einops-style (``"b s h d"``) so nothing is ever broadcast along an axis the caller did not mean.
 """
 
 from __future__ import annotations
