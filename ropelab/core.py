@@ -484,7 +484,12 @@ def apply_rope(
         backend: ``"torch"`` (eager PyTorch, :func:`rotate`), ``"compile"`` (one single-pass formula
             through ``torch.compile``: the CPU path at the memory floor) or ``"triton"`` (the fused
             kernel of :mod:`ropelab.kernels`, CUDA or ``TRITON_INTERPRET=1``). Same checks, same
-            tables and the same error bound for all three.
+            tables and the same error bound for all three, forward and backward: 16-bit x is
+            computed in float32 and rounded once, so per pair (a, b)
+            :math:`|y_a - y_a^{exact}| \le 4u_{32}(|x_a| + |x_b|) + u\,|y_a^{exact}|` and, for the
+            gradient (:math:`R^\top g`, g = dL/dy), :math:`|dx_a - dx_a^{exact}| \le
+            4u_{32}(|g_a| + |g_b|) + u\,|dx_a^{exact}|`, u the unit roundoff of x's dtype (plus half
+            its subnormal spacing; Triton's CPU interpreter truncates to bfloat16: 2u there).
         sections: a :class:`ropelab.multiaxis.MultiAxis` (M-RoPE or axial): then ``positions`` is
             [A, s] or [A, b, s], one row per axis, and pair i rotates with its axis's position.
 
