@@ -63,6 +63,7 @@ def test_seed_example():
 def test_round_trip_is_identity(d, seed):
     head_dim, rotary_dim = d
     x = torch.randn(3, head_dim, generator=torch.Generator().manual_seed(seed))
+    # exact on every CPU: permutations (indexing) only, no arithmetic
     assert torch.equal(half_to_interleaved(interleaved_to_half(x, rotary_dim), rotary_dim), x)
     assert torch.equal(interleaved_to_half(half_to_interleaved(x, rotary_dim), rotary_dim), x)
     # A permutation: every dim used once, the pass-through tail fixed, same style -> identity.
@@ -70,6 +71,7 @@ def test_round_trip_is_identity(d, seed):
     assert sorted(idx.tolist()) == list(range(head_dim))
     r = head_dim if rotary_dim is None else rotary_dim
     assert idx[r:].tolist() == list(range(r, head_dim))
+    # exact on every CPU: an identity permutation (indexing)
     assert torch.equal(convert_style(x, src="half", dst="half", rotary_dim=rotary_dim), x)
 
 
@@ -89,6 +91,7 @@ def test_half_rotation_is_interleaved_rotation_conjugated_by_p(d, base, seed):
     P = permutation_matrix(style_permutation(head_dim, src="interleaved", dst="half", rotary_dim=rotary_dim))
     R_half = rotation_matrix(positions, inv_freq, head_dim, style="half")
     R_int = rotation_matrix(positions, inv_freq, head_dim, style="interleaved")
+    # exact on every CPU: P is 0/1, so each entry is 1.0 * R_ij plus zeros in any order, fused or not
     assert torch.equal(P @ R_int @ P.T, R_half)
 
 
@@ -167,6 +170,7 @@ def test_permute_matches_hf_convert_script(n_heads, n_kv_heads, head_dim):
     wk = torch.randn(n_kv_heads * head_dim, dim, generator=gen)
     ours_q = permute_qk_weight(wq, n_heads, src="interleaved", dst="half")
     ours_k = permute_qk_weight(wk, n_kv_heads, src="interleaved", dst="half")
+    # exact on every CPU: both are row permutations (view/transpose/reshape and indexing), no arithmetic
     assert torch.equal(ours_q, hf_permute(wq, n_heads, dim1=dim, dim2=dim))
     assert torch.equal(ours_k, hf_permute(wk, n_kv_heads, dim1=n_kv_heads * head_dim, dim2=dim))
     # And the way back undoes it.
@@ -184,6 +188,7 @@ def test_permute_matches_hf_gguf_loader(n_heads, n_kv_heads, head_dim):
     for rows, heads, name in cases:
         w = torch.randn(rows, d_model, generator=gen)
         hf = torch.from_numpy(proc.process(w.numpy(), name).weights)
+        # exact on every CPU: row permutations only
         assert torch.equal(permute_qk_weight(w, heads, src="interleaved", dst="half"), hf)
 
 
@@ -267,6 +272,7 @@ def test_packed_qkv_permutes_q_and_k_and_keeps_v():
     w = torch.randn(3 * 4 * 8, 5, dtype=torch.float64)
     out = permute_qkv_weight(w, 4, src="interleaved", dst="half")
     q, k, v = w.split(32)
+    # exact on every CPU: row permutations and concatenation only
     assert torch.equal(out[:32], permute_qk_weight(q, 4, src="interleaved", dst="half"))
     assert torch.equal(out[32:64], permute_qk_weight(k, 4, src="interleaved", dst="half"))
     assert torch.equal(out[64:], v)
