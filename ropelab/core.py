@@ -15,8 +15,8 @@ depends on positions only through n - m. Which dims form pair i is the *style*:
 
 Numerics: angles are formed in float64 (``angle_dtype`` may select float32, to mimic Hugging Face) and
 cos/sin are rounded once to the compute dtype, float32 for 16-bit inputs; the output is cast back to the
-input dtype. Tensor layouts are named einops-style (``"b s h d"``) so nothing is ever broadcast along an
-axis the caller did not mean.
+input dtype, and so is the gradient, computed in float32 too (:func:`rotate`). Tensor layouts are named
+einops-style (``"b s h d"``) so nothing is ever broadcast along an axis the caller did not mean.
 """
 
 from __future__ import annotations
@@ -321,7 +321,11 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, style: str 
 
     ``cos`` and ``sin`` have the same number of dims as ``x``, each of size 1 or equal to x's (explicit
     broadcast dims, never implicit ones), and last dim r/2. 16-bit inputs are computed in float32 and
-    rounded once on output.
+    rounded once on output; so is their gradient, :math:`\partial L/\partial x = R^\top\,\partial L/\partial y`
+    (the inverse rotation of the incoming gradient, sin negated, in float32, rounded once to x's dtype),
+    which therefore meets the forward's bound with :math:`g = \partial L/\partial y` in place of x:
+    :math:`|\mathrm{err}_a| \le 4u_{32}(|g_a| + |g_b|) + u\,|\partial L/\partial x_a|` for pair (a, b), u the
+    unit roundoff of x's dtype (plus half its subnormal spacing); dims past r pass g through exactly.
     """
     check_style(style)
     if not x.dtype.is_floating_point:
@@ -351,13 +355,16 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, style: str 
         x1, x2 = x[..., 0:r:2], x[..., 1:r:2]
     if torch.is_grad_enabled() and (x.requires_grad or c.requires_grad or s.requires_grad):
         # Differentiable path (training): the same formula without in-place writes.
-        y1, y2 = x1 * c - x2 * s, x2 * c + x1 * s
-        if style == "half":
-            rot = torch.cat([y1, y2], dim=-1)
-        else:
-            rot = torch.stack([y1, y2], dim=-1).flatten(-2)
-        out = torch.cat([rot, x[..., r:].to(cdt)], dim=-1) if r < d else rot
-        return out if cdt == x.dtype else out.to(x.dtype)
+        if cdt == x.dtype:
+            return _rotate_formula(x, c, s, style)
+        if not (c.requires_grad or s.requires_grad):
+            # A 16-bit x: autograd would round each product's gradient to x's dtype and add the two
+            # there (a small gradient of large terms came back as 0); the Function's backward is the
+            # inverse rotation in float32, rounded once. Its forward is this same formula.
+            return _RotateLowPrecision.apply(x, c, s, style)
+        # Learned tables too: differentiate the formula on a float32 copy of x, so that x's gradient
+        # is also summed in float32 and rounded once (at the copy's backward); the same forward numbers.
+        return _rotate_formula(x.to(cdt), c, s, style).to(x.dtype)
     out = torch.empty(x.shape, dtype=cdt, device=x.device)
     if style == "half":
         o1, o2 = out[..., :half], out[..., half:r]
@@ -372,6 +379,45 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, style: str 
     if r < d:
         out[..., r:] = x[..., r:]
     return out if cdt == x.dtype else out.to(x.dtype)
+
+
+def _rotate_formula(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, style: str) -> torch.Tensor:
+    """:func:`rotate`'s differentiable formula (no checks): products and sums in c's dtype, one rounding
+    to x's dtype at the end."""
+    half = c.shape[-1]
+    r, d = 2 * half, x.shape[-1]
+    if style == "half":
+        x1, x2 = x[..., :half], x[..., half:r]
+    else:
+        x1, x2 = x[..., 0:r:2], x[..., 1:r:2]
+    y1, y2 = x1 * c - x2 * s, x2 * c + x1 * s
+    if style == "half":
+        rot = torch.cat([y1, y2], dim=-1)
+    else:
+        rot = torch.stack([y1, y2], dim=-1).flatten(-2)
+    out = torch.cat([rot, x[..., r:].to(c.dtype)], dim=-1) if r < d else rot
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+class _RotateLowPrecision(torch.autograd.Function):
+    r"""``y = R x`` for a 16-bit x and float32 tables that need no gradient.
+
+    Forward: :func:`_rotate_formula` (float32 math, one rounding). Backward: RoPE is linear and
+    orthogonal, so :math:`\partial L/\partial x = R^\top \partial L/\partial y`, the same formula with
+    sin negated, again in float32 and rounded once (applied through this Function, so a double backward
+    keeps the property). The Triton kernel's backward does the same (``CONJUGATE``).
+    """
+
+    @staticmethod
+    def forward(ctx, x, c, s, style):
+        ctx.save_for_backward(c, s)
+        ctx.style = style
+        return _rotate_formula(x, c, s, style)
+
+    @staticmethod
+    def backward(ctx, dy):
+        c, s = ctx.saved_tensors
+        return _RotateLowPrecision.apply(dy, c, -s, ctx.style), None, None, None
 
 
 def _tables_for(
@@ -438,7 +484,12 @@ def apply_rope(
         backend: ``"torch"`` (eager PyTorch, :func:`rotate`), ``"compile"`` (one single-pass formula
             through ``torch.compile``: the CPU path at the memory floor) or ``"triton"`` (the fused
             kernel of :mod:`ropelab.kernels`, CUDA or ``TRITON_INTERPRET=1``). Same checks, same
-            tables and the same error bound for all three.
+            tables and the same error bound for all three, forward and backward: 16-bit x is
+            computed in float32 and rounded once, so per pair (a, b)
+            :math:`|y_a - y_a^{exact}| \le 4u_{32}(|x_a| + |x_b|) + u\,|y_a^{exact}|` and, for the
+            gradient (:math:`R^\top g`, g = dL/dy), :math:`|dx_a - dx_a^{exact}| \le
+            4u_{32}(|g_a| + |g_b|) + u\,|dx_a^{exact}|`, u the unit roundoff of x's dtype (plus half
+            its subnormal spacing; Triton's CPU interpreter truncates to bfloat16: 2u there).
         sections: a :class:`ropelab.multiaxis.MultiAxis` (M-RoPE or axial): then ``positions`` is
             [A, s] or [A, b, s], one row per axis, and pair i rotates with its axis's position.
 

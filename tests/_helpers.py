@@ -6,7 +6,7 @@ import torch
 
 from ropelab.precision import UNIT_ROUNDOFF  # u = 2**-p for a p-bit significand
 
-__all__ = ["UNIT_ROUNDOFF", "rope_error_bound"]
+__all__ = ["UNIT_ROUNDOFF", "gamma", "rope_error_bound", "assert_rotations_agree"]
 
 
 def rope_error_bound(x64: torch.Tensor, y_ref: torch.Tensor, rotary_dim: int, style: str, dtype: torch.dtype):
@@ -28,6 +28,23 @@ def rope_error_bound(x64: torch.Tensor, y_ref: torch.Tensor, rotary_dim: int, st
     pair_mag[..., b] = s
     tiny = torch.finfo(dtype).smallest_normal * UNIT_ROUNDOFF[dtype] if dtype != compute else 0.0
     return 4 * u_c * pair_mag + u_out * y_ref.abs() + tiny
+
+
+def gamma(n: int, dtype: torch.dtype) -> float:
+    """Higham's gamma_n = n u / (1 - n u): a sum of n rounded products is within gamma_n sum |terms| of exact,
+    whatever the order of the additions and whether a multiply-add is fused (BLAS and CPUs differ in both)."""
+    u = UNIT_ROUNDOFF[dtype]
+    return n * u / (1 - n * u)
+
+
+def assert_rotations_agree(y1: torch.Tensor, y2: torch.Tensor, x: torch.Tensor, rotary_dim: int, style: str):
+    """Two float32/float64 RoPE computations of the same x (d last) that may round differently (other shapes,
+    strides or code paths: vectorised and scalar loops, other libm calls) agree within twice
+    ``rope_error_bound``: each is within it of the exact rotation. Dims past ``rotary_dim`` must be equal."""
+    assert y1.dtype == y2.dtype and y1.dtype in (torch.float32, torch.float64), (y1.dtype, y2.dtype)
+    bound = 2 * rope_error_bound(x.double(), y2.double(), rotary_dim, style, y1.dtype)
+    err = (y1.double() - y2.double()).abs()
+    assert bool((err <= bound).all()), f"max excess {(err - bound).max().item():.3g}"
 
 
 def tiny_llama(layers: int, seed: int = 0, rope=None, l0: int = 32):

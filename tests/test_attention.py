@@ -23,6 +23,7 @@ def test_attention_comparisons():
     q, k = torch.randn(2, 3, 6, 8, generator=gen), torch.randn(2, 3, 6, 8, generator=gen)
     ref = causal_logits(q, k)
     assert ref.dtype == torch.float64 and torch.isinf(ref[..., 0, 1:]).all()
+    # exact on every CPU: the same function of the same input twice in one process, then x - x = 0
     assert relative_logit_error_by_position(ref, ref).abs().max() == 0
     assert kl_by_position(ref, ref).abs().max() == 0
     other = causal_logits(q, k.flip(-2))
@@ -56,6 +57,7 @@ def test_grouped_attention_equals_per_head_softmax_with_repeated_kv_heads():
     logits = logits.masked_fill(key_pos[None, :] > q_pos[:, None], float("-inf"))
     want = logits.softmax(-1) @ vr
     torch.testing.assert_close(got, want, rtol=0, atol=64 * 2.0**-53 * float(v.abs().max()))
+    # exact on every CPU: attend is this composition, the same ops on the same input
     assert torch.equal(attend_scores(grouped_scores(q, k), v, q_pos, key_pos), got)
     with pytest.raises(ValueError, match="multiple of key/value heads"):
         grouped_scores(q[:, :5], k)
@@ -63,4 +65,5 @@ def test_grouped_attention_equals_per_head_softmax_with_repeated_kv_heads():
 
 def test_kl_divergence_of_masked_rows_is_finite():
     ref = torch.tensor([[0.0, float("-inf")], [1.0, 2.0]])
+    # exact on every CPU: p (log p - log p) with both logs of the same input in one process: 0
     assert torch.isfinite(kl_divergence(ref, ref)).all() and kl_divergence(ref, ref).abs().max() == 0

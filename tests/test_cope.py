@@ -34,11 +34,13 @@ def test_all_gates_one_give_relative_distance_plus_one():
     mask = causal(s)
     p = contextual_positions(torch.ones(s, s).masked_fill(~mask, 0))
     i, j = torch.arange(s)[:, None], torch.arange(s)[None, :]
+    # exact on every CPU: sums of 0/1 gates are small integers, exact in float32 in any order
     assert torch.equal(p, torch.where(j <= i, (i - j + 1).float(), torch.zeros(())))
     # Through the module: scores so large that sigmoid rounds to exactly 1 in float32.
     cope = CoPE(64, 4)
     q = torch.zeros(1, 2, s, 4)
     gates, pos = cope.positions(q, torch.full((1, 2, s, s), 1e4), mask)
+    # exact on every CPU: sigmoid(1e4 / sqrt(d)) = 1 / (1 + exp(-2500)) = 1 / (1 + 0) = 1; positions are integer sums
     assert torch.equal(gates, mask.float().expand_as(gates))
     assert torch.equal(pos[0, 0], p)
     # The clamp: with npos_max = 5 every distance past 3 reads table row 4.
@@ -53,6 +55,7 @@ def test_gates_only_on_separators_count_separators():
     p = contextual_positions(gates)
     for i in range(s):
         for j in range(i + 1):
+            # exact on every CPU: sums of 0/1 gates, small integers
             assert p[i, j] == chosen[j : i + 1].sum()
 
 
@@ -67,6 +70,7 @@ def test_masked_keys_add_nothing(scale, gen):
     mask[:, [2, 5]] = False
     out = cope(q, qk, mask)
     qk2 = torch.where(mask, qk, torch.randn(qk.shape, generator=gen) * 100)
+    # exact on every CPU: masked entries are overwritten (gate 0, logit -inf); the rest: same ops, same values
     assert torch.equal(cope(q, qk2, mask), out)
     assert bool(torch.isneginf(out[..., ~mask]).all()) and bool(torch.isfinite(out[..., mask]).all())
     gates, p = cope.positions(q, torch.full_like(qk, 1e4), mask)
@@ -74,6 +78,7 @@ def test_masked_keys_add_nothing(scale, gen):
     # with all unmasked gates 1, p_ij counts the unmasked keys in [j, i]
     for i in range(s):
         for j in range(i + 1):
+            # exact on every CPU: sums of 0/1 gates, small integers
             assert p[0, 0, i, j] == mask[i, j : i + 1].sum()
 
 
@@ -105,6 +110,7 @@ def test_matches_loop_reference(dtype, scale, per_head, gen):
     out = cope(q, qk, mask)
     ref = reference_cope(q, qk, mask, cope.pos_emb.detach(), scale=scale)
     assert out.dtype == dtype
+    # exact on every CPU: which entries are masked (-inf) is boolean, not rounded
     assert torch.equal(torch.isneginf(out), torch.isneginf(ref))
     err = (out.double() - ref)[..., mask]
     bound = cope_error_bound(q, qk, cope.pos_emb.detach(), npos, d, dtype)[..., :1].expand_as(ref)[..., mask]
@@ -148,6 +154,7 @@ def test_zero_table_is_content_only_attention_and_scales_relate(gen):
     """Zero-initialised: logits are qk/sqrt(d), masked. 'before' with table E equals 'after' with E/sqrt(d)."""
     q, qk = inputs(gen, 2, 2, 6, 8, torch.float64)
     mask = causal(6)
+    # exact on every CPU: with a zero table the module computes qk / sqrt(8) + 0, the same division
     assert torch.equal(CoPE(16, 8).double()(q, qk, mask), (qk / math.sqrt(8)).masked_fill(~mask, float("-inf")))
     before = random_cope(gen, 16, 8, scale="before", dtype=torch.float64)
     after = CoPE(16, 8, scale="after").double()

@@ -28,6 +28,7 @@ def test_ladder_matches_the_closed_forms():
     np.testing.assert_allclose(out["inv_freq"], _theta(128, 10000.0).numpy(), rtol=1e-15)
     np.testing.assert_allclose(out["wavelength"] * out["inv_freq"], 2 * math.pi, rtol=1e-15)
     np.testing.assert_allclose(out["angle"], 4096 * _theta(128, 10000.0).numpy(), rtol=1e-15)
+    # exact on every CPU: at float64 the held angle is the same float64 product as the reference angle
     assert not out["phase_error"].any() and np.array_equal(out["angle_dtype"], out["angle"])
     # pair i has turned once when 2 pi b^(2i/d) <= m: i <= (d/2) log(m / 2pi) / log b
     assert out["turned"].sum() == math.floor(64 * math.log(4096 / (2 * math.pi)) / math.log(10000.0)) + 1
@@ -38,6 +39,7 @@ def test_ladder_low_precision_error_is_the_precision_modules(dtype):
     out = explorers.ladder(base=10000.0, head_dim=64, position=1000, dtype=dtype)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     ref = precision_phase_error(torch.tensor([1000]), frequencies(64, 10000.0)[0], where="all", dtype=torch_dtype)
+    # exact on every CPU: the explorer calls this function with these arguments, in one process
     np.testing.assert_array_equal(out["phase_error"], ref[0].numpy())
     assert out["phase_error"].max() > 0
     wrapped = np.abs(np.remainder(out["angle_dtype"] - out["angle"] + np.pi, 2 * np.pi) - np.pi)
@@ -49,6 +51,7 @@ def test_ladder_low_precision_error_is_the_precision_modules(dtype):
 
 def test_decay_values_at_zero_and_the_first_negative_distance():
     out = explorers.decay(base=10000.0, head_dim=128, distance=2000, n_points=2001, n_pairs=8)
+    # exact on every CPU: integer distances
     assert np.array_equal(out["r"], np.arange(2001))
     assert out["envelope"][0] == pytest.approx(32.5, abs=1e-12)  # (1/64) sum_{j=1}^{64} j
     assert out["aligned"][0] == pytest.approx(128.0, abs=1e-12)  # 2 B_0 = d

@@ -96,6 +96,7 @@ def test_probe_sample_plants_keys_and_copies_weighs_them_and_is_seeded():
     sample = ext.probe_sample(data, 64, 100, p_key=0.5, p_copy=0.25)
     x1, y1, w1 = sample(torch.Generator().manual_seed(0))
     x2, _, w2 = sample(torch.Generator().manual_seed(0))
+    # exact on every CPU: byte tokens and weights drawn from the same seed by the same code
     assert torch.equal(x1, x2) and torch.equal(w1, w2) and x1.shape == w1.shape == (64, 100)
     assert torch.equal(x1[:, 1:], y1[:, :-1])
     full = torch.cat([x1, y1[:, -1:]], 1)
@@ -110,6 +111,7 @@ def test_probe_sample_plants_keys_and_copies_weighs_them_and_is_seeded():
         assert heavy.numel() == ext.KEY_LEN
         opener = bytes(full[r].tolist()).rindex(ext.KEY_OPEN)
         assert heavy.tolist() == list(range(opener + 1, opener + 1 + ext.KEY_LEN))
+        # exact on every CPU: integer byte tokens
         assert torch.equal(y1[r, heavy], full[r, opener + 2: opener + 2 + ext.KEY_LEN])
     # a copy window's heavy targets repeat letters written earlier in the window
     for r in copied.nonzero().flatten().tolist():
@@ -123,6 +125,7 @@ def test_half_checkpoint_round_trip(tmp_path):
     ext.save_half(model, tmp_path / "m.pt", {"note": 1})
     back = ext.load_model(tmp_path / "m.pt")
     for (k, a), (_, b) in zip(model.state_dict().items(), back.state_dict().items()):
+        # exact on every CPU: float16 -> float32 is exact, so the round trip is a conversion, not a computation
         assert b.dtype == torch.float32 and torch.equal(a.half().float(), b), k
     assert json.loads((tmp_path / "m.json").read_text()) == {"note": 1}
     with pytest.raises(FileNotFoundError, match="make lm"):

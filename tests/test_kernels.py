@@ -61,6 +61,7 @@ def test_styles_head_dims_partial_gqa(style, d, r, gen):
     for x, y in ((q, oq), (k, ok)):
         ref = oracle(x, "b s h d", style, r)
         assert_close_bound(y, x, ref, r, style, torch.float32)
+        # exact on every CPU: the dims past r are copied
         assert torch.equal(y[..., r:], x[..., r:])
 
 
@@ -95,6 +96,7 @@ def test_varlen_cu_seqlens_and_offsets(style, gen):
         assert_close_bound(y, x, ref, 16, style, torch.float32)
     # max_seqlen given: no device read of cu_seqlens, same result
     oq2 = rope(q, layout="t h d", style=style, cos=c, sin=s, cu_seqlens=cu, offset=off, max_seqlen=5)
+    # exact on every CPU: the same launch (max_seqlen equals the computed one) on the same input
     assert torch.equal(oq2, oq)
     # the same through apply_rope's API
     y = ropelab.apply_rope(q, layout="t h d", style=style, rotary_dim=16, cu_seqlens=cu, backend="triton")
@@ -128,6 +130,7 @@ def test_strided_view_of_packed_qkv_without_copy(gen):
     before = qkv.clone()
     with torch.no_grad():
         rope(q, k, layout="b s h d", style="interleaved", cos=c, sin=s, inplace=True)
+    # exact on every CPU: the same kernel on the same values, written in place or out of place; the rest untouched
     assert torch.equal(qkv[:, :, 0], oq) and torch.equal(qkv[:, :, 1, :2], ok)
     assert torch.equal(qkv[:, :, 2], before[:, :, 2]) and torch.equal(qkv[:, :, 1, 2:], before[:, :, 1, 2:])
 
@@ -139,6 +142,7 @@ def test_dtypes_fp32_math(dtype, gen):
     y = rope(x, layout="b s h d", cos=c, sin=s)
     assert y.dtype == dtype
     assert_close_bound(y, x, oracle(x, "b s h d", rotary_dim=32), 32, "half", dtype)
+    # exact on every CPU: the dims past r are copied
     assert torch.equal(y[..., 32:], x[..., 32:])
     # in-kernel cos/sin from inv_freq: the same float64 angles, rounded once
     assert_close_bound(ropelab.apply_rope(x, layout="b s h d", rotary_dim=32, backend="triton"),
@@ -170,6 +174,7 @@ def test_inplace_is_autograd_safe(gen):
     # z @ w saves z and w, not its output: rotating the output in place is fine, and the gradient is exact
     y_out = rope(z @ w, layout="b s h d", cos=c64, sin=s64)
     y_in = rope(z @ w, layout="b s h d", cos=c64, sin=s64, inplace=True)
+    # exact on every CPU: the same kernel on the same values (z @ w computed twice the same way in one process)
     assert torch.equal(y_in, y_out)
     g_out, = torch.autograd.grad(y_out.square().sum(), z)
     g_in, = torch.autograd.grad(y_in.square().sum(), z)
@@ -208,6 +213,7 @@ def test_int64_offsets_with_strides_past_2_31():
     for b, s0, sb, ss in ((3, 5, 2**30, 2**29 + 7), (2, 2**20, 2**31 + 1, 4096)):
         rope_triton._offsets_probe_kernel[(1,)](out, b, s0, sb, ss, BLOCK=8)
         want = torch.tensor([b * sb + (s0 + i) * ss for i in range(8)], dtype=torch.int64)
+        # exact on every CPU: int64 address arithmetic
         assert want.max() > 2**31 and torch.equal(out, want)
 
 

@@ -65,6 +65,7 @@ def test_layouts_varlen_strides_inplace_grad():
     with torch.no_grad():
         ropelab.kernels.rope(q, layout="b s h d", cos=c, sin=s, inplace=True)
     check(qkv[:, :, 0], q0, oracle(q0, "b s h d"), 128, "half", torch.float32)
+    # exact: v is not touched by the kernel
     assert torch.equal(qkv[:, :, 2], v0)
     z = torch.randn(1, 16, 2, 32, dtype=torch.float64, device="cuda", requires_grad=True)
     c64, s64 = (t.cuda() for t in ropelab.cos_sin(torch.arange(32), ropelab.frequencies(32)[0],

@@ -167,6 +167,7 @@ def test_a_registered_policy_runs_by_name():
         ids = torch.randint(0, 97, (1, 48), generator=torch.Generator().manual_seed(6))
         mine = decode(ad, ids, RopeSchedule.of(ad), "test_rotate_all", prompt_len=8)
         ref = decode(ad, ids, RopeSchedule.of(ad), "recompute", prompt_len=8)
+        # exact on every CPU: the policy runs recompute's ops on the same values in one process
         assert torch.equal(mine.logits, ref.logits)
         assert mine.cache.bytes_read < ref.cache.bytes_read  # its traffic is what it counts
         with pytest.raises(ValueError, match="new, non-empty name"):
@@ -181,6 +182,7 @@ def test_fill_loads_an_empty_layer_as_the_policy_stores_it():
     keys, values = torch.randn(1, 2, 20, 16, generator=gen), torch.randn(1, 2, 20, 16, generator=gen)
     cache = RotaryKVCache(sched, "post_rope", 1)
     cache.fill(0, keys, values, frame_length=20, spare=4)
+    # exact on every CPU: a post-RoPE fill stores the keys as given (a copy); the frame is the same call
     assert len(cache) == 20 and torch.equal(cache.k[0].view(), keys) and cache.k[0].buf.shape[2] == 24
     assert torch.equal(cache.frame[0][0], sched.at(20)[0])
     with pytest.raises(ValueError, match="not empty"):

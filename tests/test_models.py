@@ -88,8 +88,10 @@ def test_forward_rope_override_equals_a_model_built_with_that_spec():
     other = TinyLM(dataclasses.replace(cfg, rope=spec))
     other.load_state_dict(model.state_dict())
     x = torch.randint(0, 11, (2, 9))
+    # exact on every CPU: the same weights, spec and input through the same ops in one process
     assert torch.equal(model(x, rope=spec), other(x))
     out = model.forward_with_attention(x)
+    # exact on every CPU: forward is forward_with_attention(...).logits
     assert torch.equal(out.logits, model(x)) and len(out.attention) == 2 and out.attention[0].shape == (2, 4, 9, 9)
 
 

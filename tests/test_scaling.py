@@ -22,14 +22,17 @@ def test_default_ladder_is_roformers():
 def test_linear_divides_and_dynamic_moves_the_base():
     base, _ = frequencies(16, 500.0)
     lin, af = frequencies(16, 500.0, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    # exact on every CPU: dividing by 4.0 (a power of two) is exact, whoever does it
     assert torch.equal(lin, base / 4.0) and af == 1.0
     dyn_short, _ = frequencies(16, 500.0, rope_scaling={"rope_type": "dynamic", "factor": 2.0}, seq_len=64,
                                max_position_embeddings=64)
+    # exact on every CPU: at L <= L0 the dynamic type returns the default ladder of the same base
     assert torch.equal(dyn_short, base)  # at L <= L0 dynamic NTK is the plain ladder
     b = ntk_base(500.0, 16, 256, 64, 2.0)
     assert b == pytest.approx(500.0 * (2.0 * 256 / 64 - 1.0) ** (16 / 14), rel=1e-15)
     dyn, _ = frequencies(16, 500.0, rope_scaling={"rope_type": "dynamic", "factor": 2.0}, seq_len=256,
                          max_position_embeddings=64)
+    # exact on every CPU: dynamic NTK is default_inv_freq at ntk_base(...), the same calls with the same arguments
     torch.testing.assert_close(dyn, default_inv_freq(16, b), rtol=0, atol=0)
 
 

@@ -49,5 +49,6 @@ def test_drift_probe_sees_no_drift_below_l0_and_some_above(llama2):
 def test_pair_energy_is_the_mean_pair_norm():
     x = torch.zeros(3, 4)
     x[:, 0], x[:, 2] = 3.0, 4.0  # half style: dims 0 and 2 form pair 0
+    # exact on every CPU: squares and sums of small integers
     assert torch.equal(pair_energy(x), torch.tensor([5.0, 0.0], dtype=torch.float64))
     assert torch.equal(pair_energy(x, "interleaved"), torch.tensor([3.0, 4.0], dtype=torch.float64))

@@ -11,7 +11,9 @@ Inductor fuses it into one loop that reads x once and writes y once: the memory 
 plus the (small, cached) tables. Numerics are ropelab's: cos/sin are the caller's tables (formed in
 float64 and rounded once, :func:`ropelab.cos_sin`), 16-bit inputs are computed in float32 and rounded
 once on output, so the error bound of :func:`ropelab.rotate` holds (a fused multiply-add, if the C++
-compiler contracts one, only removes a rounding).
+compiler contracts one, only removes a rounding). So does the backward's: AOTAutograd differentiates
+the formula, whose first step upcasts x, so the incoming gradient is upcast to float32, rotated back
+(:math:`R^\top g`) and summed there, and rounded to x's dtype once, at that upcast's backward.
 
 The first call for a new shape, dtype or style compiles (seconds); :func:`compile_seconds` reports the
 time spent so far, which ``python -m ropelab.bench cpu`` lists apart from the per-call time.

@@ -27,7 +27,8 @@ axis is then the sequence). The dims past ``r`` are copied in the same pass unle
 the input (in place).
 
 Numerics: every load is converted to ``CDT`` (float32 for fp32/fp16/bf16, float64 for float64) and
-every store rounds once to the output dtype; nothing is computed in 16-bit (Triton's interpreter has no
+every store rounds once to the output dtype, in the backward pass as in the forward (so a gradient
+small against its two terms survives); nothing is computed in 16-bit (Triton's interpreter has no
 bf16 arithmetic, and fp32 math is what ropelab promises anyway). Address arithmetic is 64-bit
 (:func:`row_offsets`): tensors past 2**31 elements and huge strides stay right.
 """
