@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from .core import apply_rope, cos_sin, rotate
+from .core import cos_sin, rotate
+from .rope import apply_rope
 from .machine import machine_info
 from .paths import DATA_DIR
 from .scaling import frequencies

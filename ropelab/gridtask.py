@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .core import apply_rope
+from .rope import apply_rope
 from .machine import one_thread
 from .multiaxis import MultiAxis, flat_positions, grid_positions
 

@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..core import apply_rope, cos_sin, rotate
+from ..core import cos_sin, rotate
+from ..rope import apply_rope
 from ..multiaxis import MultiAxis
 from ..scaling import frequencies
 
