@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from .core import cos_sin, rotate
-from .rope import apply_rope
 from .machine import machine_info
 from .paths import DATA_DIR
+from .rope import apply_rope
 from .scaling import frequencies
 from .spec import RopeSpec
 

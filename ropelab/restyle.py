@@ -19,8 +19,8 @@ import torch
 
 from .convert import permute_qkv_weight
 from .core import STYLES
-from .rope import apply_rope
 from .models import TinyLM, masked_loss
+from .rope import apply_rope
 
 __all__ = ["restyled", "permuted", "rotated_qk", "loss_in_dtype"]
 

@@ -14,8 +14,8 @@ from collections.abc import Callable
 import torch
 
 from ..core import cos_sin, rotate
-from ..rope import apply_rope
 from ..multiaxis import MultiAxis
+from ..rope import apply_rope
 from ..scaling import frequencies
 
 __all__ = [
