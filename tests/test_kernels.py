@@ -402,6 +402,16 @@ def test_parity_with_flash_attn_triton_rotary(monkeypatch):
         ours = rope(x, layout="b s h d", style=style, cos=c, sin=s, offset=off)
         # each errs by at most 4u(|x_a| + |x_b|) <= 8u max|x| from the exact rotation by these tables
         assert (theirs - ours).abs().max() <= 16 * UNIT_ROUNDOFF[torch.float32] * x.abs().max()
+    # varlen: one offset per packed sequence (seqlen_offsets with cu_seqlens), through apply_rope on every backend
+    cu = torch.tensor([0, 3, 3, 8, 9], dtype=torch.int32)
+    t, off = torch.randn(9, 3, 64, generator=g), torch.tensor([4, 9, 0, 10])
+    for style in ("half", "interleaved"):
+        theirs = flash_apply(t, c, s, seqlen_offsets=off.int(), cu_seqlens=cu, max_seqlen=5,
+                             interleaved=style == "interleaved")
+        for backend in ("torch", "compile", "triton"):
+            ours = ropelab.apply_rope(t, layout="t h d", style=style, rotary_dim=48, cu_seqlens=cu, offset=off,
+                                      backend=backend)
+            assert (theirs - ours).abs().max() <= 16 * UNIT_ROUNDOFF[torch.float32] * t.abs().max()
 
 
 def test_gpu_bench_implementations_agree(monkeypatch):
