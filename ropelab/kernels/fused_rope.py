@@ -1,4 +1,4 @@
-r"""The fused Triton RoPE as a PyTorch op: input checks, launch, and the ``autograd.Function``.
+r"""The fused Triton RoPE as a PyTorch op: the kernel's own input checks, launch, and the ``autograd.Function``.
 
 :func:`rope` rotates q, and optionally k, in one kernel launch (see :mod:`ropelab.kernels.rope_triton`
 for the program itself)::
