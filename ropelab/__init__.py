@@ -8,15 +8,17 @@ The core API::
     q = ropelab.apply_rope(q, layout="b s h d", spec=spec)
 
 Modules, each with one job (its public names are its ``__all__``; the names below are also importable from
-``ropelab`` itself). Imports flow one way: ``scaling`` <- ``core`` <- ``spec`` <- the rest; no module imports
-the runner ``figures``.
+``ropelab`` itself). Imports flow one way: ``core``, ``scaling`` <- ``spec`` <- ``multiaxis``, ``kernels``
+<- ``rope`` <- the rest; no module imports the runner ``figures``.
 
 - ``scaling``: the frequency ladder and every Hugging Face scaling, one record per type (``frequencies``,
   ``ROPE_TYPES``, ``register_rope_type``);
-- ``core``: layouts, positions, cos/sin tables, the rotation, ``apply_rope`` and two float64 oracles
-  (``apply_rope``, ``rotate``, ``cos_sin``, ``pair_indices``, ``parse_layout``, ``Layout``, ``STYLES``,
-  ``resolve_positions``, ``varlen_positions``, ``rotation_matrix``, ``reference_matrix``, ``reference_complex``);
+- ``core``: the primitives: layouts, positions, cos/sin tables, the rotation and two float64 oracles
+  (``rotate``, ``cos_sin``, ``pair_indices``, ``parse_layout``, ``Layout``, ``STYLES``, ``resolve_positions``,
+  ``varlen_positions``, ``rotation_matrix``, ``reference_matrix``, ``reference_complex``);
 - ``spec``: one RoPE setting, validated once, read from a Hugging Face config (``RopeSpec``);
+- ``rope``: ``apply_rope``, the one call from keywords or a ``RopeSpec`` to the rotation on any backend
+  (torch, compile, triton, multi-axis), above the modules it dispatches to;
 - ``convert``: the permutation between the two styles, for vectors and q/k weights;
 - ``multiaxis``: multi-axis positions: M-RoPE (contiguous and interleaved sections) and 2D/3D axial RoPE;
 - ``mla``: MLA's decoupled RoPE: absorption, KV-cache bytes, DeepSeek-V3's rotary part;
@@ -47,7 +49,7 @@ the runner ``figures``.
 - ``explorers``: the notebooks' interactive explorers (ipywidgets over pure compute functions);
 - ``nbclean``: keeps notebook outputs out of git (Jupyter pre-save hook, nbstripout filter);
 - ``kernels``: a fused Triton RoPE (forward and backward), ``backend="compile"`` for the CPU, the byte model
-  and the GPU benchmark; imported on first use, never by the core;
+  and the GPU benchmark; ``apply_rope`` imports them on first use, ``core`` never;
 - ``machine``: the CPU, threads and library versions a measurement ran on;
 - ``bench``: benchmarks that print ratios measured in one run.
 """
@@ -57,7 +59,6 @@ from .cope import CoPE
 from .core import (
     STYLES,
     Layout,
-    apply_rope,
     cos_sin,
     pair_indices,
     parse_layout,
@@ -69,6 +70,7 @@ from .core import (
     varlen_positions,
 )
 from .diagnosis import Comparison, Diagnosis, compare, diagnose
+from .rope import apply_rope
 from .scaling import ROPE_TYPES, frequencies
 from .spec import RopeSpec
 

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import torch
 
-from .core import apply_rope, cos_sin, rotate
+from .core import cos_sin, rotate
 from .machine import machine_info
 from .paths import DATA_DIR
+from .rope import apply_rope
 from .scaling import frequencies
 from .spec import RopeSpec
 

@@ -1,4 +1,4 @@
-r"""Rotary position embedding (RoPE): the tables, the rotation, ``apply_rope`` and two float64 oracles.
+r"""Rotary position embedding (RoPE): layouts, positions, the tables, the rotation and two float64 oracles.
 
 RoPE (Su et al. 2021, "RoFormer", arXiv 2104.09864) rotates each pair of dims :math:`(x_a, x_b)` of a
 query or key at position m by the angle :math:`\theta_{m,i} = m\,\omega_i`:
@@ -17,17 +17,20 @@ Numerics: angles are formed in float64 (``angle_dtype`` may select float32, to m
 cos/sin are rounded once to the compute dtype, float32 for 16-bit inputs; the output is cast back to the
 input dtype, and so is the gradient, computed in float32 too (:func:`rotate`). Tensor layouts are named
 einops-style (``"b s h d"``) so nothing is ever broadcast along an axis the caller did not mean.
+
+These are the primitives; :func:`ropelab.apply_rope` (in :mod:`ropelab.rope`, above this module, the
+spec, multi-axis positions and the kernels) puts them together.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import importlib
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
-
-from .scaling import LENGTH_DEPENDENT, frequencies, rope_type_of
 
 __all__ = [
     "Layout",
@@ -37,19 +40,21 @@ __all__ = [
     "check_style",
     "pair_indices",
     "varlen_positions",
+    "check_cu_seqlens",
     "check_positions",
     "check_not_meta",
+    "PositionArgs",
+    "check_position_args",
     "resolve_positions",
     "cos_sin",
+    "tables_for",
     "rotate",
-    "apply_rope",
     "rotation_matrix",
     "reference_matrix",
     "reference_complex",
 ]
 
 STYLES = ("half", "interleaved")
-BACKENDS = ("torch", "compile", "triton")
 
 AXIS_NAMES = {
     "b": "batch",
@@ -148,7 +153,13 @@ def pair_indices(rotary_dim: int, style: str) -> tuple[torch.Tensor, torch.Tenso
 # --------------------------------------------------------------------------------------------------
 
 
-def _check_cu_seqlens(cu_seqlens: Any, n_tokens: int) -> torch.Tensor:
+def check_cu_seqlens(cu_seqlens: Any, n_tokens: int, *, read_values: bool = True) -> torch.Tensor:
+    """``cu_seqlens`` as an int64 tensor, or ValueError naming what is wrong with it.
+
+    Always checked: an integer dtype, 1-D, at least two entries. With ``read_values`` (default) also its
+    values, which reads the tensor (a device-to-host copy on a GPU): it starts at 0, never decreases and
+    ends at ``n_tokens``, the size of the packed axis ``t``. ``read_values=False`` is for a caller that
+    vouches for them (the Triton kernel given ``max_seqlen``, as flash-attn's varlen kernels are)."""
     if not isinstance(cu_seqlens, torch.Tensor):
         cu_seqlens = torch.as_tensor(cu_seqlens)
     if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool or cu_seqlens.is_complex():
@@ -161,6 +172,8 @@ def _check_cu_seqlens(cu_seqlens: Any, n_tokens: int) -> torch.Tensor:
             f"cu_seqlens must be 1-D with one more entry than there are sequences ([0, len0, len0+len1, ...]), "
             f"got shape {tuple(cu_seqlens.shape)}."
         )
+    if not read_values:
+        return cu_seqlens.long()
     if int(cu_seqlens[0]) != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {int(cu_seqlens[0])}; prepend a 0.")
     if bool((cu_seqlens[1:] < cu_seqlens[:-1]).any()):
@@ -208,18 +221,37 @@ def check_not_meta(t: torch.Tensor, what: str) -> None:
         )
 
 
-def resolve_positions(
+class PositionArgs(NamedTuple):
+    """The position arguments of one call, checked against x and its layout, not yet one position per token.
+
+    - ``positions``: the explicit positions on x's device, [s], [b, s] or [t], or None: 0, 1, 2, ... along
+      the sequence axis, restarting at each ``cu_seqlens`` boundary;
+    - ``axes``: the layout axes ``positions`` (or the implicit 0, 1, 2, ...) run along;
+    - ``cu_seqlens``: int64 [n_seq + 1], or None;
+    - ``offset``: a 0-D tensor (every sequence alike), or 1-D with one entry per batch element ([b]) or per
+      packed sequence ([n_seq], with ``cu_seqlens``; flash-attn's ``seqlen_offsets``).
+    """
+
+    positions: torch.Tensor | None
+    axes: tuple[str, ...]
+    cu_seqlens: torch.Tensor | None
+    offset: torch.Tensor
+
+
+def check_position_args(
     x: torch.Tensor,
     layout: Layout,
     positions: Any = None,
     *,
     cu_seqlens: Any = None,
     offset: int | torch.Tensor = 0,
-) -> tuple[torch.Tensor, tuple[str, ...]]:
-    """The position of every token, and which layout axes its dims correspond to.
+    read_cu_seqlens: bool = True,
+) -> PositionArgs:
+    """Check ``positions``, ``cu_seqlens`` and ``offset`` against x and its layout, once, for every backend.
 
-    Returns ``(p, axes)`` with ``p`` of shape [S] and axes ``("s",)``, [B, S] and ``("b", "s")``, or [T]
-    and ``("t",)``. Raises ValueError for every shape that does not fit, rather than broadcasting.
+    Raises ValueError for every combination or shape that does not fit, rather than broadcasting. What it
+    returns is what :func:`resolve_positions` turns into one position per token, and what the Triton kernel
+    reads as it is (``read_cu_seqlens=False``: see :func:`check_cu_seqlens`).
     """
     seq = layout.seq
     n = x.shape[layout.index(seq)]
@@ -238,11 +270,12 @@ def resolve_positions(
             "cu_seqlens describes packed (varlen) tokens; name the token axis 't' in the layout (e.g. 't h d') "
             "or drop cu_seqlens."
         )
+    cu, p = None, None
     if positions is None:
         if cu_seqlens is not None:
-            p, axes = varlen_positions(_check_cu_seqlens(cu_seqlens, n).to(x.device)), ("t",)
+            cu, axes = check_cu_seqlens(cu_seqlens, n, read_values=read_cu_seqlens).to(x.device), ("t",)
         else:
-            p, axes = torch.arange(n, device=x.device), (seq,)
+            axes = (seq,)
     else:
         p = check_positions(positions, "positions").to(x.device)
         if p.ndim == 1:
@@ -270,22 +303,53 @@ def resolve_positions(
                 f"positions must be 1-D ([{seq}]) or 2-D ([b, {seq}]), got shape {tuple(p.shape)}."
             )
     off = check_positions(offset, "offset")
-    if off.ndim == 0:
-        p = p + off.to(p.device)
-    elif off.ndim == 1:
-        if b_idx is None or off.shape[0] != x.shape[b_idx]:
+    if off.ndim == 1:
+        if cu is not None:
+            if off.shape[0] != cu.shape[0] - 1:
+                raise ValueError(
+                    f"offset has {off.shape[0]} entries but cu_seqlens delimits {cu.shape[0] - 1} sequences; give "
+                    "one offset per packed sequence (flash-attn's seqlen_offsets), or an int to shift them alike."
+                )
+        elif b_idx is None or off.shape[0] != x.shape[b_idx]:
             raise ValueError(
                 f"offset of shape {tuple(off.shape)}: a per-sequence offset needs a 'b' axis of the same size; "
                 "pass an int to shift every sequence alike."
             )
-        if axes == (seq,):
-            p = p.unsqueeze(0)
-            axes = ("b", seq)
-        p = p + off.to(p.device)[:, None]
-    else:
+    elif off.ndim != 0:
         raise ValueError(
-            f"offset must be an int or a 1-D tensor with one entry per batch element, got {tuple(off.shape)}."
+            f"offset must be an int or a 1-D tensor with one entry per batch element (or per sequence of "
+            f"cu_seqlens), got {tuple(off.shape)}."
         )
+    return PositionArgs(p, axes, cu, off)
+
+
+def resolve_positions(
+    x: torch.Tensor,
+    layout: Layout,
+    positions: Any = None,
+    *,
+    cu_seqlens: Any = None,
+    offset: int | torch.Tensor = 0,
+) -> tuple[torch.Tensor, tuple[str, ...]]:
+    """The position of every token, and which layout axes its dims correspond to.
+
+    Returns ``(p, axes)`` with ``p`` of shape [S] and axes ``("s",)``, [B, S] and ``("b", "s")``, or [T]
+    and ``("t",)``. Raises ValueError for every shape that does not fit, rather than broadcasting
+    (:func:`check_position_args`). A 1-D ``offset`` with ``cu_seqlens`` shifts each packed sequence by
+    its own entry, as flash-attn's ``seqlen_offsets`` does: packed decoding, chunked prefill.
+    """
+    p, axes, cu, off = check_position_args(x, layout, positions, cu_seqlens=cu_seqlens, offset=offset)
+    if p is None:
+        p = varlen_positions(cu) if cu is not None else torch.arange(x.shape[layout.index(axes[0])], device=x.device)
+    if off.ndim == 0:
+        p = p + off.to(p.device)
+    elif cu is not None:  # [t] + each sequence's own offset, repeated over its tokens
+        p = p + torch.repeat_interleave(off.to(p.device), cu[1:] - cu[:-1])
+    else:
+        if len(axes) == 1:
+            p = p.unsqueeze(0)
+            axes = ("b", axes[0])
+        p = p + off.to(p.device)[:, None]
     return p, axes
 
 
@@ -420,126 +484,34 @@ class _RotateLowPrecision(torch.autograd.Function):
         return _RotateLowPrecision.apply(dy, c, -s, ctx.style), None, None, None
 
 
-def _tables_for(
+def tables_for(
     x: torch.Tensor,
     layout: Layout,
-    p: torch.Tensor,
-    p_axes: tuple[str, ...],
-    inv_freq: torch.Tensor,
-    attention_factor: float,
-    angle_dtype: torch.dtype,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    axes: tuple[str, ...],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin shaped for ``x.movedim(d, -1)``: size-1 dims everywhere but the position axes."""
-    cdt = torch.promote_types(x.dtype, torch.float32)
-    cos, sin = cos_sin(p, inv_freq, attention_factor, dtype=cdt, angle_dtype=angle_dtype)
-    other = [a for a in layout.axes if a != "d"]
-    order = [a for a in other if a in p_axes]
-    perm = [p_axes.index(a) for a in order] + [len(p_axes)]
-    shape = [x.shape[layout.index(a)] if a in p_axes else 1 for a in other] + [cos.shape[-1]]
+    """Tables ``[*sizes of axes, r/2]`` (the axes in any order) shaped for ``x.movedim(d, -1)``.
+
+    The result has x's dims without d, in layout order, then r/2: each of ``axes`` at its size in x, every
+    other axis size 1, so :func:`rotate` repeats the tables only along the axes the layout names.
+    E.g. layout ``"b h s d"`` and tables [b, s, r/2] with axes ``("b", "s")``: shape [b, 1, s, r/2].
+    """
+    other = [a for a in layout.axes if a != "d"]  # x.movedim(d, -1)'s axes, d aside
+    order = [a for a in other if a in axes]
+    perm = [axes.index(a) for a in order] + [len(axes)]  # the tables' axes in layout order, pairs last
+    shape = [x.shape[layout.index(a)] if a in axes else 1 for a in other] + [cos.shape[-1]]
     return cos.permute(perm).reshape(shape), sin.permute(perm).reshape(shape)
 
 
-def apply_rope(
-    x: torch.Tensor,
-    positions: Any = None,
-    *,
-    layout: str,
-    style: str = "half",
-    base: float = 10000.0,
-    rotary_dim: int | None = None,
-    rope_scaling: Mapping[str, Any] | None = None,
-    cu_seqlens: Any = None,
-    offset: int | torch.Tensor = 0,
-    max_position_embeddings: int | None = None,
-    seq_len: int | None = None,
-    angle_dtype: torch.dtype = torch.float64,
-    spec: Any = None,
-    backend: str = "torch",
-    sections: Any = None,
-) -> torch.Tensor:
-    r"""Apply RoPE to ``x``, whose every axis is named by ``layout``.
-
-    Args:
-        x: queries or keys, e.g. [batch, seq, heads, head_dim] with ``layout="b s h d"``.
-        positions: None (0, 1, 2, ... along the sequence axis, restarting at each ``cu_seqlens``
-            boundary for ``t``), a 1-D tensor with one position per token of the sequence axis, or a
-            2-D [b, s] tensor with one row per batch element. Negative positions are valid (a rotation
-            by :math:`-m\,\omega_i`); NaN or inf raise ValueError.
-        layout: einops-style names of x's axes: b batch, s sequence, h heads, d head dim, t packed
-            tokens (varlen). ``"b s h d"``, ``"b h s d"``, ``"s h d"``, ``"t h d"``, ...
-        style: ``"half"`` pairs (i, i + r/2) (Llama, GPT-NeoX, ESM); ``"interleaved"`` pairs
-            (2i, 2i + 1) (GPT-J, RoFormer, Meta).
-        base: the RoPE base b (``rope_theta``).
-        rotary_dim: how many leading head dims rotate (even); the rest pass through. Default: all,
-            or ``partial_rotary_factor`` from ``rope_scaling``.
-        rope_scaling: a Hugging Face scaling dict; see :func:`ropelab.frequencies`.
-        cu_seqlens: [n_seq + 1] cumulative lengths for a ``t`` layout (flash-attn's varlen format).
-        offset: added to every position (an int, or one per batch element): a KV-cache step.
-        max_position_embeddings: the model's trained context (dynamic NTK's threshold).
-        seq_len: the current length for length-dependent scalings (dynamic, longrope); default
-            ``max(positions) + 1`` as Hugging Face does in a full forward.
-        angle_dtype: float64 (default) or float32 for the angles :math:`m\,\omega_i`.
-        spec: a :class:`ropelab.spec.RopeSpec` giving style, base, rotary_dim, scaling and
-            max_position_embeddings at once (then leave those keywords at their defaults).
-        backend: ``"torch"`` (eager PyTorch, :func:`rotate`), ``"compile"`` (one single-pass formula
-            through ``torch.compile``: the CPU path at the memory floor) or ``"triton"`` (the fused
-            kernel of :mod:`ropelab.kernels`, CUDA or ``TRITON_INTERPRET=1``). Same checks, same
-            tables and the same error bound for all three, forward and backward: 16-bit x is
-            computed in float32 and rounded once, so per pair (a, b)
-            :math:`|y_a - y_a^{exact}| \le 4u_{32}(|x_a| + |x_b|) + u\,|y_a^{exact}|` and, for the
-            gradient (:math:`R^\top g`, g = dL/dy), :math:`|dx_a - dx_a^{exact}| \le
-            4u_{32}(|g_a| + |g_b|) + u\,|dx_a^{exact}|`, u the unit roundoff of x's dtype (plus half
-            its subnormal spacing; Triton's CPU interpreter truncates to bfloat16: 2u there).
-        sections: a :class:`ropelab.multiaxis.MultiAxis` (M-RoPE or axial): then ``positions`` is
-            [A, s] or [A, b, s], one row per axis, and pair i rotates with its axis's position.
-
-    Returns a tensor of x's shape and dtype.
-    """
-    if spec is not None:
-        if (style, base, rotary_dim, rope_scaling, max_position_embeddings) != ("half", 10000.0, None, None, None):
-            raise ValueError("give the RoPE settings either as spec= or as keywords (style, base, ...), not both.")
-        style, base, rotary_dim = spec.style, spec.base, spec.rotary_dim
-        rope_scaling, max_position_embeddings = spec.scaling, spec.max_position_embeddings
-    if sections is not None:  # multi-axis positions: ropelab.multiaxis builds on core, loaded on first use
-        if (backend != "torch" or cu_seqlens is not None or isinstance(offset, torch.Tensor) or offset != 0
-                or seq_len is not None or max_position_embeddings is not None):
-            raise ValueError("sections= (multi-axis positions) takes positions, layout, style, base, rotary_dim "
-                             "and rope_scaling only; give offsets inside the positions, backend='torch'.")
-        from .multiaxis import apply_multiaxis_rope
-
-        return apply_multiaxis_rope(x, positions, sections, layout=layout, style=style, base=base,
-                                    rotary_dim=rotary_dim, rope_scaling=rope_scaling, angle_dtype=angle_dtype)
-    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
-        raise ValueError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}.")
-    lay = parse_layout(layout, x.ndim)
-    check_style(style)
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}.")
-    p, p_axes = resolve_positions(x, lay, positions, cu_seqlens=cu_seqlens, offset=offset)
-    if seq_len is None and rope_type_of(rope_scaling) in LENGTH_DEPENDENT and p.numel():
-        check_not_meta(p, "a length-dependent rope_type (dynamic, longrope) without seq_len")
-        seq_len = int(p.max()) + 1
-    d_idx = lay.index("d")
-    inv_freq, attention_factor = frequencies(
-        x.shape[d_idx],
-        base,
-        rotary_dim=rotary_dim,
-        rope_scaling=rope_scaling,
-        seq_len=seq_len,
-        max_position_embeddings=max_position_embeddings,
-    )
-    # The accelerated backends live in ropelab.kernels, which builds on this module: imported on first
-    # use, so core never depends on it (and never on triton) otherwise.
-    if backend == "triton":
-        from .kernels.fused_rope import rope_positions
-
-        return rope_positions(x, lay, p, p_axes, inv_freq, attention_factor, style=style, angle_dtype=angle_dtype)
-    cos, sin = _tables_for(x, lay, p, p_axes, inv_freq, attention_factor, angle_dtype)
-    if backend == "compile":
-        from .kernels.compiled import rotate_compiled
-
-        return rotate_compiled(x.movedim(d_idx, -1), cos, sin, style=style).movedim(-1, d_idx)
-    return rotate(x.movedim(d_idx, -1), cos, sin, style=style).movedim(-1, d_idx)
+def __getattr__(name: str) -> Any:
+    # apply_rope lived here until it moved above this module (ropelab.rope). The old import keeps
+    # working, resolved by name at first use, so that core itself depends on nothing above it.
+    if name == "apply_rope":
+        warnings.warn("ropelab.core.apply_rope moved: import it from ropelab (or ropelab.rope).",
+                      DeprecationWarning, stacklevel=2)
+        return importlib.import_module("ropelab.rope").apply_rope
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------------------------------

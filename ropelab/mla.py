@@ -36,7 +36,8 @@ from typing import Any
 
 import torch
 
-from .core import apply_rope, cos_sin, rotate
+from .core import cos_sin, rotate
+from .rope import apply_rope
 from .scaling import frequencies
 
 __all__ = ["absorption_error", "cache_bytes_per_token", "gqa_equivalent_groups", "deepseek_rope", "mla_scores"]

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cope import CoPE
-from .core import apply_rope
+from .rope import apply_rope
 from .spec import RopeSpec
 
 __all__ = [

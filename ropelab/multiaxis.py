@@ -16,7 +16,8 @@ Two families differ in :math:`a(i)` and :math:`\omega_i`:
   e.g. Qwen3-VL's vision tower (``Qwen3VLVisionRotaryEmbedding``: ladder :math:`b^{-2j/(d/2)}` for rows,
   the same for columns), rotary-embedding-torch's ``get_axial_freqs``, FLUX's ``axes_dims_rope``.
 
-``apply_rope(x, positions, layout=..., sections=MultiAxis(...))`` calls :func:`apply_multiaxis_rope`.
+``apply_rope(x, positions, layout=..., sections=MultiAxis(...))`` calls :func:`multiaxis_rope` with its
+settings as one :class:`ropelab.spec.RopeSpec`.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from typing import Any
 
 import torch
 
-from .core import check_positions, check_style, parse_layout, rotate
+from .core import Layout, check_positions, parse_layout, rotate, tables_for
 from .scaling import frequencies
+from .spec import RopeSpec
 
-__all__ = ["MultiAxis", "apply_multiaxis_rope", "axis_angles", "grid_positions", "flat_positions"]
+__all__ = ["MultiAxis", "apply_multiaxis_rope", "multiaxis_rope", "axis_angles", "grid_positions", "flat_positions"]
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,47 @@ def axis_angles(positions: torch.Tensor, spec: MultiAxis, inv_freq: torch.Tensor
     return picked * inv_freq.to(device=positions.device, dtype=angle_dtype)
 
 
+def multiaxis_rope(
+    x: torch.Tensor,
+    layout: Layout,
+    positions: Any,
+    sections: MultiAxis,
+    spec: RopeSpec,
+    *,
+    angle_dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    r"""``apply_rope(x, positions, sections=..., spec=...)`` once x's layout is parsed: pair i of x rotates
+    by :math:`p_{a(i)}\,\omega_i`.
+
+    ``positions`` is [A, s] or [A, b, s] (A = ``sections.n_axes``); the layout must have an ``s`` axis. The
+    ladder is the head's (``spec.frequencies``) for M-RoPE, or ``sections.inv_freq(spec.base)`` for an
+    axial spec (then ``spec.rotary_dim`` is None or 2 * sections.n_pairs, and ``spec.scaling`` None). The
+    sections must sum to the rotary pairs.
+    """
+    if not isinstance(sections, MultiAxis):
+        raise ValueError(f"sections must be a ropelab.multiaxis.MultiAxis, got {type(sections).__name__}.")
+    if "s" not in layout.axes:
+        raise ValueError(f"multi-axis positions run along a sequence axis 's'; layout '{layout}' has none.")
+    sizes = {a: x.shape[layout.index(a)] for a in layout.axes}
+    p = _positions(positions, sections, sizes)
+    d = sizes["d"]
+    if sections.axial:
+        if spec.scaling is not None:
+            raise ValueError("rope_scaling applies to one ladder; an axial spec has its own ladders (give None).")
+        inv_freq, factor = sections.inv_freq(spec.base), 1.0
+        if spec.rotary_dim not in (None, 2 * sections.n_pairs) or 2 * sections.n_pairs > d:
+            raise ValueError(f"the axial sections {sections.sections} rotate {2 * sections.n_pairs} dims; head dim "
+                             f"{d}, rotary_dim {spec.rotary_dim}.")
+    else:
+        inv_freq, factor = spec.frequencies(d)
+    angles = axis_angles(p, sections, inv_freq, angle_dtype=angle_dtype)  # [s, r/2] or [b, s, r/2]
+    cdt = torch.promote_types(x.dtype, torch.float32)
+    cos, sin = (torch.cos(angles) * factor).to(cdt), (torch.sin(angles) * factor).to(cdt)
+    cos, sin = tables_for(x, layout, cos, sin, ("b", "s") if p.ndim == 3 else ("s",))
+    d_idx = layout.index("d")
+    return rotate(x.movedim(d_idx, -1), cos, sin, style=spec.style).movedim(-1, d_idx)
+
+
 def apply_multiaxis_rope(
     x: torch.Tensor,
     positions: Any,
@@ -160,39 +203,14 @@ def apply_multiaxis_rope(
     ``s`` axis. The ladder is the head's (``base``, ``rotary_dim``, ``rope_scaling`` as in
     :func:`ropelab.apply_rope`) for M-RoPE, or ``spec.inv_freq(base)`` for an axial spec (then
     ``rotary_dim`` defaults to 2 * spec.n_pairs). The sections must sum to the rotary pairs.
+    The keyword form of :func:`multiaxis_rope`; ``apply_rope(..., sections=spec)`` is the same call.
     """
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
         raise ValueError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}.")
-    if not isinstance(spec, MultiAxis):
-        raise ValueError(f"sections must be a ropelab.multiaxis.MultiAxis, got {type(spec).__name__}.")
     lay = parse_layout(layout, x.ndim)
-    check_style(style)
-    if "s" not in lay.axes:
-        raise ValueError(f"multi-axis positions run along a sequence axis 's'; layout {layout!r} has none.")
-    sizes = {a: x.shape[lay.index(a)] for a in lay.axes}
-    p = _positions(positions, spec, sizes)
-    d = sizes["d"]
-    if spec.axial:
-        if rope_scaling is not None:
-            raise ValueError("rope_scaling applies to one ladder; an axial spec has its own ladders (give None).")
-        inv_freq, factor = spec.inv_freq(base), 1.0
-        if rotary_dim not in (None, 2 * spec.n_pairs) or 2 * spec.n_pairs > d:
-            raise ValueError(f"the axial sections {spec.sections} rotate {2 * spec.n_pairs} dims; head dim {d}, "
-                             f"rotary_dim {rotary_dim}.")
-    else:
-        inv_freq, factor = frequencies(d, base, rotary_dim=rotary_dim, rope_scaling=rope_scaling)
-    angles = axis_angles(p, spec, inv_freq, angle_dtype=angle_dtype)  # [s, r/2] or [b, s, r/2]
-    cdt = torch.promote_types(x.dtype, torch.float32)
-    cos, sin = (torch.cos(angles) * factor).to(cdt), (torch.sin(angles) * factor).to(cdt)
-    # Shape the tables for x.movedim(d, -1): the table's own axes in layout order, size 1 elsewhere.
-    own = ("b", "s") if p.ndim == 3 else ("s",)
-    other = [a for a in lay.axes if a != "d"]
-    order = [a for a in other if a in own]
-    perm = [own.index(a) for a in order] + [len(own)]
-    shape = [sizes[a] if a in own else 1 for a in other] + [cos.shape[-1]]
-    cos, sin = cos.permute(perm).reshape(shape), sin.permute(perm).reshape(shape)
-    d_idx = lay.index("d")
-    return rotate(x.movedim(d_idx, -1), cos, sin, style=style).movedim(-1, d_idx)
+    rope = RopeSpec.from_keywords(x.shape[lay.index("d")], style=style, base=base, rotary_dim=rotary_dim,
+                                  rope_scaling=rope_scaling)
+    return multiaxis_rope(x, lay, positions, spec, rope, angle_dtype=angle_dtype)
 
 
 def grid_positions(*sizes: int, start: int = 0) -> torch.Tensor:

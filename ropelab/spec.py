@@ -162,6 +162,27 @@ class RopeSpec:
                    max_position_embeddings=max_position_embeddings)
 
     @classmethod
+    def from_keywords(cls, head_dim: int, *, style: str = "half", base: float = 10000.0,
+                      rotary_dim: int | None = None, rope_scaling: Mapping[str, Any] | None = None,
+                      max_position_embeddings: int | None = None) -> RopeSpec:
+        """The spec that ``apply_rope``'s keywords describe, for a head of ``head_dim`` dims.
+
+        ``rope_scaling`` is read as :func:`ropelab.frequencies` reads it, a Hugging Face dict as it is: its
+        ``rope_theta`` replaces ``base``, and its ``partial_rotary_factor`` gives ``rotary_dim =
+        int(head_dim * factor)`` unless ``rotary_dim`` is given (proportional keeps the key: it reads
+        exponents over the full head dim). The spec then computes the same ``frequencies`` as the keywords."""
+        if rope_scaling is not None:
+            lifted = _lifted(parse_scaling(rope_scaling).rope_type)  # a non-dict or unknown type: ValueError
+            if rope_scaling.get("rope_theta") is not None:
+                base = rope_scaling["rope_theta"]
+            factor = rope_scaling.get("partial_rotary_factor") if "partial_rotary_factor" in lifted else None
+            if rotary_dim is None and factor is not None:
+                rotary_dim = int(head_dim * float(factor))
+            rope_scaling = {k: v for k, v in rope_scaling.items() if k not in lifted}
+        return cls(style=style, base=base, rotary_dim=rotary_dim, scaling=rope_scaling,
+                   max_position_embeddings=max_position_embeddings)
+
+    @classmethod
     def per_layer(cls, config: Any) -> tuple[RopeSpec, ...]:
         """One spec per decoder layer of a Hugging Face config (a ``PretrainedConfig`` or its ``to_dict()``),
         v4 or v5 schema; see the module docstring for the keys read."""

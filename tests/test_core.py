@@ -8,6 +8,7 @@ from _helpers import UNIT_ROUNDOFF, assert_rotations_agree, rope_error_bound
 
 import ropelab
 from ropelab import apply_rope, frequencies, reference_complex, reference_matrix, rotation_matrix
+from ropelab.spec import RopeSpec
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 STYLES = ["half", "interleaved"]
@@ -175,3 +176,111 @@ def test_length_dependent_scaling_uses_max_position():
     assert not torch.allclose(y, y_short)
     # exact: at L <= L0 dynamic NTK returns the default ladder (test_scaling), then the same ops on the same input
     assert torch.equal(y_short, apply_rope(x, layout="b s h d"))  # at L <= L0 dynamic is the default
+
+
+# --------------------------------------------------------------------------------------------------
+# apply_rope(..., spec=...): one RopeSpec instead of the keywords
+# --------------------------------------------------------------------------------------------------
+
+SPECS = [
+    RopeSpec(),
+    RopeSpec(style="interleaved", base=500.0, rotary_dim=12),
+    RopeSpec(base=1e6, scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}),
+    RopeSpec(scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=8),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.style}-{s.rope_type}")
+def test_spec_is_its_keywords(spec, gen):
+    """apply_rope(x, spec=spec) is the rotation its keywords give, and matches the float64 oracle."""
+    x = torch.randn(2, 20, 3, 16, generator=gen)
+    y = apply_rope(x, layout="b s h d", spec=spec)
+    kw = dict(style=spec.style, base=spec.base, rotary_dim=spec.rotary_dim,
+              max_position_embeddings=spec.max_position_embeddings,
+              rope_scaling=None if spec.scaling is None else dict(spec.scaling))
+    assert torch.equal(y, apply_rope(x, layout="b s h d", **kw))  # the same ops on the same numbers
+    inv, af = spec.frequencies(16, seq_len=20)
+    ref = reference_complex(x.double().transpose(1, 2), torch.arange(20), inv, style=spec.style,
+                            attention_factor=af).transpose(1, 2)
+    bound = rope_error_bound(x.double(), ref, spec.rotary_dim or 16, spec.style, torch.float32) * max(af, 1.0)
+    assert bool(((y.double() - ref).abs() <= bound).all())
+
+
+def test_keywords_read_a_rope_dict_as_frequencies_does(gen):
+    """A v5 rope dict in rope_scaling: its rope_theta is the base, its partial_rotary_factor the rotary dim."""
+    x = torch.randn(1, 10, 2, 32, generator=gen, dtype=torch.float64)
+    params = {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5, "partial_rotary_factor": 0.5}
+    spec = RopeSpec.from_keywords(32, rope_scaling=params)
+    assert (spec.base, spec.rotary_dim, dict(spec.scaling)) == (5e5, 16, {"rope_type": "linear", "factor": 2.0})
+    inv, _ = frequencies(32, rope_scaling=params)
+    ref = reference_complex(x.transpose(1, 2), torch.arange(10), inv).transpose(1, 2)
+    assert (apply_rope(x, layout="b s h d", rope_scaling=params) - ref).abs().max() < 1e-12
+    assert (apply_rope(x, layout="b s h d", spec=spec) - ref).abs().max() < 1e-12
+    # proportional keeps the factor in the dict (exponents over the full head dim)
+    prop = RopeSpec.from_keywords(32, rope_scaling={"rope_type": "proportional", "partial_rotary_factor": 0.25})
+    assert prop.rotary_dim is None and prop.scaling["partial_rotary_factor"] == 0.25
+
+
+@pytest.mark.parametrize("keyword", [dict(style="interleaved"), dict(base=500.0), dict(rotary_dim=8),
+                                     dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+                                     dict(max_position_embeddings=64)])
+def test_spec_and_keywords_both_given_raise(keyword):
+    with pytest.raises(ValueError, match="either as spec= or as keywords"):
+        apply_rope(torch.randn(1, 4, 2, 16), layout="b s h d", spec=RopeSpec(), **keyword)
+
+
+def test_spec_must_be_a_rope_spec():
+    with pytest.raises(ValueError, match="spec must be a ropelab.RopeSpec"):
+        apply_rope(torch.randn(1, 4, 2, 16), layout="b s h d", spec={"style": "half"})
+
+
+def test_core_apply_rope_is_a_deprecated_alias():
+    with pytest.warns(DeprecationWarning, match="ropelab.core.apply_rope moved"):
+        from ropelab.core import apply_rope as old
+    assert old is apply_rope
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-sequence offsets with cu_seqlens (flash-attn's seqlen_offsets): packed decoding, chunked prefill
+# --------------------------------------------------------------------------------------------------
+
+LENGTHS, OFFSETS = [3, 0, 5, 1], [4, 9, 0, 100]
+
+
+def packed_oracle(x, lengths, offsets, style, rotary_dim=None):
+    """float64: sequence i's tokens at positions offsets[i], offsets[i] + 1, ..."""
+    pos = torch.cat([torch.arange(n) + o for n, o in zip(lengths, offsets)])
+    inv, _ = frequencies(x.shape[-1], rotary_dim=rotary_dim)
+    return reference_complex(x.double().transpose(0, 1), pos, inv, style=style).transpose(0, 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("style", STYLES)
+def test_per_sequence_offsets_with_cu_seqlens(dtype, style, gen):
+    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
+    x = torch.randn(sum(LENGTHS), 2, 16, generator=gen).to(dtype)
+    y = apply_rope(x, layout="t h d", style=style, rotary_dim=12, cu_seqlens=cu, offset=torch.tensor(OFFSETS))
+    ref = packed_oracle(x, LENGTHS, OFFSETS, style, 12)
+    bound = rope_error_bound(x.double(), ref, 12, style, dtype)
+    assert y.dtype == dtype and bool(((y.double() - ref).abs() <= bound).all())
+    # the same as the padded batch with one offset per row
+    if dtype == torch.float64:
+        padded = torch.zeros(len(LENGTHS), max(LENGTHS), 2, 16, dtype=dtype)
+        for i, n in enumerate(LENGTHS):
+            padded[i, :n] = x[cu[i]:cu[i + 1]]
+        y_pad = apply_rope(padded, layout="b s h d", style=style, rotary_dim=12, offset=torch.tensor(OFFSETS))
+        for i, n in enumerate(LENGTHS):
+            assert torch.equal(y[cu[i]:cu[i + 1]], y_pad[i, :n])
+
+
+@pytest.mark.parametrize("offset, match", [
+    (torch.tensor([1, 2, 3]), "offset has 3 entries but cu_seqlens delimits 4 sequences"),
+    (torch.tensor([1, 2, 3, 4, 5]), "offset has 5 entries"),
+    (torch.tensor([True, False, True, False]), "offset must be integer or float"),
+    (torch.tensor([1.0, float("nan"), 0.0, 2.0]), "offset holds NaN"),
+    (torch.ones(4, 1, dtype=torch.long), "offset must be an int or a 1-D tensor"),
+])
+def test_bad_per_sequence_offsets_name_the_argument(offset, match):
+    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()])
+    with pytest.raises(ValueError, match=match):
+        apply_rope(torch.randn(sum(LENGTHS), 2, 16), layout="t h d", cu_seqlens=cu, offset=offset)

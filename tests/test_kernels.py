@@ -228,6 +228,25 @@ def test_matches_torch_backend_every_layout_option(gen):
         assert_close_bound(y, x, ref, kw.get("rotary_dim", 64), kw.get("style", "half"), torch.float32)
 
 
+@pytest.mark.parametrize("style", ["half", "interleaved"])
+def test_per_sequence_offsets_with_cu_seqlens_every_backend(style, gen):
+    """apply_rope(t h d, cu_seqlens=cu, offset=[n_seq]): sequence i at offset[i], offset[i] + 1, ... (flash-attn's
+    seqlen_offsets), on every backend, against a float64 oracle built from the lengths alone."""
+    lengths, offsets = [3, 0, 5, 1], [4, 9, 0, 100]
+    cu = torch.tensor([0, 3, 3, 8, 9], dtype=torch.int32)
+    x = torch.randn(9, 2, 24, generator=gen)
+    pos = torch.cat([torch.arange(n) + o for n, o in zip(lengths, offsets)])
+    ref = oracle(x, "t h d", style, 16, positions=pos)
+    for backend in ("torch", "compile", "triton"):
+        y = ropelab.apply_rope(x, layout="t h d", style=style, rotary_dim=16, cu_seqlens=cu,
+                               offset=torch.tensor(offsets), backend=backend)
+        assert_close_bound(y, x, ref, 16, style, torch.float32)
+    # and the kernel's own entry reads the same arguments without building the positions
+    c, s, _, _ = tables(24, 16, n=128)
+    assert_close_bound(rope(x, layout="t h d", style=style, cos=c, sin=s, cu_seqlens=cu, offset=torch.tensor(offsets)),
+                       x, ref, 16, style, torch.float32)
+
+
 BAD_APPLY_ROPE = [
     dict(layout="b s h"),  # wrong axis count
     dict(layout="b s h d", positions=torch.arange(5)),  # positions do not fit
@@ -280,6 +299,13 @@ def test_bad_input_kernel_api():
         rope(t, layout="t h d", cos=c, sin=s, cu_seqlens=torch.tensor([0, 2, 5]))
     with pytest.raises(ValueError, match="needs cu_seqlens"):
         rope(t, layout="t h d", cos=c, sin=s)
+    # positions, offsets and cu_seqlens are checked by core, as for apply_rope: the same messages
+    with pytest.raises(ValueError, match="offset has 3 entries but cu_seqlens delimits 2 sequences"):
+        rope(t, layout="t h d", inv_freq=inv, cu_seqlens=torch.tensor([0, 2, 6]), offset=torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="cu_seqlens must be an integer tensor"):
+        rope(t, layout="t h d", inv_freq=inv, cu_seqlens=torch.tensor([0.0, 6.0]), max_seqlen=6)
+    with pytest.raises(ValueError, match="positions has 3 entries but the sequence axis 's'"):
+        rope(x, layout="b s h d", inv_freq=inv, positions=torch.arange(3))
 
 
 def test_no_triton_says_so(monkeypatch):
@@ -382,6 +408,16 @@ def test_parity_with_flash_attn_triton_rotary(monkeypatch):
         ours = rope(x, layout="b s h d", style=style, cos=c, sin=s, offset=off)
         # each errs by at most 4u(|x_a| + |x_b|) <= 8u max|x| from the exact rotation by these tables
         assert (theirs - ours).abs().max() <= 16 * UNIT_ROUNDOFF[torch.float32] * x.abs().max()
+    # varlen: one offset per packed sequence (seqlen_offsets with cu_seqlens), through apply_rope on every backend
+    cu = torch.tensor([0, 3, 3, 8, 9], dtype=torch.int32)
+    t, off = torch.randn(9, 3, 64, generator=g), torch.tensor([4, 9, 0, 10])
+    for style in ("half", "interleaved"):
+        theirs = flash_apply(t, c, s, seqlen_offsets=off.int(), cu_seqlens=cu, max_seqlen=5,
+                             interleaved=style == "interleaved")
+        for backend in ("torch", "compile", "triton"):
+            ours = ropelab.apply_rope(t, layout="t h d", style=style, rotary_dim=48, cu_seqlens=cu, offset=off,
+                                      backend=backend)
+            assert (theirs - ours).abs().max() <= 16 * UNIT_ROUNDOFF[torch.float32] * t.abs().max()
 
 
 def test_gpu_bench_implementations_agree(monkeypatch):

@@ -40,16 +40,20 @@ def test_all_is_complete_and_every_public_definition_has_a_docstring(module):
 
 
 def test_names_other_modules_import_are_public():
+    """Every ``from .x import name`` and ``from ..x import name`` (any level) inside the package names a
+    public name of x (in its ``__all__``) or a submodule."""
     private = []
     for path in (ROOT / "ropelab").rglob("*.py"):
+        package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-                package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
-                target = importlib.import_module(f"{package}.{node.module}")
-                private += [f"{path.stem} <- {node.module}.{a.name}" for a in node.names
+            if isinstance(node, ast.ImportFrom) and node.level >= 1:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+                target = importlib.import_module(module)
+                where = ROOT / module.replace(".", "/")
+                private += [f"{path.relative_to(ROOT)} <- {module}.{a.name}" for a in node.names
                             if a.name != "*" and a.name not in getattr(target, "__all__", ())
-                            and not (ROOT / package.replace(".", "/") / node.module.replace(".", "/")
-                                     / f"{a.name}.py").exists()]
+                            and not (where / f"{a.name}.py").exists() and not (where / a.name).is_dir()]
     assert not private, private
 
 

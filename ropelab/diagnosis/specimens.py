@@ -13,8 +13,9 @@ from collections.abc import Callable
 
 import torch
 
-from ..core import apply_rope, cos_sin, rotate
+from ..core import cos_sin, rotate
 from ..multiaxis import MultiAxis
+from ..rope import apply_rope
 from ..scaling import frequencies
 
 __all__ = [

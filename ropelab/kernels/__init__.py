@@ -2,8 +2,9 @@
 measured against.
 
 - :mod:`ropelab.kernels.rope_triton`: the Triton program (math and memory access only);
-- :mod:`ropelab.kernels.fused_rope`: its checks, launch and ``autograd.Function``; :func:`rope` is the entry
-  point, ``ropelab.apply_rope(..., backend="triton")`` the same kernel behind the usual API;
+- :mod:`ropelab.kernels.fused_rope`: its launch, ``autograd.Function`` and the checks only the kernel needs
+  (positions, offsets and ``cu_seqlens`` are checked by :func:`ropelab.core.check_position_args`); :func:`rope`
+  is the entry point, ``ropelab.apply_rope(..., backend="triton")`` the same kernel behind the usual API;
 - :mod:`ropelab.kernels.compiled`: ``backend="compile"``, ``torch.compile`` of one single-pass formula
   (the CPU path at the memory floor);
 - :mod:`ropelab.kernels.traffic`: the bytes each implementation moves, counted op by op (a model);

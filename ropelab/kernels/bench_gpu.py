@@ -131,7 +131,7 @@ def implementations(case: dict, device: str, flash_apply, compiled_hf) -> dict[s
 
         impls["ropelab triton"] = ropelab_triton
     else:
-        from ..core import apply_rope
+        from ..rope import apply_rope
 
         def ropelab_on(backend):
             def fn(q, k):

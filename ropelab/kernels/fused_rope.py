@@ -1,4 +1,4 @@
-r"""The fused Triton RoPE as a PyTorch op: input checks, launch, and the ``autograd.Function``.
+r"""The fused Triton RoPE as a PyTorch op: the kernel's own input checks, launch, and the ``autograd.Function``.
 
 :func:`rope` rotates q, and optionally k, in one kernel launch (see :mod:`ropelab.kernels.rope_triton`
 for the program itself)::
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..core import _check_cu_seqlens, check_style, parse_layout
+from ..core import Layout, check_position_args, check_style, parse_layout
 
 __all__ = ["rope", "rope_positions", "available", "why_unavailable", "as_bshd"]
 
@@ -71,9 +71,11 @@ def available(device: torch.device | str = "cuda") -> bool:
     return why_unavailable(device) is None
 
 
-def as_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """A [batch, seq (or t), heads, head_dim] *view* of ``x`` (axes permuted, missing ones size 1; no copy)."""
-    lay = parse_layout(layout, x.ndim)
+def as_bshd(x: torch.Tensor, layout: str | Layout) -> torch.Tensor:
+    """A [batch, seq (or t), heads, head_dim] *view* of ``x`` (axes permuted, missing ones size 1; no copy).
+
+    ``layout`` is a string, checked against x, or a :class:`ropelab.core.Layout` already checked."""
+    lay = layout if isinstance(layout, Layout) else parse_layout(layout, x.ndim)
     seq = lay.seq
     order = [lay.index(a) for a in ("b", seq, "h", "d") if a in lay.axes]
     v = x.permute(order)
@@ -192,35 +194,67 @@ class _RopeFunction(torch.autograd.Function):
         return gq, gk, None, None
 
 
-def _positions_arg(positions: Any, q4: torch.Tensor, layout: str, varlen: bool) -> tuple[Any, tuple[int, int]]:
-    """Position ids as a tensor on q's device with (batch, token) strides, batch stride 0 for 1-D ids."""
-    lay = parse_layout(layout)
-    seq = lay.seq
-    B, S = q4.shape[0], q4.shape[1]
-    p = positions if isinstance(positions, torch.Tensor) else torch.as_tensor(positions)
-    if p.dtype == torch.bool or p.is_complex():
-        raise ValueError(f"positions must be integer or float, got {p.dtype}.")
-    p = p.to(q4.device)
-    if p.ndim == 1:
-        if p.shape[0] != S:
+def _check_dtypes(q: Any, k: Any) -> None:
+    """The kernel can run on q's device, and q (and k) have a dtype it takes."""
+    why = why_unavailable(q.device if isinstance(q, torch.Tensor) else "cpu")
+    if why is not None:
+        raise ValueError(f"ropelab.kernels.rope cannot run: {why}")
+    for name, t in (("q", q), ("k", k)):
+        if t is None and name == "k":
+            continue
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+            got = getattr(t, "dtype", type(t).__name__)
+            raise ValueError(f"{name} must be a floating-point torch.Tensor, got {got}.")
+        if t.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            raise ValueError(f"{name} has dtype {t.dtype}; the kernel takes float32, float16, bfloat16 or float64.")
+
+
+def _check_shapes(q: torch.Tensor, k: torch.Tensor | None, lay: Layout) -> tuple[int, int, int, int]:
+    """q's [batch, seq, heads, head_dim] sizes, once k agrees with q and head_dim fits the kernel."""
+    B, S, Hq, D = as_bshd(q, lay).shape
+    if k is not None:
+        if k.ndim != q.ndim:
+            raise ValueError(f"k has {k.ndim} dims but layout '{lay}' (and q) have {q.ndim}.")
+        k4 = as_bshd(k, lay)
+        if (k4.shape[0], k4.shape[1], k4.shape[3]) != (B, S, D):
             raise ValueError(
-                f"positions has {p.shape[0]} entries but the sequence axis {seq!r} of layout '{layout}' has "
-                f"size {S}; pass one position per token along {seq!r}."
+                f"k {tuple(k.shape)} and q {tuple(q.shape)} must agree on every axis but 'h' (heads may differ: GQA)."
             )
-        return p, (0, p.stride(0))
-    if p.ndim == 2:
-        if "b" not in lay.axes:
-            raise ValueError(
-                f"positions of shape {tuple(p.shape)} has a batch dim but layout '{layout}' has no 'b' axis; "
-                f"pass a 1-D tensor of {S} positions."
-            )
-        if tuple(p.shape) != (B, S):
-            raise ValueError(
-                f"positions has shape {tuple(p.shape)} but layout '{layout}' needs [b, {seq}] = {[B, S]} "
-                f"(one row per batch element) or a 1-D tensor of {S} positions."
-            )
-        return p, (p.stride(0), p.stride(1))
-    raise ValueError(f"positions must be 1-D ([{seq}]) or 2-D ([b, {seq}]), got shape {tuple(p.shape)}.")
+        if k.dtype != q.dtype or k.device != q.device:
+            raise ValueError(f"q and k must share dtype and device, got {q.dtype}/{q.device} and {k.dtype}/{k.device}.")
+    if D % 2 or D > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be even and at most {MAX_HEAD_DIM}, got {D}.")
+    return B, S, Hq, D
+
+
+def _inv_freq_arg(inv_freq: Any, attention_factor: float, device: torch.device) -> torch.Tensor:
+    """inv_freq [r/2] with attention_factor after it, in float64 like the frequencies, on ``device``."""
+    inv = torch.as_tensor(inv_freq)
+    if inv.ndim != 1:
+        raise ValueError(f"inv_freq must be 1-D [r/2], got shape {tuple(inv.shape)}.")
+    return torch.cat([inv.to(torch.float64), torch.tensor([float(attention_factor)], dtype=torch.float64)]).to(device)
+
+
+def _check_angle_dtype(angle_dtype: torch.dtype) -> None:
+    if angle_dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"angle_dtype must be torch.float32 or torch.float64, got {angle_dtype}.")
+
+
+def _pos_strides(p: torch.Tensor | None) -> tuple[int, int]:
+    """(batch, token) strides of position ids: batch stride 0 for ids shared by the batch ([s] or [t])."""
+    if p is None:
+        return (0, 0)
+    return (0, p.stride(0)) if p.ndim == 1 else (p.stride(0), p.stride(1))
+
+
+def _apply(q: torch.Tensor, k: torch.Tensor | None, ctx: dict, inplace: bool):
+    if inplace and not torch.is_grad_enabled():
+        lay = ctx["layout"]
+        k4 = as_bshd(k, lay) if k is not None else None
+        _launch(as_bshd(q, lay), as_bshd(q, lay), k4, k4, ctx, conjugate=False, copy_pass=False)
+        return q if k is None else (q, k)
+    oq, ok = _RopeFunction.apply(q, k, ctx, inplace)
+    return oq if k is None else (oq, ok)
 
 
 def rope(
@@ -260,34 +294,15 @@ def rope(
             sequence) spares a device-to-host read; without it cu_seqlens is read and checked.
         inplace: write into q and k (autograd-safe: they are marked dirty, see :class:`_RopeFunction`).
         block_s, heads_per_program: tile overrides (tokens per program, heads per program).
+
+    positions, offset and cu_seqlens are checked by :func:`ropelab.core.check_position_args`, as
+    :func:`ropelab.apply_rope` checks them; the kernel reads them as they are (no position per token is
+    built for the implicit 0, 1, 2, ...).
     """
-    why = why_unavailable(q.device if isinstance(q, torch.Tensor) else "cpu")
-    if why is not None:
-        raise ValueError(f"ropelab.kernels.rope cannot run: {why}")
-    for name, t in (("q", q), ("k", k)):
-        if t is None and name == "k":
-            continue
-        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
-            got = getattr(t, "dtype", type(t).__name__)
-            raise ValueError(f"{name} must be a floating-point torch.Tensor, got {got}.")
-        if t.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-            raise ValueError(f"{name} has dtype {t.dtype}; the kernel takes float32, float16, bfloat16 or float64.")
+    _check_dtypes(q, k)
     lay = parse_layout(layout, q.ndim)
     check_style(style)
-    q4 = as_bshd(q, layout)
-    B, S, Hq, D = q4.shape
-    if k is not None:
-        if k.ndim != q.ndim:
-            raise ValueError(f"k has {k.ndim} dims but layout '{layout}' (and q) have {q.ndim}.")
-        k4 = as_bshd(k, layout)
-        if (k4.shape[0], k4.shape[1], k4.shape[3]) != (B, S, D):
-            raise ValueError(
-                f"k {tuple(k.shape)} and q {tuple(q.shape)} must agree on every axis but 'h' (heads may differ: GQA)."
-            )
-        if k.dtype != q.dtype or k.device != q.device:
-            raise ValueError(f"q and k must share dtype and device, got {q.dtype}/{q.device} and {k.dtype}/{k.device}.")
-    if D % 2 or D > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim must be even and at most {MAX_HEAD_DIM}, got {D}.")
+    B, S, Hq, D = _check_shapes(q, k, lay)
     if (cos is None) == (inv_freq is None):
         raise ValueError("give the tables (cos and sin, [P, r/2]) or inv_freq ([r/2]), exactly one of the two.")
     if cos is not None:
@@ -307,65 +322,32 @@ def rope(
         if cos.stride(1) != 1 or sin.stride() != cos.stride():
             cos, sin = cos.contiguous(), sin.contiguous()
     else:
-        inv = torch.as_tensor(inv_freq)
-        if inv.ndim != 1:
-            raise ValueError(f"inv_freq must be 1-D [r/2], got shape {tuple(inv.shape)}.")
-        half = inv.shape[0]
-        # attention_factor travels after the frequencies, in float64 like them.
-        inv_freq = torch.cat([inv.to(torch.float64), torch.tensor([float(attention_factor)], dtype=torch.float64)])
-        inv_freq = inv_freq.to(q.device)
-    if angle_dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"angle_dtype must be torch.float32 or torch.float64, got {angle_dtype}.")
+        inv_freq = _inv_freq_arg(inv_freq, attention_factor, q.device)
+        half = inv_freq.shape[0] - 1
+    _check_angle_dtype(angle_dtype)
     if half < 1 or 2 * half > D:
         raise ValueError(f"the tables cover {2 * half} dims (r/2 = {half} pairs) but head_dim is {D}.")
 
-    varlen = lay.seq == "t"
-    if varlen and cu_seqlens is None and positions is None:
-        raise ValueError("layout with 't' (packed varlen tokens) needs cu_seqlens (the sequence boundaries) or "
-                         "explicit positions.")
-    if not varlen and cu_seqlens is not None:
-        raise ValueError("cu_seqlens describes packed (varlen) tokens; name the token axis 't' in the layout "
-                         "(e.g. 't h d') or drop cu_seqlens.")
-    if positions is not None and cu_seqlens is not None:
-        raise ValueError("give either positions or cu_seqlens, not both: cu_seqlens makes positions restart at 0 "
-                         "at each sequence start, explicit positions would silently override that.")
-    cu = None
-    if cu_seqlens is not None:
-        cu_t = cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else torch.as_tensor(cu_seqlens)
+    # What only the kernel needs of the (already checked) position arguments.
+    pos, _, cu, off = check_position_args(q, lay, positions, cu_seqlens=cu_seqlens, offset=offset,
+                                          read_cu_seqlens=max_seqlen is None)
+    varlen = cu is not None
+    if varlen:
         if max_seqlen is None:
-            cu_t = _check_cu_seqlens(cu_t, S)
-            max_seqlen = int((cu_t[1:] - cu_t[:-1]).max())
-        elif cu_t.ndim != 1 or cu_t.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"cu_seqlens must be a 1-D int32 or int64 tensor, got {cu_t.dtype} {tuple(cu_t.shape)}.")
-        cu = cu_t.to(q.device)
+            max_seqlen = int((cu[1:] - cu[:-1]).max())
         if cu.numel() - 1 > 65535:
             raise ValueError(f"at most 65535 sequences per launch, got {cu.numel() - 1}.")
-
-    pos, pos_strides = None, (0, 0)
-    if positions is not None:
-        pos, pos_strides = _positions_arg(positions, q4, layout, varlen)
-        if cos is not None and pos.dtype.is_floating_point:
-            raise ValueError("fractional positions need inv_freq (cos/sin made in the kernel), not a table.")
-    off = offset if isinstance(offset, torch.Tensor) else torch.as_tensor(offset)
+    if pos is not None and cos is not None and pos.dtype.is_floating_point:
+        raise ValueError("fractional positions need inv_freq (cos/sin made in the kernel), not a table.")
     offset_int, offset_tensor = 0, None
     if off.ndim == 0:
         if off.dtype.is_floating_point and (cos is not None or float(off) != int(off)):
             raise ValueError(f"offset must be an integer (a KV-cache length), got {float(off)}.")
         offset_int = int(off)
-    elif off.ndim == 1:
-        n = cu.numel() - 1 if cu is not None else (B if "b" in lay.axes else None)
-        if n is None or off.shape[0] != n:
-            raise ValueError(
-                f"offset of shape {tuple(off.shape)}: a per-sequence offset needs a 'b' axis (or cu_seqlens) of the "
-                "same size; pass an int to shift every sequence alike."
-            )
+    else:
         if off.dtype.is_floating_point:
             raise ValueError(f"offset must hold integers, got {off.dtype}.")
         offset_tensor = off.to(device=q.device, dtype=torch.int64)
-    else:
-        raise ValueError(
-            f"offset must be an int or a 1-D tensor with one entry per batch element, got {tuple(off.shape)}."
-        )
     if cos is not None and pos is None and offset_tensor is None:
         need = (max_seqlen if varlen else S) + offset_int
         if offset_int < 0 or need > cos.shape[0]:
@@ -374,34 +356,37 @@ def rope(
                 "make the table longer (or pass inv_freq)."
             )
     ctx = {
-        "layout": layout, "style": style, "half": half, "cos": cos, "sin": sin,
+        "layout": lay, "style": style, "half": half, "cos": cos, "sin": sin,
         "inv_freq": inv_freq if cos is None else None, "angle_f64": angle_dtype == torch.float64,
-        "positions": pos, "pos_strides": pos_strides, "offset_int": offset_int, "offset_tensor": offset_tensor,
-        "cu_seqlens": cu, "max_seqlen": max_seqlen, "block_s": block_s, "heads_per_program": heads_per_program,
+        "positions": pos, "pos_strides": _pos_strides(pos), "offset_int": offset_int, "offset_tensor": offset_tensor,
+        "cu_seqlens": cu if varlen else None, "max_seqlen": max_seqlen, "block_s": block_s,
+        "heads_per_program": heads_per_program,
     }
-    if inplace and not torch.is_grad_enabled():
-        _launch(q4, q4, as_bshd(k, layout) if k is not None else None, as_bshd(k, layout) if k is not None else None,
-                ctx, conjugate=False, copy_pass=False)
-        return q if k is None else (q, k)
-    oq, ok = _RopeFunction.apply(q, k, ctx, inplace)
-    return oq if k is None else (oq, ok)
+    return _apply(q, k, ctx, inplace)
 
 
 def rope_positions(
     x: torch.Tensor,
-    layout,
+    layout: Layout,
     p: torch.Tensor,
-    p_axes: tuple[str, ...],
     inv_freq: torch.Tensor,
     attention_factor: float,
     *,
     style: str,
     angle_dtype: torch.dtype,
 ) -> torch.Tensor:
-    """``apply_rope(..., backend="triton")``: positions already resolved and checked by
-    :func:`ropelab.core.resolve_positions` (``p`` of shape [s], [b, s] or [t]), cos/sin made in the
-    kernel from ``inv_freq`` in ``angle_dtype``, the same numbers as :func:`ropelab.cos_sin`."""
-    if p.ndim == 2 and p_axes[0] != "b":
-        raise ValueError(f"unexpected position axes {p_axes}.")
-    return rope(x, layout=str(layout), style=style, inv_freq=inv_freq, attention_factor=attention_factor,
-                angle_dtype=angle_dtype, positions=p)
+    """``apply_rope(..., backend="triton")``: x, its parsed layout and the style already checked, the
+    positions already resolved by :func:`ropelab.core.resolve_positions` (``p`` of shape [s], [b, s] or
+    [t]), the frequencies of the spec. Checks only what the kernel adds (device, dtype, head_dim); cos/sin
+    are made in the kernel from ``inv_freq`` in ``angle_dtype``, the same numbers as :func:`ropelab.cos_sin`."""
+    _check_dtypes(x, None)
+    _check_shapes(x, None, layout)
+    _check_angle_dtype(angle_dtype)
+    inv = _inv_freq_arg(inv_freq, attention_factor, x.device)
+    ctx = {
+        "layout": layout, "style": style, "half": inv.shape[0] - 1, "cos": None, "sin": None, "inv_freq": inv,
+        "angle_f64": angle_dtype == torch.float64, "positions": p, "pos_strides": _pos_strides(p),
+        "offset_int": 0, "offset_tensor": None, "cu_seqlens": None, "max_seqlen": None, "block_s": None,
+        "heads_per_program": None,
+    }
+    return _apply(x, None, ctx, False)

@@ -18,8 +18,9 @@ from dataclasses import replace
 import torch
 
 from ..convert import permute_qkv_weight
-from ..core import STYLES, apply_rope
+from ..core import STYLES
 from ..models import TinyLM, masked_loss
+from ..rope import apply_rope
 
 __all__ = ["restyled", "permuted", "rotated_qk", "loss_in_dtype"]
 

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..core import apply_rope
 from ..machine import one_thread
 from ..multiaxis import MultiAxis, flat_positions, grid_positions
+from ..rope import apply_rope
 
 __all__ = ["grid_batch", "GridAttention", "train_grid", "grid_accuracy", "PES"]
 
