@@ -281,7 +281,7 @@ def run_selective_copy_sweep(
 
 def _run_jobs(keys, *, splits, steps, workers, threads, **kwargs) -> tuple[list[dict], dict]:
     # run_selective_copy for each (pe, lr, seed) in keys, in worker processes when workers > 1
-    from .machine import machine_info
+    from ..machine import machine_info
 
     jobs = [dict(pe=pe, seed=seed, lr=float(lr), splits=splits, steps=steps, threads=threads, progress=False,
                  **kwargs) for pe, lr, seed in keys]
@@ -641,7 +641,7 @@ def cope_gate_analysis(models: dict, lr: float, seeds, best: list[dict], task: S
     ``first_gates`` (layer 0 of the first seed, sequence 0: [h, answers, context + 1 + n_symbols])."""
     import numpy as np
 
-    from .cope import cope_internals
+    from ..cope import cope_internals
 
     c = task.context_len
     inputs, _, _ = task.sample(n, torch.Generator().manual_seed(seed))
