@@ -304,8 +304,10 @@ def plot_band_panels(window_loss: dict, reference: str, *, L0: int = L0, ncol: i
         ax.plot(x, mean, color="C0", lw=1.3, label="this scheme, 95 % CI")
         ax.axvline(L0, color="0.5", ls=":")
         ax.set_title(name, fontsize=9)
-    for ax in axes.flat[len(curves):]:
-        ax.set_visible(False)
+    for k in range(len(curves), nrow * ncol):
+        axes.flat[k].set_visible(False)
+        if k >= ncol:  # the panel above a hidden one is the last of its column: it shows the x labels
+            axes.flat[k - ncol].tick_params(labelbottom=True)
     low = min(float(c[1].min()) for c in curves.values())
     high = max(float(c[2].max()) for c in curves.values())
     axes[0, 0].set_ylim(max(0.0, low - 0.1), high + 0.1)

@@ -251,7 +251,9 @@ def plot_axis_of_pair(ax, spec: MultiAxis, names: Sequence[str], title: str = ""
     axes = spec.axis_of_pair()
     ax.imshow(axes[None], cmap=ListedColormap(_palette(spec.n_axes)), aspect="auto", vmin=0, vmax=spec.n_axes - 1)
     for i, a in enumerate(axes.tolist()):
-        ax.text(i, 0, names[a], ha="center", va="center", fontsize=6 if spec.n_pairs > 40 else 8)
+        ax.text(i, 0, names[a], ha="center", va="center", color="white", fontweight="bold",
+                fontsize=7 if spec.n_pairs > 40 else 9)
+    ax.grid(False)
     ax.set_yticks([])
     ax.set_title(title, fontsize=9)
 
