@@ -29,6 +29,7 @@ import argparse
 import functools
 import inspect
 import json
+import math
 import sys
 import time
 from dataclasses import replace
@@ -38,7 +39,7 @@ import torch
 
 from . import extend
 from .extend import method_spec
-from .lm import CHECKPOINT, L0, LM_DIR, load_corpus, load_lm, per_position_loss, val_windows
+from .lm import CHECKPOINT, L0, LM_DIR, disjoint_windows, load_corpus, load_lm, per_position_loss, val_windows
 from .models import TinyLM, load_checkpoint, masked_loss, save_checkpoint, train
 from .scaling import default_inv_freq
 from .spec import RopeSpec
@@ -66,6 +67,9 @@ __all__ = [
     "out_of_range_pairs",
     "ntk_alpha_in_range",
     "temperature_sweep",
+    "TEMPERATURE_RESULTS",
+    "TEMPERATURE_FACTORS",
+    "temperature_study",
     "random_keys",
     "plant_keys",
     "probe_sample",
@@ -74,6 +78,12 @@ __all__ = [
     "save_half",
     "load_model",
     "retrieval",
+    "wilson",
+    "retrieval_curves",
+    "plot_retrieval",
+    "temperature_summary",
+    "plot_ramp",
+    "plot_temperature",
     "longrope_search",
     "main",
 ]
@@ -97,6 +107,8 @@ FT_SCALE = 2.0
 FT_STEPS = 300
 FINETUNED = ("no scaling", "PI", "NTK-aware", "YaRN")
 LONGROPE_FACTORS = LM_DIR / "longrope_factors.json"
+TEMPERATURE_RESULTS = LM_DIR / "yarn_temperature.json"
+TEMPERATURE_FACTORS = (1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.4)  # the grid of sqrt(1/t); eq. 22's value is added
 
 
 def finetuned_checkpoint(method: str) -> Path:
@@ -144,6 +156,39 @@ def temperature_sweep(model: TinyLM, windows: torch.Tensor, scale: float, factor
                                              "original_max_position_embeddings": original,
                                              "attention_factor": float(f)})
         out.append(float(per_position_loss(model, windows, m).mean()))
+    return out
+
+
+@torch.no_grad()
+def temperature_study(model: TinyLM, windows: torch.Tensor, scales=(2.0, 4.0), factors=TEMPERATURE_FACTORS, *,
+                      original: int = L0, progress: bool = True) -> dict:
+    r"""YaRN's temperature sweep (:func:`temperature_sweep`) per window, for pairing: for each scale s in
+    ``scales``, the mean loss of every window (its first :math:`sL_0 + 1` bytes of ``windows`` [n, >= sL_0 + 1])
+    at each attention factor of ``factors`` and at eq. 22's :math:`0.1\ln s + 1`. Returns a JSON-ready dict:
+    ``{"factors": [...], "scales": {str(s): {"formula": f, "window_loss": {str(factor): [n floats]},
+    "formula_window_loss": [n floats]}}}``; a difference between two factors is then paired over the same
+    windows (``lm.bootstrap_means`` of it gives its interval)."""
+    out = {"factors": [float(f) for f in factors], "n_windows": int(windows.shape[0]), "L0": original, "scales": {}}
+    todo = [(float(s), f) for s in scales for f in [*factors, None]]
+    if progress:
+        from tqdm.auto import tqdm
+
+        todo = tqdm(todo, desc="temperature", leave=False)
+    for s, f in todo:
+        length = int(s * original)
+        if windows.shape[1] < length + 1:
+            raise ValueError(f"scale {s:g} needs windows of {length + 1} bytes; these have {windows.shape[1]}.")
+        row = out["scales"].setdefault(str(s), {"length": length, "formula": 0.1 * math.log(s) + 1,
+                                                 "window_loss": {}})
+        factor = row["formula"] if f is None else float(f)
+        m = {"base": model.cfg.rope.base, "scaling": {"rope_type": "yarn", "factor": s,
+                                                      "original_max_position_embeddings": original,
+                                                      "attention_factor": factor}}
+        loss = per_position_loss(model, windows[:, : length + 1], m).mean(1).tolist()
+        if f is None:
+            row["formula_window_loss"] = loss
+        else:
+            row["window_loss"][str(float(f))] = loss
     return out
 
 
@@ -320,6 +365,94 @@ def retrieval(model: TinyLM, spec: RopeSpec, distances, windows: torch.Tensor, k
     return out
 
 
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval (95 % at ``z`` = 1.96) for ``k`` successes in ``n`` trials: unlike the normal
+    approximation it stays inside [0, 1] and is not empty at k = 0 or k = n."""
+    if n < 1 or not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k = {k}, n = {n}.")
+    p = k / n
+    c = (p + z * z / (2 * n)) / (1 + z * z / n)
+    h = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / (1 + z * z / n)
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def retrieval_curves(models_specs: dict, distances, windows: torch.Tensor, seed: int = 7) -> dict:
+    """:func:`retrieval` for each name -> (model, spec): name -> {distance: (hits, windows)}."""
+    out = {}
+    for name, (m, spec) in models_specs.items():
+        hits = retrieval(m, spec, distances, windows, seed=seed)
+        out[name] = {d: (int(h.sum()), h.numel()) for d, h in hits.items()}
+    return out
+
+
+def plot_retrieval(ax, curves: dict, title: str, original: int = L0) -> None:
+    """Exact retrieval against distance for each curve of :func:`retrieval_curves`, with Wilson 95 % bars and
+    :math:`L_0` dotted."""
+    for j, (name, row) in enumerate(curves.items()):
+        dist = list(row)
+        acc = [k / n for k, n in row.values()]
+        lo, hi = zip(*(wilson(k, n) for k, n in row.values()))
+        ax.errorbar(dist, acc, yerr=[[a - b for a, b in zip(acc, lo)], [b - a for a, b in zip(acc, hi)]],
+                    marker="os^Dv<>"[j % 7], ls=["-", "--", "-.", ":"][j % 4], capsize=2, label=name)
+    ax.axvline(original, color="0.5", ls=":")
+    ax.set(xlabel="distance key -> question (bytes)", ylabel="exact retrieval", ylim=(-0.03, 1.03), title=title)
+    ax.legend(fontsize=7)
+
+
+def temperature_summary(study: dict, n_boot: int = 2000, seed: int = 0) -> dict:
+    r"""From :func:`temperature_study`'s dict, per scale: the grid's loss-minimising factor (``best``), eq. 22's
+    (``formula``), the mean loss at every grid factor (``means``), and paired 95 % bootstrap intervals over the
+    windows of loss(formula) - loss(best) (``formula_minus_best``) and loss(formula) - loss(1)
+    (``formula_minus_one``), each (mean, low, high)."""
+    from .lm import bootstrap_means
+
+    out = {}
+    for s, row in study["scales"].items():
+        wl = {float(f): torch.tensor(v, dtype=torch.float64) for f, v in row["window_loss"].items()}
+        means = {f: float(v.mean()) for f, v in wl.items()}
+        best = min(means, key=means.get)
+        fw = torch.tensor(row["formula_window_loss"], dtype=torch.float64)
+        pair = {}
+        for key, other in (("formula_minus_best", wl[best]), ("formula_minus_one", wl[1.0])):
+            m, lo, hi = bootstrap_means(fw - other, n_boot, seed)
+            pair[key] = (float(m), float(lo), float(hi))
+        out[float(s)] = {"best": best, "formula": row["formula"], "means": means,
+                         "formula_loss": float(fw.mean()), **pair}
+    return out
+
+
+def plot_ramp(ax, turns, gamma, gamma_paper, scale: float) -> None:
+    r"""NTK-by-parts' ramp :math:`\gamma_i` against the turns :math:`
+ho_i` within :math:`L_0`: the code's (linear in
+    pair index) and the paper's eq. 18 (linear in turns), with :math:`lpha = 1` and :math:`eta = 32` marked."""
+    ax.semilogx(turns, gamma, "o-", label="code: linear in pair index")
+    ax.semilogx(turns, gamma_paper, "s--", label="paper eq. 18: linear in turns")
+    for beta, name in ((1, r"$\alpha$ = beta_slow = 1"), (32, r"$\beta$ = beta_fast = 32")):
+        ax.axvline(beta, color="0.5", ls=":")
+        ax.text(beta * 0.9, 0.05 if beta == 1 else 0.3, name, fontsize=8, ha="right")
+    ax.set(xlabel=r"turns within $L_0$, $\rho_i$ (pair 0 at the right)", ylabel=r"$\gamma_i$ (1 = kept)",
+           title=f"NTK-by-parts ramp at s = {scale:g}")
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def plot_temperature(ax, study: dict) -> None:
+    r"""Mean loss against the attention factor :math:`\sqrt{1/t}` per scale of :func:`temperature_study`, with a
+    95 % bootstrap band over windows and eq. 22's value dotted."""
+    from .lm import bootstrap_means
+
+    for j, (s, row) in enumerate(study["scales"].items()):
+        fs = [float(f) for f in row["window_loss"]]
+        stats = [bootstrap_means(torch.tensor(v, dtype=torch.float64)) for v in row["window_loss"].values()]
+        mean = [float(m) for m, _, _ in stats]
+        line, = ax.plot(fs, mean, ["o-", "s--"][j % 2], label=f"s = {float(s):g} (length {row['length']})")
+        ax.fill_between(fs, [float(lo) for _, lo, _ in stats], [float(hi) for _, _, hi in stats],
+                        color=line.get_color(), alpha=0.15, lw=0)
+        ax.axvline(row["formula"], color=line.get_color(), ls=":", lw=1)
+    ax.set(xlabel=r"attention factor $\sqrt{1/t}$ (dotted: $0.1\ln s + 1$)", ylabel="loss (nats/byte)",
+           title=f"YaRN without fine-tuning, {study['n_windows']} windows (95 % CI)")
+    ax.legend(fontsize=8)
+
+
 # ---- LongRoPE's search, small --------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -383,9 +516,9 @@ def longrope_search(model: TinyLM, scale: float = 4.0, *, n_windows: int = 6, ge
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ropelab.extension probe | finetune METHOD | longrope | list``."""
+    """``python -m ropelab.extension probe | finetune METHOD | longrope | temperature | list``."""
     parser = argparse.ArgumentParser(prog="python -m ropelab.extension", description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["probe", "finetune", "longrope", "list"],
+    parser.add_argument("what", choices=["probe", "finetune", "longrope", "temperature", "list"],
                         help="list: print the fine-tuned methods, one per line (what `make lm` fine-tunes)")
     parser.add_argument("method", nargs="?", help=f"for finetune: one of {FINETUNED}")
     parser.add_argument("--steps", type=int)
@@ -406,6 +539,16 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or finetuned_checkpoint(args.method)
         history = finetune(args.method, steps=args.steps or FT_STEPS, seed=args.seed, out=out)
         print(f"final: {history[-1]}; wrote {out}")
+    elif args.what == "temperature":
+        _, val_data = load_corpus()
+        length = int(4 * L0)
+        ids = val_windows(val_data, disjoint_windows(val_data, length), length)  # notebook 07's 45 windows
+        t0 = time.perf_counter()
+        result = temperature_study(load_model(PROBE_CHECKPOINT), ids)
+        result.update({"checkpoint": PROBE_CHECKPOINT.name, "seconds": round(time.perf_counter() - t0, 1),
+                       "threads": torch.get_num_threads(), "command": "python -m ropelab.extension temperature"})
+        TEMPERATURE_RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {TEMPERATURE_RESULTS} in {result['seconds']} s")
     else:
         result = longrope_search(load_model(PROBE_CHECKPOINT))
         LONGROPE_FACTORS.write_text(json.dumps(result, indent=1) + "\n")

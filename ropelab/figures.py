@@ -7,6 +7,7 @@ modified)::
     python -m ropelab.figures --smoke    # tiny sizes: writes only under build/smoke/
     python -m ropelab.figures --only 01_rotate_half_vs_interleaved
     python -m ropelab.figures --manifest # rewrite figures/manifest.json for the committed figures
+    python -m ropelab.figures --readme   # re-render the map's and the README's generated blocks from figures/runs.json
 
 Each notebook has one cell tagged ``parameters`` that sets ``SMOKE = False``,
 ``FIGURES_DIR = "../build/figures"`` and ``RESULTS_DIR = "../build/results"`` (paths relative to
@@ -14,7 +15,10 @@ Each notebook has one cell tagged ``parameters`` that sets ``SMOKE = False``,
 writes a tracked file. The runner inserts a cell after it that overrides all three: a full run writes
 ``figures/`` and ``data/`` (results such as notebook 04's JSON), a smoke run ``build/smoke/figures`` and
 ``build/smoke/results``. A full run also records in ``figures/manifest.json`` which notebook and package
-sources every figure came from (see :func:`stale_figures`). Inside a notebook::
+sources every figure came from (see :func:`stale_figures`), and in ``figures/runs.json`` each notebook's wall time,
+the machine and its load, and its headline (the text of its :func:`headline` call); the notebook map's and the
+README's run-time blocks are rendered from that file (:func:`write_pages`), and a notebook's :func:`runtime_note`
+shows its own last time at run time. Inside a notebook::
 
     from ropelab.figures import setup, save
     setup()                       # seeds, a fixed thread count, deterministic matplotlib output
@@ -40,6 +44,12 @@ THREADS = 2  # default torch thread count; the environment variable ROPELAB_THRE
 
 # REPO, DATA_DIR, FIGURES_DIR and BUILD_DIR are ropelab.paths' (re-exported: notebooks import them from here).
 MANIFEST = FIGURES_DIR / "manifest.json"
+RUNS = FIGURES_DIR / "runs.json"  # per notebook: the last full run's seconds, machine, load and headline
+MAP = NOTEBOOK_DIR / "index.ipynb"
+README = REPO / "README.md"
+MAP_CELL_ID = "map-runs"  # the index cell rendered from RUNS
+README_BEGIN = "<!-- runs:begin (generated from figures/runs.json by python -m ropelab.figures --readme) -->"
+README_END = "<!-- runs:end -->"
 
 __all__ = [
     "setup",
@@ -57,6 +67,15 @@ __all__ = [
     "MANIFEST",
     "BUILD_DIR",
     "answer",
+    "headline",
+    "runtime_note",
+    "RUNS",
+    "load_runs",
+    "record_run",
+    "render_map",
+    "render_readme",
+    "write_pages",
+    "pages_in_step",
     "thread_count",
     "seed_value",
 ]
@@ -135,6 +154,181 @@ def answer(text: str, smoke: bool) -> None:
     else:
         head = "**Answer.** "
     display(Markdown(head + text))
+
+
+def headline(text: str, smoke: bool) -> None:
+    """Show a notebook's headline, its main finding in one or two sentences with the number behind it, built
+    from the numbers it measured. A full run of the runner saves the text in ``figures/runs.json``, from which
+    the notebook map shows it (:func:`render_map`), so the map's answers cannot drift from the notebooks'."""
+    from IPython.display import Markdown, display
+
+    head = "**In one line (smoke run: tiny sizes, not the full run's numbers).** " if smoke else "**In one line.** "
+    display(Markdown(head + text), metadata={"ropelab": {"headline": text}})
+
+
+def load_runs(path: str | os.PathLike | None = None) -> dict:
+    """``figures/runs.json`` as a dict (empty when there is none): notebook stem -> ``seconds`` (wall time of its
+    last full run), ``headline``, ``notebook_sha256`` (:func:`notebook_hash` of the source that ran), ``machine``
+    (CPU, logical CPUs, threads) and ``load_average`` (1-minute load when it finished)."""
+    path = RUNS if path is None else Path(path)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _headline_of(executed: Path) -> str | None:
+    """The text of the :func:`headline` call in an executed notebook, or None."""
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    found = [o.get("metadata", {}).get("ropelab", {}).get("headline") for c in nb.cells if c.cell_type == "code"
+             for o in c.get("outputs", []) if o.get("output_type") == "display_data"]
+    found = [f for f in found if f]
+    return found[-1] if found else None
+
+
+def record_run(nb_path: str | os.PathLike, seconds: float, executed: str | os.PathLike,
+               path: str | os.PathLike | None = None) -> dict:
+    """Record one notebook's full run in ``figures/runs.json`` (the runner calls it after each notebook of a full
+    run): its seconds, headline, source hash, the machine and the load average at its end."""
+    from .machine import machine_info
+
+    path = RUNS if path is None else Path(path)
+    runs = load_runs(path)
+    info = machine_info()
+    nb_path = Path(nb_path)
+    runs[nb_path.stem] = {
+        "seconds": round(float(seconds), 1),
+        "headline": _headline_of(Path(executed)),
+        "notebook_sha256": notebook_hash(nb_path),
+        "machine": {"cpu": info["cpu"], "logical_cpus": info["logical_cpus"], "threads": thread_count()},
+        "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+    }
+    runs = dict(sorted(runs.items()))
+    path.write_text(json.dumps(runs, indent=1, ensure_ascii=False) + "\n")
+    return runs
+
+
+def _seconds_text(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds:.0f} s ({seconds / 60:.1f} min)"
+
+
+def _machines_text(runs: dict) -> str:
+    cpus = sorted({f"{r['machine']['cpu']}, {r['machine']['logical_cpus']} logical CPUs" for r in runs.values()})
+    loads = [r["load_average"] for r in runs.values() if r.get("load_average") is not None]
+    text = "measured on " + "; ".join(cpus) + " (a machine shared with other jobs"
+    if loads:
+        text += f", 1-minute load average {min(loads):.1f} to {max(loads):.1f} when the notebooks finished"
+    return text + "), so they are upper bounds for an idle machine"
+
+
+def runtime_note(notebook: str, path: str | os.PathLike | None = None) -> None:
+    """Show, at run time, how long this notebook's last recorded full run took (from ``figures/runs.json``): a
+    notebook cannot hard-code its own run time. ``notebook`` is its file stem."""
+    from IPython.display import Markdown, display
+
+    runs = load_runs(path)
+    r = runs.get(notebook)
+    if r is None:
+        text = (f"No full run of `{notebook}` is recorded yet in `figures/runs.json` "
+                f"(`python -m ropelab.figures --only {notebook[:2]}` records one).")
+    else:
+        text = (f"The last full run of this notebook (`python -m ropelab.figures`) took {_seconds_text(r['seconds'])}, "
+                + _machines_text({notebook: r}) + "; `SMOKE = True` runs it at tiny sizes in a fraction of that.")
+    display(Markdown("**Run time.** " + text))
+
+
+def render_map(runs: dict | None = None) -> str:
+    """The notebook map's generated cell: per notebook its last full-run time and its headline, from
+    ``figures/runs.json``."""
+    runs = load_runs() if runs is None else runs
+    lines = ["<!-- generated from ../figures/runs.json by python -m ropelab.figures (do not edit) -->",
+             "### What each notebook found, and how long it runs", "",
+             "| notebook | full run | its headline, from its last full run |", "|---|---|---|"]
+    for nb in notebooks():
+        r = runs.get(nb.stem)
+        if r is None:
+            lines.append(f"| [{nb.stem[:2]}]({nb.name}) | not recorded | not recorded |")
+        else:
+            lines.append(f"| [{nb.stem[:2]}]({nb.name}) | {_seconds_text(r['seconds'])} | "
+                         f"{(r['headline'] or 'no headline').replace('|', '/')} |")
+    recorded = [runs[nb.stem] for nb in notebooks() if nb.stem in runs]
+    if recorded:
+        total = sum(r["seconds"] for r in recorded)
+        lines += ["", f"Wall-clock times of the last full run of each notebook, {_seconds_text(total)} in all, "
+                  + _machines_text({k: v for k, v in runs.items() if k in {nb.stem for nb in notebooks()}}) + "."]
+    return "\n".join(lines)
+
+
+def render_readme(runs: dict | None = None) -> str:
+    """The README's generated block: each notebook's last full-run time, the total and the machine."""
+    runs = load_runs() if runs is None else runs
+    stems = [nb.stem for nb in notebooks()]
+    recorded = {k: runs[k] for k in stems if k in runs}
+    if not recorded:
+        return "No full run is recorded yet in `figures/runs.json`."
+    times = ", ".join(f"{k[:2]} {_seconds_text(v['seconds'])}" for k, v in recorded.items())
+    missing = [k[:2] for k in stems if k not in runs]
+    total = sum(v["seconds"] for v in recorded.values())
+    text = (f"Full-run times (`figures/runs.json`, written by `python -m ropelab.figures`): {times}; "
+            f"{_seconds_text(total)} in all, one notebook at a time, " + _machines_text(recorded) + ".")
+    if missing:
+        text += " Not recorded yet: " + ", ".join(missing) + "."
+    return text
+
+
+def _map_with(nb, text: str):
+    import nbformat
+
+    cells = [c for c in nb.cells if c.get("id") == MAP_CELL_ID]
+    if not cells:
+        cell = nbformat.v4.new_markdown_cell(text)
+        cell.id = MAP_CELL_ID
+        nb.cells.insert(2, cell)
+    else:
+        cells[0].source = text
+    return nb
+
+
+def _readme_with(text: str, block: str) -> str:
+    if README_BEGIN not in text or README_END not in text:
+        raise ValueError(f"README.md has no block between {README_BEGIN!r} and {README_END!r}; add the two lines.")
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    return head + README_BEGIN + "\n" + block + "\n" + README_END + tail
+
+
+def write_pages() -> None:
+    """Re-render the map's generated cell and the README's generated block from ``figures/runs.json`` (the runner
+    does it at the end of a full run; ``python -m ropelab.figures --readme`` does it alone)."""
+    import nbformat
+
+    runs = load_runs()
+    nb = nbformat.read(MAP, as_version=4)
+    nbformat.write(_map_with(nb, render_map(runs)), MAP)
+    README.write_text(_readme_with(README.read_text(), render_readme(runs)))
+
+
+def pages_in_step() -> list[str]:
+    """What is out of step with ``figures/runs.json``, one line each (empty when nothing): the map's generated
+    cell, the README's block, and a recorded run whose notebook changed since."""
+    import nbformat
+
+    runs, problems = load_runs(), []
+    nb = nbformat.read(MAP, as_version=4)
+    cell = next((c for c in nb.cells if c.get("id") == MAP_CELL_ID), None)
+    if cell is None or cell.source != render_map(runs):
+        problems.append(f"notebooks/index.ipynb: cell {MAP_CELL_ID!r} is not figures/runs.json's; run "
+                        "python -m ropelab.figures --readme")
+    text = README.read_text()
+    if README_BEGIN not in text or _readme_with(text, render_readme(runs)) != text:
+        problems.append("README.md: the runs block is not figures/runs.json's; run python -m ropelab.figures --readme")
+    for stem, r in runs.items():
+        path = NOTEBOOK_DIR / f"{stem}.ipynb"
+        if not path.exists():
+            problems.append(f"figures/runs.json: {stem} has no notebook")
+        elif notebook_hash(path) != r["notebook_sha256"]:
+            problems.append(f"figures/runs.json: {stem} changed since its recorded run; "
+                            f"python -m ropelab.figures --only {stem[:2]}")
+    return problems
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
@@ -330,7 +524,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--manifest", action="store_true", help="only rewrite figures/manifest.json for the committed figures"
     )
+    parser.add_argument(
+        "--readme", action="store_true", help="only re-render the map's and README's run blocks from figures/runs.json"
+    )
     args = parser.parse_args(argv)
+    if args.readme:
+        write_pages()
+        print(f"rendered {MAP.relative_to(REPO)} and {README.relative_to(REPO)} from {RUNS.relative_to(REPO)}")
+        return 0
     paths = notebooks(args.only)
     if args.manifest:
         entries = write_manifest(paths)
@@ -348,7 +549,9 @@ def main(argv: list[str] | None = None) -> int:
         done = f"[{len(results)}/{len(work)}, {time.perf_counter() - start:.0f} s so far]"
         print(f"{r['notebook']:40s} {status} {done}", flush=True)
         if not args.smoke and "error" not in r:
-            write_manifest([Path(p) for p, *_ in work if Path(p).stem == r["notebook"]])
+            nb_path = next(Path(p) for p, *_ in work if Path(p).stem == r["notebook"])
+            write_manifest([nb_path])
+            record_run(nb_path, r["seconds"], r["executed"])
 
     if args.jobs > 1:
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
@@ -364,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = json.loads(timings.read_text()) if timings.exists() else {}
     previous.update({r["notebook"]: r["seconds"] for r in results if "seconds" in r})
     timings.write_text(json.dumps(previous, indent=1, sort_keys=True) + "\n")
+    if not args.smoke and len(failed) < len(results):
+        write_pages()  # the map and the README show the times and headlines just recorded
     return 1 if failed else 0
 
 

@@ -53,6 +53,10 @@ __all__ = [
     "METHODS",
     "CACHE_POLICIES",
     "Scheme",
+    "neighbour_intervals",
+    "order_text",
+    "smooth_positions",
+    "plot_band_panels",
     "schemes",
     "per_position_loss",
     "evaluate_schemes",
@@ -311,6 +315,81 @@ def band_intervals(result: dict, edges=(0, 256, 512, 768, 1024), reference: str 
         m, lo, hi = bootstrap_means(bands, n_boot, seed)
         out[name] = [(float(x), float(y), float(z)) for x, y, z in zip(m, lo, hi)]
     return out
+
+
+def neighbour_intervals(result: dict, order: list[str], edges=(0, 256, 512, 768, 1024), band: int = -1,
+                        n_boot: int = 2000, seed: int = 0) -> list[tuple[str, str, tuple[float, float, float]]]:
+    """For schemes listed in ``order`` (e.g. by mean loss), the paired difference between each and the next in
+    one band (``band`` indexes the bands of ``edges``): (this, next, (mean, low, high)) of next - this, a 95 %
+    bootstrap interval over the windows. Two neighbours are ordered only where the interval excludes zero, the
+    rule every ordering claim in the notebooks follows."""
+    missing = [k for k in order if k not in result["window_loss"]]
+    if missing:
+        raise ValueError(f"order names schemes that were not evaluated: {missing}; choose from "
+                         f"{sorted(result['window_loss'])}.")
+    out = []
+    for a, b in zip(order[:-1], order[1:]):
+        diff = band_intervals({"window_loss": {b: result["window_loss"][b], a: result["window_loss"][a]}}, edges,
+                              reference=a, n_boot=n_boot, seed=seed)[b][band]
+        out.append((a, b, diff))
+    return out
+
+
+def order_text(steps: list, values: dict[str, float], fmt: str = "{:.2f}") -> str:
+    """An ordering as text from :func:`neighbour_intervals`' ``steps``: "a 1.71 ≈ b 1.73 < c 1.89", with "<" where
+    the paired interval of the difference excludes zero and "≈" (equal within noise) where it does not."""
+    if not steps:
+        return ""
+    parts = [f"{steps[0][0]} {fmt.format(values[steps[0][0]])}"]
+    for _, b, (_, lo, hi) in steps:
+        parts.append(("<" if lo > 0 else ">" if hi < 0 else "≈") + f" {b} {fmt.format(values[b])}")
+    return " ".join(parts)
+
+
+def smooth_positions(per_window: torch.Tensor, width: int = 32, stride: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Means of ``width`` consecutive positions every ``stride`` positions of ``per_window`` [n, T]: (the smoothed
+    [n, T'] losses, the centre position of each mean [T'])."""
+    sm = torch.nn.functional.avg_pool1d(per_window.double()[:, None], width, stride)[:, 0]
+    return sm, torch.arange(sm.shape[1]) * stride + width // 2
+
+
+def plot_band_panels(window_loss: dict, reference: str, *, L0: int = L0, ncol: int = 4, title: str = "",
+                     reference_label: str | None = None, width: int = 32, stride: int = 8):
+    """One panel per scheme of ``window_loss`` (name -> [window, position] losses): its mean loss against position
+    (``width``-token means) with a 95 % bootstrap band over windows (:func:`bootstrap_means`), the ``reference``
+    scheme's mean drawn dashed in every other panel, and :math:`L_0` dotted. The y range covers every band's upper
+    end (no interval is clipped). Returns the figure (notebooks 05 and 07)."""
+    import matplotlib.pyplot as plt
+
+    if reference not in window_loss:
+        raise ValueError(f"reference {reference!r} is not among the schemes {sorted(window_loss)}.")
+    curves = {}
+    for name, w in window_loss.items():
+        sm, x = smooth_positions(torch.as_tensor(w), width, stride)
+        curves[name] = bootstrap_means(sm)
+    nrow = math.ceil(len(curves) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.5 * ncol, 2.7 * nrow), sharex=True, sharey=True, squeeze=False)
+    for ax, (name, (mean, lo, hi)) in zip(axes.flat, curves.items()):
+        if name != reference:
+            ax.plot(x, curves[reference][0], color="0.45", lw=1, ls="--", label=reference_label or reference)
+        ax.fill_between(x, lo, hi, color="C0", alpha=0.3, lw=0)
+        ax.plot(x, mean, color="C0", lw=1.3, label="this scheme, 95 % CI")
+        ax.axvline(L0, color="0.5", ls=":")
+        ax.set_title(name, fontsize=9)
+    for k in range(len(curves), nrow * ncol):
+        axes.flat[k].set_visible(False)
+        if k >= ncol:  # the panel above a hidden one is the last of its column: it shows the x labels
+            axes.flat[k - ncol].tick_params(labelbottom=True)
+    low = min(float(c[1].min()) for c in curves.values())
+    high = max(float(c[2].max()) for c in curves.values())
+    axes[0, 0].set_ylim(max(0.0, low - 0.1), high + 0.1)
+    next(ax for ax, name in zip(axes.flat, curves) if name != reference).legend(fontsize=7, loc="upper left")
+    fig.supxlabel("position")
+    fig.supylabel(f"loss (nats/byte), {width}-token mean")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 # ---------------------------------------------------------------- notebook 05's figures

@@ -32,7 +32,8 @@ from .core import Layout, check_positions, parse_layout, rotate, tables_for
 from .scaling import frequencies
 from .spec import RopeSpec
 
-__all__ = ["MultiAxis", "apply_multiaxis_rope", "multiaxis_rope", "axis_angles", "grid_positions", "flat_positions"]
+__all__ = ["MultiAxis", "apply_multiaxis_rope", "multiaxis_rope", "axis_angles", "grid_positions", "flat_positions",
+           "mrope_positions", "plot_axis_of_pair", "plot_positions"]
 
 
 @dataclass(frozen=True)
@@ -224,3 +225,67 @@ def grid_positions(*sizes: int, start: int = 0) -> torch.Tensor:
 def flat_positions(*sizes: int, start: int = 0) -> torch.Tensor:
     """The 1D positions start, start + 1, ... a flattened grid would get, shape [prod(sizes)]."""
     return grid_positions(*sizes).new_tensor(range(start, start + int(torch.tensor(sizes).prod())))
+
+
+def mrope_positions(*segments: int | Sequence[int]) -> torch.Tensor:
+    """M-RoPE's (t, h, w) positions, [3, s], for a sequence of text runs (an int: that many tokens) and images or
+    videos (a (frames, rows, columns) grid), numbered as Qwen2-VL's ``get_rope_index`` numbers them (transformers'
+    ``Qwen2VLModel.get_rope_index``, a test holds the two equal): a text token gets its index on all three axes;
+    a grid starting at index ``start`` gets ``start`` + (frame, row, column); whatever follows starts at the
+    largest position so far + 1, so text after an image of w columns resumes at ``start + max(rows, columns)``,
+    not at ``start`` + the image's token count. (Videos: Qwen2-VL spaces frames by its ``tokens_per_second``;
+    here frames are 1 apart.)"""
+    if not segments:
+        raise ValueError("give at least one segment: an int (text tokens) or a (frames, rows, columns) grid.")
+    parts, start = [], 0
+    for seg in segments:
+        if isinstance(seg, int) and not isinstance(seg, bool):
+            if seg < 1:
+                raise ValueError(f"a text segment needs at least 1 token, got {seg}.")
+            part = torch.arange(start, start + seg).expand(3, -1)
+        elif isinstance(seg, Sequence) and len(seg) == 3:
+            part = grid_positions(*(int(n) for n in seg)) + start
+        else:
+            raise ValueError(f"a segment is an int (text tokens) or a (frames, rows, columns) grid, got {seg!r}.")
+        parts.append(part)
+        start = int(part.max()) + 1
+    return torch.cat(parts, 1)
+
+
+def _palette(n: int) -> list:
+    import matplotlib.pyplot as plt
+
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]  # setup() sets seaborn's colour-blind palette
+    return colors[:n]
+
+
+def plot_axis_of_pair(ax, spec: MultiAxis, names: Sequence[str], title: str = "") -> None:
+    """A strip of which axis drives each pair of ``spec``, one cell per pair, in the colour-blind palette that
+    ``figures.setup()`` sets, with the axis name written in every cell (colour is never the only cue)."""
+    from matplotlib.colors import ListedColormap
+
+    if len(names) != spec.n_axes:
+        raise ValueError(f"names has {len(names)} entries for {spec.n_axes} axes; give one name per axis.")
+    axes = spec.axis_of_pair()
+    ax.imshow(axes[None], cmap=ListedColormap(_palette(spec.n_axes)), aspect="auto", vmin=0, vmax=spec.n_axes - 1)
+    for i, a in enumerate(axes.tolist()):
+        ax.text(i, 0, names[a], ha="center", va="center", color="white", fontweight="bold",
+                fontsize=7 if spec.n_pairs > 40 else 9)
+    ax.grid(False)
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=9)
+
+
+def plot_positions(axes, positions: torch.Tensor, names: Sequence[str] = ("t", "h", "w")) -> None:
+    """One row per axis of ``positions`` [A, s] (e.g. :func:`mrope_positions`): each token's position on that axis
+    against its index in the sequence, markers and colours per axis (colour-blind palette)."""
+    if len(axes) != positions.shape[0] or len(names) != positions.shape[0]:
+        raise ValueError(f"need one axes and one name per position axis ({positions.shape[0]}), got {len(axes)} "
+                         f"axes and {len(names)} names.")
+    idx = torch.arange(positions.shape[1])
+    for ax, row, name, color, marker in zip(axes, positions, names, _palette(len(names)), "os^"):
+        ax.plot(idx, row, marker, color=color, ms=3, label=name)
+        ax.plot(idx, idx, color="0.6", lw=0.8, ls=":")  # where 1D RoPE would put the token
+        ax.set_ylabel(f"{name} position")
+    axes[0].legend(["M-RoPE", "1D position (token index)"], fontsize=7, loc="upper left")
+    axes[-1].set_xlabel("token index in the sequence")

@@ -142,6 +142,43 @@ def test_retrieval_is_chance_for_an_untrained_model_and_checks_lengths():
         ext.retrieval(model, model.cfg.rope, [60], w)
 
 
+def test_temperature_study_pairs_windows_and_matches_the_sweep():
+    """Per-window losses whose means are temperature_sweep's, eq. 22's point included, and a paired summary."""
+    torch.manual_seed(0)
+    model = TinyLM(lm.model_config(n_layers=1, d_model=32, n_heads=2)).eval()
+    w = torch.randint(0, 256, (3, 2 * lm.L0 + 1))
+    study = ext.temperature_study(model, w, scales=(2.0,), factors=(1.0, 1.2), progress=False)
+    row = study["scales"]["2.0"]
+    assert study["n_windows"] == 3 and row["length"] == 2 * lm.L0 and row["formula"] == 0.1 * math.log(2) + 1
+    means = [sum(row["window_loss"][k]) / 3 for k in ("1.0", "1.2")]
+    sweep = ext.temperature_sweep(model, w, 2.0, [1.0, 1.2, row["formula"]])
+    for a, b in zip([*means, sum(row["formula_window_loss"]) / 3], sweep):
+        assert abs(a - b) <= 1e-5 * abs(b)  # float32 losses averaged in another order
+    t = ext.temperature_summary(study)[2.0]
+    m, lo, hi = t["formula_minus_best"]
+    assert t["best"] in (1.0, 1.2) and lo <= m <= hi
+    with pytest.raises(ValueError, match="needs windows"):
+        ext.temperature_study(model, w, scales=(4.0,), factors=(1.0,), progress=False)
+
+
+def test_wilson_interval_edges():
+    lo, hi = ext.wilson(45, 45)
+    assert hi == 1.0 and abs(lo - 45 / (45 + 1.96 ** 2)) < 1e-12  # k = n: the lower end is n / (n + z^2)
+    lo, hi = ext.wilson(0, 10)
+    assert lo == 0.0 and 0 < hi < 0.35
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        ext.wilson(3, 2)
+
+
+def test_committed_temperature_study_is_the_probe_models_on_45_windows():
+    study = json.loads(ext.TEMPERATURE_RESULTS.read_text())
+    assert study["checkpoint"] == ext.PROBE_CHECKPOINT.name and study["n_windows"] == 45
+    assert study["factors"] == list(ext.TEMPERATURE_FACTORS)
+    for s, row in study["scales"].items():
+        assert row["length"] == int(float(s) * lm.L0) and len(row["formula_window_loss"]) == 45
+        assert all(len(v) == 45 for v in row["window_loss"].values())
+
+
 # ---- the committed study models (written by `make lm`) --------------------------------------------------------
 
 @pytest.fixture(scope="module")

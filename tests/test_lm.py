@@ -131,3 +131,34 @@ def test_bootstrap_intervals_cover_the_mean_and_pair_the_windows():
     assert all(abs(v - 0.5) < 1e-12 for band in paired["b"] for v in band)  # a constant shift is exact when paired
     with pytest.raises(ValueError, match="reference"):
         lm.band_intervals(result, reference="c")
+
+
+def test_neighbour_intervals_order_only_separated_neighbours():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(30, 8, generator=g, dtype=torch.float64)
+    result = {"window_loss": {"a": base.tolist(), "b": (base + 0.5).tolist(),
+                              "c": (base + 0.5 + 1e-3 * torch.randn(30, 8, generator=g, dtype=torch.float64)).tolist()}}
+    steps = lm.neighbour_intervals(result, ["a", "b", "c"], edges=(0, 4, 8))
+    assert [s[:2] for s in steps] == [("a", "b"), ("b", "c")]
+    (m, lo, hi) = steps[0][2]
+    assert abs(m - 0.5) < 1e-12 and lo > 0  # paired: the window-to-window spread cancels
+    assert steps[1][2][1] < 0 < steps[1][2][2]
+    text = lm.order_text(steps, {"a": 1.0, "b": 1.5, "c": 1.5})
+    assert text == "a 1.00 < b 1.50 ≈ c 1.50"
+    with pytest.raises(ValueError, match="not evaluated"):
+        lm.neighbour_intervals(result, ["a", "z"])
+
+
+def test_band_panels_cover_every_interval_and_skip_the_reference_in_its_own_panel():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    g = torch.Generator().manual_seed(0)
+    wl = {"ref": torch.rand(5, 96, generator=g).tolist(), "high": (3 + torch.rand(5, 96, generator=g)).tolist()}
+    fig = lm.plot_band_panels(wl, "ref", L0=48, ncol=2)
+    ax_ref, ax_high = fig.axes[:2]
+    assert len(ax_ref.lines) == 2 and len(ax_high.lines) == 3  # curve + L0 line; + the dashed reference
+    _, hi = lm.bootstrap_means(lm.smooth_positions(torch.tensor(wl["high"]))[0])[1:]
+    assert ax_high.get_ylim()[1] >= float(hi.max())
+    with pytest.raises(ValueError, match="reference"):
+        lm.plot_band_panels(wl, "missing")

@@ -5,6 +5,7 @@ import torch
 from _helpers import assert_rotations_agree
 
 import ropelab
+from ropelab import multiaxis
 from ropelab.multiaxis import MultiAxis, apply_multiaxis_rope, flat_positions, grid_positions
 from ropelab.precision import UNIT_ROUNDOFF
 
@@ -189,3 +190,25 @@ def test_from_hf_config():
 
     cfg = Qwen3VLTextConfig(rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20]})
     assert MultiAxis.from_hf_config(cfg) == MultiAxis((24, 20, 20), interleaved=True)
+
+
+@pytest.mark.parametrize("segments", [(4, (1, 4, 8), 20), (3, (1, 6, 2), 5, (1, 3, 3), 2)])
+def test_mrope_positions_number_tokens_as_transformers_get_rope_index(segments):
+    """Text, images, text: multiaxis.mrope_positions against Qwen2VLModel.get_rope_index (imported, not copied)."""
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+
+    fake = SimpleNamespace(config=SimpleNamespace(vision_config=SimpleNamespace(spatial_merge_size=1)))
+    fake.get_vision_position_ids = lambda *a, **k: Qwen2VLModel.get_vision_position_ids(fake, *a, **k)
+    mm = torch.tensor([sum(([0] * s if isinstance(s, int) else [1] * (s[1] * s[2]) for s in segments), [])])
+    grids = torch.tensor([list(s) for s in segments if not isinstance(s, int)])
+    pos, _ = Qwen2VLModel.get_rope_index(fake, torch.zeros_like(mm), mm, image_grid_thw=grids)
+    assert torch.equal(pos[:, 0], multiaxis.mrope_positions(*segments))
+
+
+def test_mrope_positions_rejects_bad_segments():
+    for bad in [(), (0,), ((2, 3),), (True,)]:
+        with pytest.raises(ValueError, match="segment"):
+            multiaxis.mrope_positions(*bad)

@@ -57,7 +57,8 @@ def test_notebook_has_how_to_run_and_links_that_resolve(path):
             assert (path.parent / target).resolve().exists(), f"{path.name} links a missing {target}"
 
 
-@pytest.mark.parametrize("path", figures.notebooks()[:4], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in figures.notebooks() if p.stem[:2] in ("00", "01", "02", "03", "07", "08")],
+                         ids=lambda p: p.stem)
 def test_exercises_have_hidden_solutions_and_asserts(path):
     nb = nbformat.read(path, as_version=4)
     solutions = [c for c in nb.cells if c.source.startswith("# Solution")]
