@@ -46,6 +46,8 @@ __all__ = [
     "masked_loss",
     "train",
     "save_checkpoint",
+    "checkpoint_dict",
+    "from_checkpoint_dict",
     "load_checkpoint",
 ]
 
@@ -347,33 +349,44 @@ def train(
     return history
 
 
-def save_checkpoint(model: TinyLM, path: str | Path, *, dtype: torch.dtype = torch.float32,
-                    meta: Mapping[str, Any] | None = None) -> Path:
-    """Write ``{"config": model.cfg.to_dict(), "state_dict": ...}`` to ``path``, floating tensors cast to
-    ``dtype`` (float16 halves the bytes; :func:`load_checkpoint` reads either back as float32), and ``meta``
-    (a training record) as JSON to ``path`` with the suffix ``.json``. Returns ``path``."""
+def checkpoint_dict(model: TinyLM, dtype: torch.dtype = torch.float32) -> dict:
+    """``{"config": model.cfg.to_dict(), "state_dict": ...}`` with floating tensors cast to ``dtype``: the one
+    checkpoint format (:func:`save_checkpoint` writes one to a file; notebook 04 keeps several in one file)."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch dtype (torch.float32, torch.float16), got {dtype!r}.")
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    return {"config": model.cfg.to_dict(), "state_dict": state}
+
+
+def from_checkpoint_dict(ckpt: Mapping[str, Any]) -> TinyLM:
+    """The model of a :func:`checkpoint_dict` (or of the flat-field configs of older ones, see
+    :meth:`ModelConfig.from_dict`), as a float32 ``TinyLM`` in eval mode."""
+    model = TinyLM(ModelConfig.from_dict(ckpt["config"]))
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()})
+    return model.eval()
+
+
+def save_checkpoint(model: TinyLM, path: str | Path, *, dtype: torch.dtype = torch.float32,
+                    meta: Mapping[str, Any] | None = None) -> Path:
+    """Write :func:`checkpoint_dict` to ``path`` (float16 halves the bytes; :func:`load_checkpoint` reads
+    either back as float32), and ``meta`` (a training record) as JSON to ``path`` with the suffix ``.json``.
+    Returns ``path``."""
+    ckpt = checkpoint_dict(model, dtype)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()}
-    torch.save({"config": model.cfg.to_dict(), "state_dict": state}, path)
+    torch.save(ckpt, path)
     if meta is not None:
         path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
     return path
 
 
 def load_checkpoint(path: str | Path) -> TinyLM:
-    """A checkpoint written by :func:`save_checkpoint` (or the flat-field configs of older ones, see
-    :meth:`ModelConfig.from_dict`) as a float32 ``TinyLM`` in eval mode."""
+    """A checkpoint written by :func:`save_checkpoint`, as :func:`from_checkpoint_dict` reads it."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing; `make lm` writes the study checkpoints in data/lm/ "
                                 "(python -m ropelab.lm train, python -m ropelab.extension ...).")
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    model = TinyLM(ModelConfig.from_dict(ckpt["config"]))
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()})
-    return model.eval()
+    return from_checkpoint_dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
 def __getattr__(name: str):

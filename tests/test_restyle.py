@@ -10,8 +10,7 @@ from ropelab.convert import interleaved_to_half
 from ropelab.models import ModelConfig, TinyLM
 from ropelab.precision import unit_roundoff
 from ropelab.spec import RopeSpec
-from ropelab.studies.nb01_restyle import loss_in_dtype, permuted, restyled, rotated_qk
-from ropelab.studies.nb04_selective_copy import lag_copy
+from ropelab.studies.nb01_restyle import lag_copy, loss_in_dtype, permuted, restyled, rotated_qk
 
 
 @pytest.fixture(scope="module")

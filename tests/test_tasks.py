@@ -170,12 +170,8 @@ def test_steps_to_error():
 def test_sweep_results_do_not_depend_on_the_worker_count(tmp_path):
     """Two worker processes give the same numbers as one (each run: its seed, one thread); and the results file
     round-trips through save/load with its schema checked."""
-    from ropelab.studies.nb04_selective_copy import (
-        RESULTS_SCHEMA,
-        load_selective_copy_results,
-        run_selective_copy_sweep,
-        save_selective_copy_results,
-    )
+    from ropelab.studies.nb04_results import RESULTS_SCHEMA, load_selective_copy_results, save_selective_copy_results
+    from ropelab.studies.nb04_selective_copy import run_selective_copy_sweep
 
     splits = selective_copy_splits(3, 6, 3, 9, alphabet=4)
     kw = dict(splits=splits, steps=6, batch=8, n_val=16, n_test=16, eval_every=3, n_eval=8,

@@ -22,7 +22,7 @@ from ..core import STYLES
 from ..models import TinyLM, masked_loss
 from ..rope import apply_rope
 
-__all__ = ["restyled", "permuted", "rotated_qk", "loss_in_dtype"]
+__all__ = ["lag_copy", "restyled", "permuted", "rotated_qk", "loss_in_dtype"]
 
 
 def _check(model: TinyLM, style: str) -> None:
@@ -83,3 +83,15 @@ def loss_in_dtype(model: TinyLM, x: torch.Tensor, y: torch.Tensor, mask: torch.T
         return float(masked_loss(model.to(dtype)(x), y, mask))
     finally:
         model.to(torch.float32)
+
+
+def lag_copy(gen: torch.Generator, batch: int, seq_len: int, vocab: int, lag: int):
+    """A task no model solves without position: copy the token seen ``lag`` steps ago in a stream of uniform
+    random tokens (chance level ln ``vocab``). Returns ``(x, y, mask)`` [batch, seq_len]: inputs, targets
+    ``y[t] = x[t - lag]``, and a mask that drops the first ``lag`` positions (they have no target)."""
+    if not 0 < lag < seq_len:
+        raise ValueError(f"lag must be in (0, seq_len={seq_len}), got {lag}.")
+    x = torch.randint(0, vocab, (batch, seq_len), generator=gen)
+    y = torch.roll(x, lag, dims=1)
+    mask = (torch.arange(seq_len) >= lag).expand(batch, seq_len)
+    return x, y, mask

@@ -33,7 +33,12 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..models import ModelConfig, TinyLM, train
+from ..models import ModelConfig, TinyLM, checkpoint_dict, from_checkpoint_dict, train
+from .nb04_results import (
+    load_selective_copy_models,
+    load_selective_copy_results,
+    models_path,
+)
 
 __all__ = [
     "BLANK",
@@ -49,23 +54,13 @@ __all__ = [
     "summarize_runs",
     "gate_statistics",
     "GateStatistics",
-    "lag_copy",
     "source_positions",
-    "save_selective_copy_results",
-    "load_selective_copy_results",
     "VALIDATION_SEED",
     "TEST_SEED",
     "SelectiveCopySweep",
-    "models_path",
-    "save_selective_copy_models",
-    "load_selective_copy_models",
     "load_or_run_selective_copy",
     "selective_copy_claims",
     "cope_gate_analysis",
-    "plot_lr_sweep",
-    "plot_selective_copy_errors",
-    "plot_training_curves",
-    "plot_cope_gates",
     "main",
 ]
 
@@ -255,11 +250,11 @@ def run_selective_copy(
     return model, result
 
 
-def _sweep_job(job: dict) -> tuple[dict, dict, dict]:
+def _sweep_job(job: dict) -> tuple[dict, dict]:
     # Runs in a worker process (or in-process): a fixed thread count, then one training run.
     torch.set_num_threads(job.pop("threads"))
     model, result = run_selective_copy(**job)
-    return model.cfg.to_dict(), {k: v.detach().clone() for k, v in model.state_dict().items()}, result
+    return checkpoint_dict(model), result
 
 
 def run_selective_copy_sweep(
@@ -292,11 +287,8 @@ def _run_jobs(keys, *, splits, steps, workers, threads, **kwargs) -> tuple[list[
             outputs = list(pool.map(_sweep_job, jobs))
     results, models = [], {}
     cpu = machine_info()["cpu"]
-    for cfg, state, result in outputs:
-        model = TinyLM(ModelConfig.from_dict(cfg))
-        model.load_state_dict(state)
-        model.eval()
-        models[result["pe"], result["lr"], result["seed"]] = model
+    for ckpt, result in outputs:
+        models[result["pe"], result["lr"], result["seed"]] = from_checkpoint_dict(ckpt)
         results.append({**result, "cpu": cpu})
     return results, models
 
@@ -401,18 +393,6 @@ def gate_statistics(gates: torch.Tensor, is_symbol: torch.Tensor, threshold: flo
     return GateStatistics(sym, blank, stats)
 
 
-def lag_copy(gen: torch.Generator, batch: int, seq_len: int, vocab: int, lag: int):
-    """A task no model solves without position: copy the token seen ``lag`` steps ago in a stream of uniform
-    random tokens (chance level ln ``vocab``). Returns ``(x, y, mask)`` [batch, seq_len]: inputs, targets
-    ``y[t] = x[t - lag]``, and a mask that drops the first ``lag`` positions (they have no target)."""
-    if not 0 < lag < seq_len:
-        raise ValueError(f"lag must be in (0, seq_len={seq_len}), got {lag}.")
-    x = torch.randint(0, vocab, (batch, seq_len), generator=gen)
-    y = torch.roll(x, lag, dims=1)
-    mask = (torch.arange(seq_len) >= lag).expand(batch, seq_len)
-    return x, y, mask
-
-
 def source_positions(positions: torch.Tensor, inputs: torch.Tensor, task: SelectiveCopy) -> torch.Tensor:
     r"""CoPE's contextual position of each answer's **source** seen from the query that writes it.
 
@@ -438,86 +418,6 @@ def source_positions(positions: torch.Tensor, inputs: torch.Tensor, task: Select
     return p.gather(-1, src[:, None, :, None].expand(b, p.shape[1], n, 1)).squeeze(-1)
 
 
-# ---------------------------------------------------------------- results file (notebook 04 -> notebook 03)
-
-RESULTS_SCHEMA = 2
-_RESULTS_KEYS = {
-    "schema": int,
-    "source": str,
-    "smoke": bool,
-    "task": dict,
-    "protocol": dict,
-    "paper": dict,
-    "selected": dict,
-    "summary": dict,
-    "runs": list,
-    "cope": dict,
-}
-_COPE_MODEL_KEYS = {"seed": int, "lr": float, "errors": dict, "position_logits": list, "source_positions": dict}
-
-
-def _check_record(record: dict) -> None:
-    def need(obj, keys, where):
-        for key, typ in keys.items():
-            if key not in obj:
-                raise ValueError(
-                    f"{where} lacks {key!r}; write it with save_selective_copy_results (schema {RESULTS_SCHEMA})."
-                )
-            if not isinstance(obj[key], typ) or (typ is int and isinstance(obj[key], bool)):
-                raise ValueError(f"{where}[{key!r}] must be {typ.__name__}, got {type(obj[key]).__name__}.")
-
-    if not isinstance(record, dict):
-        raise ValueError(f"a results record must be a dict, got {type(record).__name__}.")
-    need(record, _RESULTS_KEYS, "the record")
-    if record["schema"] != RESULTS_SCHEMA:
-        raise ValueError(
-            f"results schema {record['schema']} but this ropelab reads schema {RESULTS_SCHEMA}; rerun notebook 04."
-        )
-    models = record["cope"].get("models")
-    if not isinstance(models, list):
-        raise ValueError("record['cope']['models'] must be a list (one entry per CoPE seed).")
-    for i, m in enumerate(models):
-        need(m, _COPE_MODEL_KEYS, f"record['cope']['models'][{i}]")
-        hist = m["source_positions"]
-        if not {"bin_edges", "counts"} <= set(hist):
-            raise ValueError(f"record['cope']['models'][{i}]['source_positions'] needs 'bin_edges' and 'counts'.")
-
-
-def save_selective_copy_results(record: dict, path: str | os.PathLike) -> Path:
-    r"""Write notebook 04's Selective Copy results as JSON, after checking the schema below.
-
-    Schema (``RESULTS_SCHEMA`` = 2); errors are percentages of sequences, learning rates floats:
-
-    - ``schema`` (int), ``source`` (str: the notebook that made it), ``smoke`` (bool);
-    - ``task``: ``{split: SelectiveCopy.to_dict()}`` for ``in_dist``, ``ood_dense``, ``ood_sparse``;
-    - ``protocol``: encodings, learning rates, seeds, steps, batch, set sizes, threads per run, metric;
-    - ``paper``: the published numbers compared against, with their exact source;
-    - ``selected``: :func:`select_learning_rates`'s output, ``{pe: {"lr", "sweep": {lr: validation}}}``
-      (JSON object keys are strings: ``str(lr)``);
-    - ``summary``: :func:`summarize_runs` of each encoding's runs at its selected learning rate;
-    - ``runs``: every :func:`run_selective_copy` result of the sweep (history, validation, test errors);
-    - ``cope``: ``{"models": [...], "gate_stats": [...], "npos_max", "scale"}``, one model entry per seed at
-      CoPE's selected learning rate with ``seed``, ``lr``, ``errors`` (test, per split), ``position_logits``
-      (``[layer][head][n]``: mean :math:`q_i\cdot e[n]` over the answer queries) and ``source_positions``
-      (``{"bin_edges": [...], "counts": [layer][head][bin]}``: histogram of :func:`source_positions`).
-
-    Returns the path written. Raises ``ValueError`` naming the first missing or mistyped entry.
-    """
-    _check_record(record)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    return path
-
-
-def load_selective_copy_results(path: str | os.PathLike) -> dict:
-    """Read a file written by :func:`save_selective_copy_results` and check its schema (``ValueError`` if it
-    is from another schema or lacks an entry; ``FileNotFoundError`` if there is no file)."""
-    record = json.loads(Path(path).read_text())
-    _check_record(record)
-    return record
-
-
 # ---------------------------------------------------------------- notebook 04: reuse a committed sweep
 
 _PROTOCOL_KEYS = ("pes", "lrs", "seeds", "steps", "batch", "n_val", "n_test", "eval_every", "n_eval")
@@ -531,35 +431,6 @@ class SelectiveCopySweep(NamedTuple):
     seconds: float  # the training time of all its runs, one after another (run_selective_copy's train_seconds)
     machine: dict  # {"cpus": the CPU models that trained the runs}
     source: str  # "trained", the path read, or the path and how many runs were trained to complete it
-
-
-def models_path(results_path: str | os.PathLike) -> Path:
-    """Where the CoPE checkpoints of a results file live: ``X.json`` -> ``X_models.pt`` next to it."""
-    p = Path(results_path)
-    return p.with_name(p.stem + "_models.pt")
-
-
-def save_selective_copy_models(models: dict, pe: str, lr: float, seeds, path: str | os.PathLike) -> Path:
-    """Write the models ``models[pe, lr, seed]`` of every seed (float32 state dicts and configs) to ``path``:
-    notebook 04 reads them back (:func:`load_selective_copy_models`) instead of training them again."""
-    blob = {"pe": pe, "lr": float(lr), "models": {int(s): {"config": models[pe, lr, s].cfg.to_dict(),
-                                                           "state_dict": models[pe, lr, s].state_dict()}
-                                                  for s in seeds}}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(blob, path)
-    return path
-
-
-def load_selective_copy_models(path: str | os.PathLike) -> dict:
-    """Read :func:`save_selective_copy_models`' file: ``{(pe, lr, seed): TinyLM}`` in eval mode."""
-    blob = torch.load(Path(path), map_location="cpu", weights_only=True)
-    out = {}
-    for seed, m in blob["models"].items():
-        model = TinyLM(ModelConfig.from_dict(m["config"]))
-        model.load_state_dict(m["state_dict"])
-        out[blob["pe"], blob["lr"], int(seed)] = model.eval()
-    return out
 
 
 def load_or_run_selective_copy(protocol: dict, path: str | os.PathLike, *, splits: dict, workers: int = 1,
@@ -666,92 +537,6 @@ def cope_gate_analysis(models: dict, lr: float, seeds, best: list[dict], task: S
         if out["first_gates"] is None:
             out["first_gates"] = internals[0]["gates"][0, :, c:, : c + 1 + task.n_symbols]
     return out
-
-
-# ---------------------------------------------------------------- notebook 04's figures
-
-def plot_lr_sweep(ax, selected: dict, lrs, labels: dict, style: dict, n_seeds: int, steps: int) -> None:
-    """Validation error against learning rate per encoding, the selected one circled (notebook 04, section 1)."""
-    for pe, sel in selected.items():
-        sweep = sel["sweep"]
-        ax.plot(lrs, [sweep[lr]["sequence_error"] for lr in lrs], label=labels[pe], ms=6, **style[pe])
-        ax.plot([sel["lr"]], [sweep[sel["lr"]]["sequence_error"]], "o", ms=13, mfc="none", mec=style[pe]["color"])
-    ax.set(xscale="log", xlabel="peak learning rate", ylabel="validation error (% of sequences)", ylim=(-3, 103),
-           title=f"learning-rate sweep: mean of {n_seeds} seeds, {steps} steps (circled: selected)")
-    ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
-    ax.minorticks_off()
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-
-
-def plot_selective_copy_errors(ax, summary: dict, splits, labels: dict, style: dict, lrs: dict, steps: int) -> None:
-    """Mean test error per encoding and split as bars, each seed a dot (notebook 04, section 2)."""
-    import numpy as np
-
-    pes, width = list(summary), 0.2
-    n_seeds = len(next(iter(summary.values()))[splits[0]]["per_seed"])
-    for k, pe in enumerate(pes):
-        x = np.arange(len(splits)) + (k - 1.5) * width
-        means = [summary[pe][s]["mean"] for s in splits]
-        ax.bar(x, means, width, label=f"{labels[pe]} (lr {lrs[pe]:g})", color=style[pe]["color"],
-               hatch=["", "//", "..", "xx"][k % 4], edgecolor="white", linewidth=0)
-        for xi, s, m in zip(x, splits, means):
-            ax.plot([xi] * n_seeds, summary[pe][s]["per_seed"], "k.", ms=4)
-            top = max(m, summary[pe][s]["max"])  # the label goes above the bar and every seed's dot
-            ax.annotate(f"{m:.1f}", (xi, top), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=7)
-    ax.set_xticks(range(3), ["in distribution\n(32 blanks)", "OOD dense\n(16 blanks)", "OOD sparse\n(64 blanks)"])
-    ax.set_ylabel("test error (% of sequences)")
-    ax.set_ylim(0, 128)
-    ax.set_title(f"Selective Copy: mean of {n_seeds} seeds (dots: each seed), {steps} steps, "
-                 "each encoding at its selected learning rate", fontsize=10)
-    ax.legend(ncol=2, fontsize=8, loc="upper left")
-
-
-def plot_training_curves(axes, best: list[dict], labels: dict, style: dict) -> None:
-    """Training loss and validation error against step, one line per seed (notebook 04, section 3)."""
-    first = {}
-    for res in best:
-        pe, hist = res["pe"], res["history"]
-        st = dict(color=style[pe]["color"], ls=style[pe]["ls"], lw=1)
-        axes[0].plot([h["step"] for h in hist], [h["loss"] for h in hist], **st,
-                     label=labels[pe] if first.setdefault(pe, res["seed"]) == res["seed"] else None)
-        ev = [h for h in hist if "in_dist_sequence_error" in h]
-        axes[1].plot([h["step"] for h in ev], [100 * h["in_dist_sequence_error"] for h in ev], **st,
-                     marker=style[pe]["marker"], ms=3)
-    axes[0].set(yscale="log", xlabel="step", ylabel="training loss (answer tokens, nats)")
-    axes[1].axhline(1, color="k", lw=0.8, ls=":")
-    axes[1].annotate("1 %", (0, 1), xytext=(2, 3), textcoords="offset points", fontsize=8)
-    axes[1].set(xlabel="step", ylabel="validation error % (in distribution)")
-    axes[0].legend(fontsize=8)
-
-
-def plot_cope_gates(fig, axes, gates: dict, task: SelectiveCopy, seeds) -> None:
-    """Layer 0's gates of one sequence as a heat map, and every (sequence, head, query) row's mean gate on
-    symbols against blanks per seed (notebook 04, section 4; ``gates`` is :func:`cope_gate_analysis`')."""
-    import numpy as np
-
-    inputs, first, c = gates["inputs"], gates["first_gates"], task.context_len
-    h, n = first.shape[:2]
-    im = axes[0].imshow(first.reshape(h * n, -1).numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1,
-                        interpolation="nearest")
-    axes[0].grid(False)
-    sym_cols = np.flatnonzero(inputs[0, :c].numpy() != BLANK)
-    axes[0].set_xticks(sym_cols, [task.render(inputs[0, j:j + 1]) for j in sym_cols])
-    axes[0].set_yticks([k * n + n / 2 - 0.5 for k in range(h)], [f"head {k}" for k in range(h)])
-    for k in range(1, h):
-        axes[0].axhline(k * n - 0.5, color="w", lw=1)
-    axes[0].set_xlabel("key: symbols labelled, blanks unlabelled; then separator and answers")
-    axes[0].set_title(f"layer-0 gates, seed {seeds[0]}, one sequence\nrows: answer queries t = 1..{n} of each "
-                      "head", fontsize=10)
-    fig.colorbar(im, ax=axes[0], fraction=0.03, label="gate $g_{ij}$")
-    for k, seed in enumerate(seeds):
-        sym, blank = gates["rows"][seed, 0]
-        axes[1].scatter(blank[:50].flatten(), sym[:50].flatten(), s=4, alpha=0.35, color=f"C{[0, 1, 4, 2, 9][k % 5]}",
-                        marker="os^Dv"[k % 5], label=f"seed {seed}", rasterized=True)  # raster: a small SVG
-    axes[1].axvline(0.05, color="k", ls=":", lw=0.8)
-    axes[1].set(xlabel="mean gate on blank keys", ylabel="mean gate on symbol keys", xlim=(-0.02, 1.02),
-                ylim=(-0.02, 1.02))
-    axes[1].set_title("layer 0: one dot per\n(sequence, head, query)", fontsize=10)
-    axes[1].legend(fontsize=8, markerscale=3, loc="lower right")
 
 
 def main(argv: list[str] | None = None) -> int:
