@@ -23,6 +23,7 @@ the runner ``figures``.
 - ``gridtask``: notebook 08's 2D task, axial vs flattened RoPE;
 - ``diagnosis``: the black-box checker, a package (``diagnose``, ``compare``, ``Diagnosis``, ``Comparison``;
   its zoo of real and deliberately wrong implementations; the ``ropelab-diagnose`` command);
+- ``diagnose`` (the module): the old name of ``diagnosis``, a deprecated alias (``python -m ropelab.diagnose``);
 - ``precision``: the phase error of RoPE held in bf16 / fp16 / fp32, unit roundoff, phase wrapping;
 - ``restyle``: a trained TinyLM run in another RoPE style, as it is or with W_q, W_k permuted;
 - ``attention``: causal logits, attention rows and their comparisons; the decoder's grouped-query attention;
@@ -47,6 +48,9 @@ the runner ``figures``.
 - ``machine``: the CPU, threads and library versions a measurement ran on;
 - ``bench``: benchmarks that print ratios measured in one run.
 """
+
+import sys
+import types
 
 from . import attention, convert, cope, decay, diagnosis, precision, scaling, spec, tasks
 from .cope import CoPE
@@ -101,3 +105,16 @@ __all__ = [
     "tasks",
     "varlen_positions",
 ]
+
+
+class _Package(types.ModuleType):
+    """ropelab's module type. Importing the deprecated module ``ropelab.diagnose`` (the old name of
+    ``ropelab.diagnosis``) would bind it over the function ``ropelab.diagnose``; the function stays."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "diagnose" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
