@@ -115,7 +115,7 @@ def setup(seed: int | None = None, threads: int | None = None) -> None:
         import seaborn as sns
 
         sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")  # colour-blind safe C0..C9
-    except ImportError:  # seaborn is a core dependency; this only guards odd environments
+    except ImportError:  # seaborn is in the notebooks extra; a core-only install keeps matplotlib's style
         pass
 
 
