@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -134,12 +135,17 @@ def test_every_notebook_runs_in_smoke_mode_with_only_the_notebooks_extra(user_ve
     run without triton, as it tells a student."""
     venv = Path(user_venv["venv"])
     py = str(venv / "bin" / "python")
-    env = _env(venv, PYTHONPATH=str(REPO), ROPELAB_BUILD=str(tmp_path / "build"),
-               JUPYTER_DATA_DIR=str(tmp_path / "jupyter"), ROPELAB_THREADS="1")
+    # Jupyter's data dir (kernelspecs, and the kernels' IPC sockets) of its own, at a path short enough for a socket
+    jupyter = Path(tempfile.mkdtemp(prefix="ropelab-jupyter-"))
+    env = _env(venv, PYTHONPATH=str(REPO), ROPELAB_BUILD=str(tmp_path / "build"), JUPYTER_DATA_DIR=str(jupyter),
+               ROPELAB_THREADS="1")
     probe = _check(_run([py, "-c", "import importlib.util as u; print([m for m in ('pytest', 'hypothesis', "
                                    "'triton', 'ropelab') if u.find_spec(m)])"], tmp_path, env))
     assert probe["stdout"].strip() == "['ropelab']", probe
-    run = _run([py, "-m", "ropelab.figures", "--smoke", "--jobs", "2", "--timeout", "600"], REPO, env, timeout=3000)
+    try:
+        run = _run([py, "-m", "ropelab.figures", "--smoke", "--jobs", "2", "--timeout", "600"], REPO, env, timeout=3000)
+    finally:
+        shutil.rmtree(jupyter, ignore_errors=True)
     print(run["stdout"][-3000:])
     assert run["rc"] == 0, f"a notebook failed with only the notebooks extra:\n{run['stdout']}\n{run['stderr']}"
     n = len(list((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")))
