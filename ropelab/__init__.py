@@ -25,6 +25,7 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
 - ``prope``: p-RoPE, rotating only the highest-frequency fraction p of the pairs;
 - ``diagnosis``: the black-box checker, a package (``diagnose``, ``compare``, ``Diagnosis``, ``Comparison``;
   its zoo of real and deliberately wrong implementations; the ``ropelab-diagnose`` command);
+- ``diagnose`` (the module): the old name of ``diagnosis``, a deprecated alias (``python -m ropelab.diagnose``);
 - ``precision``: the phase error of RoPE held in bf16 / fp16 / fp32, unit roundoff, phase wrapping;
 - ``attention``: causal logits, attention rows and their comparisons; the decoder's grouped-query attention;
 - ``cope``: Contextual Position Encoding (``CoPE``);
@@ -53,6 +54,9 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
 - ``machine``: the CPU, threads and library versions a measurement ran on;
 - ``bench``: benchmarks that print ratios measured in one run.
 """
+
+import sys
+import types
 
 from . import _aliases, attention, convert, cope, decay, diagnosis, precision, scaling, spec
 from .cope import CoPE
@@ -116,3 +120,16 @@ def __getattr__(name: str):
     if f"ropelab.{name}" in _aliases.MOVED:
         return _aliases.load_moved(f"ropelab.{name}")
     raise AttributeError(f"module 'ropelab' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """ropelab's module type. Importing the deprecated module ``ropelab.diagnose`` (the old name of
+    ``ropelab.diagnosis``) would bind it over the function ``ropelab.diagnose``; the function stays."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "diagnose" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -3,6 +3,7 @@
     python -m ropelab.bench cpu [--shape 1 32 4096 128] [--repeats 20] [--out data/bench/cpu.json]
     python -m ropelab.bench gpu [--out-dir data/bench] [--quick]   (ropelab.kernels.bench_gpu)
     python -m ropelab.bench decode [--lengths 1024 4096 16384 32768] [--batches 1 8] [--out data/bench/decode.json]
+    python -m ropelab.bench explorers [--repeats 7] [--out data/bench/explorers.json]
 
 ``cpu`` times, on the same q and k ([b, h, s, d] float32 by default, the issue's Llama-7B-like head
 shape): a copy of q and k into preallocated buffers (``out.copy_(q)``: the memory-traffic reference, no
@@ -12,6 +13,11 @@ precomputed by ``LlamaRotaryEmbedding`` and not timed) and ``torch.compile`` of 
 as the median and interquartile range of ``--repeats`` runs (at least 20) after warm-up, methods
 interleaved round-robin so drift in the machine's speed touches all alike. Prints a table (time, IQR, GB/s,
 ratio to the copy) and writes JSON; ``ordering`` lists only the pairs of methods whose IQRs do not overlap.
+
+``explorers`` measures the CPU time of one update of each notebook explorer (``ropelab.explorers``: compute,
+Agg drawing, PNG encoding) for every move in :data:`EXPLORER_MOVES`, each from the default view with the
+explorers' caches cleared, ``--repeats`` times. CPU time of this process, not wall time, so a neighbour's load
+counts less (the explorers aim at 200 ms per update on a 2-core CPU). Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from .scaling import frequencies
 from .spec import RopeSpec
 
 __all__ = ["machine_info", "time_methods", "bench_cpu", "bench_decode", "print_table", "print_decode",
-           "step_distribution", "iqr_overlap", "main"]
+           "step_distribution", "iqr_overlap", "EXPLORER_MOVES", "bench_explorers", "print_explorers", "main"]
 
 
 def time_methods(methods: dict[str, Callable[[], object]], repeats: int, warmup: int = 3) -> dict[str, list[float]]:
@@ -338,6 +344,71 @@ def iqr_overlap(a: dict, b: dict) -> bool:
     return a["q25_ms"] <= b["q75_ms"] and b["q25_ms"] <= a["q75_ms"]
 
 
+# Moves across each explorer's controls, extremes included (what a student can reach with the sliders);
+# tests/test_explorers.py draws the same ones.
+EXPLORER_MOVES: dict[str, list[dict]] = {
+    "LadderExplorer": [{"position": 8192}, {"head_dim": 256}, {"dtype": "float16"}, {"base": 1e7},
+                       {"base": 100.0, "head_dim": 16}, {"position": 0, "dtype": "float64"}],
+    "DecayExplorer": [{"distance": 32768}, {"head_dim": 256}, {"base": 1e7}, {"base": 100.0},
+                      {"distance": 64, "head_dim": 16}],
+    "DriftExplorer": [{"length": 700}, {"factor": 16.0}, {"length": 1}, {"length": 300, "factor": 1.0},
+                      {"length": 1024, "factor": 2.5}],
+    "ExtensionExplorer": [{"factor": 8.0}, {"head_dim": 128}, {"original_length": 4096}, {"base": 1e7},
+                          {"factor": 1.0}, {"base": 100.0, "head_dim": 16, "factor": 32.0}],
+    "CoPEExplorer": [{"text": "the cat sat on the mat, " * 10}, {"count": "vowels"}, {"sharpness": 0.0},
+                     {"text": "x"}, {"text": "a b  c   d e", "count": "spaces (word boundaries)"}],
+}
+
+
+def _clear_caches() -> None:
+    """Empty every functools cache in ropelab's loaded modules, so an update is timed with its computation."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("ropelab.") and module is not None:
+            for obj in list(vars(module).values()):
+                if callable(getattr(obj, "cache_clear", None)):
+                    obj.cache_clear()
+
+
+def bench_explorers(repeats: int = 7, threads: int = 2) -> dict:
+    """CPU time of one update per explorer and move (module docstring): the median over ``repeats`` and its spread
+    (min and max), and per explorer the median and the slowest move's median. Nothing is asserted."""
+    from . import explorers
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}.")
+    torch.set_num_threads(threads)
+    rows, summary = [], {}
+    for name, moves in EXPLORER_MOVES.items():
+        cls = getattr(explorers, name)
+        ex = cls()
+        ex.update()  # warm-up: first draw, imports
+        medians = []
+        for move in moves:
+            cpu = []
+            for _ in range(repeats):
+                ex.update(**cls.defaults)
+                _clear_caches()
+                c0 = time.process_time()
+                ex.update(**move)
+                cpu.append(time.process_time() - c0)
+            med = statistics.median(cpu)
+            medians.append(med)
+            rows.append({"explorer": name, "move": move, "cpu_ms_median": round(1e3 * med, 2),
+                         "cpu_ms_min": round(1e3 * min(cpu), 2), "cpu_ms_max": round(1e3 * max(cpu), 2)})
+        summary[name] = {"cpu_ms_median_over_moves": round(1e3 * statistics.median(medians), 2),
+                         "cpu_ms_slowest_move": round(1e3 * max(medians), 2)}
+    return {"benchmark": "explorers", "repeats": repeats, "threads": threads, "budget_ms": 200,
+            "machine": machine_info(), "summary": summary, "rows": rows}
+
+
+def print_explorers(result: dict) -> None:
+    """Print one line per explorer: the median update's CPU time over its moves, and the slowest move's."""
+    print(f"explorer update CPU time ({result['repeats']} repeats per move; budget {result['budget_ms']} ms)")
+    for name, s in result["summary"].items():
+        median, slowest = s["cpu_ms_median_over_moves"], s["cpu_ms_slowest_move"]
+        print(f"{name:20s} median {median:7.1f} ms   slowest move {slowest:7.1f} ms")
+
+
 def print_decode(result: dict) -> None:
     """Print ``bench_decode``'s rows as a table."""
     print(f"one decoding step, one layer, heads {result['heads_q_kv']} (q, kv), d={result['head_dim']}, "
@@ -372,7 +443,7 @@ def print_table(result: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ropelab.bench cpu | decode``."""
+    """``python -m ropelab.bench cpu | gpu | decode | explorers``."""
     parser = argparse.ArgumentParser(prog="python -m ropelab.bench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="which", required=True)
     cpu = sub.add_parser("cpu", help="RoPE on q and k: ropelab vs Hugging Face eager and compiled, vs a copy")
@@ -397,7 +468,19 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--gpu-out-dir", default=str(DATA_DIR / "bench"),
                      help="where the GPU rows go (decode-gpu-<device>.json; ropelab.kernels.decode_bench)")
     dec.add_argument("--gpu-only", action="store_true", help="measure the GPU rows only, not the CPU policies")
+    exp = sub.add_parser("explorers", help="CPU time of one update of each notebook explorer")
+    exp.add_argument("--repeats", type=int, default=7)
+    exp.add_argument("--threads", type=int, default=2)
+    exp.add_argument("--out", default=str(DATA_DIR / "bench" / "explorers.json"))
     args = parser.parse_args(argv)
+    if args.which == "explorers":
+        result = bench_explorers(args.repeats, args.threads)
+        print_explorers(result)
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {out}")
+        return 0
     if args.which == "gpu":
         from .kernels import bench_gpu
 

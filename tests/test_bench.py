@@ -73,3 +73,14 @@ def test_bench_decode_reports_the_boundary_spike(tmp_path):
     by = {(r["cached_tokens"], r["policy"]): r for r in result["rows"]}
     assert by[(256, "bucketed")]["window_steps"] == 128 and by[(256, "bucketed (amortised)")]["boundary_step_ms"] > 0
     assert "load_average_1_5_15_min" in result and "note" in result
+
+
+def test_bench_explorers_times_every_move_of_every_explorer(tmp_path):
+    out = tmp_path / "explorers.json"
+    assert bench.main(["explorers", "--repeats", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["summary"]) == set(bench.EXPLORER_MOVES)
+    assert [(r["explorer"], r["move"]) for r in result["rows"]] == [
+        (name, move) for name, moves in bench.EXPLORER_MOVES.items() for move in moves]
+    assert all(r["cpu_ms_min"] <= r["cpu_ms_median"] <= r["cpu_ms_max"] for r in result["rows"])
+    assert result["machine"]["cpu"] == bench.machine_info()["cpu"] and result["repeats"] == 1

@@ -88,3 +88,45 @@ def test_console_script_entry_and_plain_function():
     # ropelab.diagnose is a plain function, and importing the package's modules does not shadow it
     importlib.import_module("ropelab.diagnosis.zoo")
     assert isinstance(ropelab.diagnose, types.FunctionType)
+
+
+# --- deprecated old names (CHANGELOG.md) ---------------------------------------------------------------------
+
+
+def test_old_module_name_runs_the_same_command_with_a_deprecation_warning(tmp_path):
+    (tmp_path / "my_rope.py").write_text(CLI_MODULE)
+    env_root = str(Path(ropelab.__file__).parents[1])
+    r = subprocess.run(
+        [sys.executable, "-m", "ropelab.diagnose", "my_rope:bad", "--layout", "b s h d", "--max-position", "64"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": env_root, "PATH": "/usr/bin:/bin"},
+    )
+    assert r.returncode == 1 and "NOT OK" in r.stdout, r.stderr
+    assert "DeprecationWarning" in r.stderr and "ropelab.diagnosis" in r.stderr
+
+
+def test_old_module_imports_with_a_warning_and_does_not_shadow_the_function(monkeypatch):
+    monkeypatch.delitem(sys.modules, "ropelab.diagnose", raising=False)
+    with pytest.warns(DeprecationWarning, match="use ropelab.diagnosis"):
+        old = importlib.import_module("ropelab.diagnose")
+    assert old.diagnose is ropelab.diagnosis.diagnose and old.main is main and old.compare is ropelab.compare
+    assert ropelab.diagnose is ropelab.diagnosis.diagnose  # the function, not the module
+
+
+def test_diagnosis_pairing_is_a_deprecated_alias_of_style():
+    fn = lambda x: ropelab.apply_rope(x, layout="b s h d", style="interleaved")  # noqa: E731
+    dg = ropelab.diagnose(fn, layout="b s h d", sizes={"h": 2, "d": 16}, max_position=64)
+    assert dg.style == "interleaved"
+    with pytest.warns(DeprecationWarning, match=r"Diagnosis\.style"):
+        assert dg.pairing == "interleaved"
+    with pytest.warns(DeprecationWarning, match=r"Diagnosis\.phase_allowed"):
+        assert dg.phase_tolerance == dg.phase_allowed
+    with pytest.warns(DeprecationWarning):
+        dg.pairing = "half"
+    assert dg.style == "half"
+    dg.codes.append("style")
+    with pytest.warns(DeprecationWarning, match="'style'"):
+        assert dg.has("pairing")

@@ -1,17 +1,17 @@
 """The notebook explorers: their numbers against independent float64 formulas, their errors, their figures
-and widgets, and the time one update takes."""
+and widgets, and that an update draws what its compute function returns. How long an update takes is a
+benchmark (`python -m ropelab.bench explorers`), not a test."""
 
 from __future__ import annotations
 
 import math
-import statistics
-import time
 
 import numpy as np
 import pytest
 import torch
 
-from ropelab import explorers
+from ropelab import bench, explorers
+from ropelab.machine import one_thread
 from ropelab.precision import phase_error as precision_phase_error
 from ropelab.scaling import frequencies
 
@@ -144,19 +144,8 @@ def test_bad_input_is_named(call, match):
 ALL = [explorers.LadderExplorer, explorers.DecayExplorer, explorers.DriftExplorer, explorers.ExtensionExplorer,
        explorers.CoPEExplorer]
 
-# Moves across each control's range, extremes included (what a student can reach with the sliders).
-MOVES = {
-    explorers.LadderExplorer: [{"position": 8192}, {"head_dim": 256}, {"dtype": "float16"}, {"base": 1e7},
-                               {"base": 100.0, "head_dim": 16}, {"position": 0, "dtype": "float64"}],
-    explorers.DecayExplorer: [{"distance": 32768}, {"head_dim": 256}, {"base": 1e7}, {"base": 100.0},
-                              {"distance": 64, "head_dim": 16}],
-    explorers.DriftExplorer: [{"length": 700}, {"factor": 16.0}, {"length": 1}, {"length": 300, "factor": 1.0},
-                              {"length": 1024, "factor": 2.5}],
-    explorers.ExtensionExplorer: [{"factor": 8.0}, {"head_dim": 128}, {"original_length": 4096}, {"base": 1e7},
-                                  {"factor": 1.0}, {"base": 100.0, "head_dim": 16, "factor": 32.0}],
-    explorers.CoPEExplorer: [{"text": "the cat sat on the mat, " * 10}, {"count": "vowels"}, {"sharpness": 0.0},
-                             {"text": "x"}, {"text": "a b  c   d e", "count": "spaces (word boundaries)"}],
-}
+# Moves across each control's range, extremes included (the benchmark's moves: what a student can reach).
+MOVES = {cls: bench.EXPLORER_MOVES[cls.__name__] for cls in ALL}
 
 
 @pytest.mark.parametrize("cls", ALL, ids=lambda c: c.__name__)
@@ -187,28 +176,45 @@ def test_widget_redraws_when_a_control_moves_and_reports_bad_input(cls):
         assert "non-empty" in message.value and image.value == shown
 
 
+def _drawn(ex) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(what the figure shows, what the compute function returns for ex.params) pairs, per explorer."""
+    p = ex.params
+    if isinstance(ex, explorers.LadderExplorer):
+        out = explorers.ladder(**p)
+        pairs = [(ex.wave.get_ydata(), out["wavelength"]), (ex.err.get_ydata(), np.maximum(out["phase_error"], 1e-17))]
+        for n, i in enumerate((0, p["head_dim"] // 8, p["head_dim"] // 4, p["head_dim"] // 2 - 1)):
+            pairs.append((ex.exact[n].get_xydata()[1], [np.cos(out["angle"][i]), np.sin(out["angle"][i])]))
+        return pairs
+    if isinstance(ex, explorers.DecayExplorer):
+        out = explorers.decay(**p)
+        return [(ex.env.get_ydata(), out["envelope"]), (ex.aligned.get_ydata(), out["aligned"]),
+                (ex.gauss.get_ydata(), out["gaussian_mean"])]
+    if isinstance(ex, explorers.DriftExplorer):
+        out = explorers.ntk_drift(**p)
+        worst = np.maximum(np.abs(out["phase_error"]).max(0), 1e-12)
+        # the image holds, per block of keys, the largest wrapped error: its maximum is the largest of all
+        return [(ex.worst.get_ydata(), worst), (np.max(ex.im.get_array()), out["wrapped"].max())]
+    if isinstance(ex, explorers.ExtensionExplorer):
+        out = explorers.extension_ratios(**p)
+        return [(ex.lines[n].get_ydata(), out["ratio"][n]) for n in ex.lines] + [
+            (ex.reach[n].get_ydata(), p["factor"] * out["ratio"][n]) for n in ex.reach]
+    if isinstance(ex, explorers.CoPEExplorer):
+        out = explorers.cope_gates(**p)
+        return [(ex.gate.get_ydata(), out["gates"][-1]), (ex.pos.get_ydata(), out["positions"][-1]),
+                (ex.dist.get_ydata(), out["token_distance"][-1])]
+    raise AssertionError(f"no check for {type(ex).__name__}")
+
+
 @pytest.mark.parametrize("cls", ALL, ids=lambda c: c.__name__)
-def test_an_update_takes_well_under_200_ms(cls):
-    """The issue asks for < 200 ms per update on a 2-core CPU. This machine is shared, so wall time
-    measures the neighbours too; the CPU time of this process (compute on one thread, Agg drawing, PNG
-    encoding) is what an idle machine would take, and each move is timed twice (from the default view) and
-    the faster kept. The median over the moves must be under 100 ms (half the budget), the slowest under
-    150 ms."""
-    torch.set_num_threads(2)
+def test_an_update_draws_what_its_compute_function_returns(cls):
+    """Every move a student can reach redraws the figure from the compute function at exactly the moved
+    parameters (the others at their defaults): recomputed the same way (one thread), the numbers are the same."""
     ex = cls()
-    cpu, wall = [], []
     for move in MOVES[cls]:
-        trials = []
-        for _ in range(2):
-            ex.update(**cls.defaults)
-            explorers._first_negative.cache_clear()  # time the decay explorer's scan, not its cache
-            t0, c0 = time.perf_counter(), time.process_time()
-            ex.update(**move)
-            trials.append((time.process_time() - c0, time.perf_counter() - t0))
-        c, w = min(trials)
-        cpu.append(c)
-        wall.append(w)
-    print(f"{cls.__name__}: cpu median {1e3 * statistics.median(cpu):.0f} ms max {1e3 * max(cpu):.0f} ms; "
-          f"wall median {1e3 * statistics.median(wall):.0f} ms max {1e3 * max(wall):.0f} ms")
-    assert statistics.median(cpu) < 0.100
-    assert max(cpu) < 0.150
+        ex.update(**cls.defaults)
+        ex.update(**move)
+        assert ex.params == {**cls.defaults, **move}
+        with one_thread():  # as Explorer.render computes: the same operations on one thread round alike
+            drawn = _drawn(ex)
+        for shown, computed in drawn:
+            np.testing.assert_array_equal(np.asarray(shown, dtype=float), np.asarray(computed, dtype=float))

@@ -57,8 +57,47 @@ def test_notebook_has_how_to_run_and_links_that_resolve(path):
             assert (path.parent / target).resolve().exists(), f"{path.name} links a missing {target}"
 
 
-@pytest.mark.parametrize("path", [p for p in figures.notebooks() if p.stem[:2] in ("00", "01", "02", "03", "07", "08")],
-                         ids=lambda p: p.stem)
+def test_footers_chain_the_notebooks_in_the_runners_order():
+    """Each notebook ends with one footer (the markdown cell tagged figures.NAV_TAG) linking its neighbours
+    along figures.notebooks(); `python -m ropelab.figures --nav` writes them."""
+    paths = figures.notebooks()
+    for i, path in enumerate(paths):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        nav = [k for k, c in enumerate(cells) if figures.NAV_TAG in c.get("metadata", {}).get("tags", [])]
+        assert nav == [len(cells) - 1] and cells[-1]["cell_type"] == "markdown", (
+            f"{path.name}: exactly its last cell, a markdown cell, is tagged {figures.NAV_TAG!r}"
+        )
+        footer = "".join(cells[-1]["source"])
+        assert footer == figures.navigation(path), f"{path.name}'s footer is stale: python -m ropelab.figures --nav"
+        links = re.findall(r"\*\*(Previous|Next):\*\* \[[^\]]+\]\(([^)]+)\)", footer)
+        want = ([("Previous", paths[i - 1].name)] if i else []) + (
+            [("Next", paths[i + 1].name)] if i + 1 < len(paths) else []
+        )
+        assert links == want, path.name
+
+
+def test_the_footer_is_not_part_of_the_notebook_hash(tmp_path):
+    """Fixing a link must not make a notebook's figures stale; any other change must."""
+    source = figures.notebooks()[0]
+    nb = json.loads(source.read_text(encoding="utf-8"))
+    copy = tmp_path / source.name
+    copy.write_text(json.dumps(nb), encoding="utf-8")
+    before = figures.notebook_hash(copy)
+    assert before == figures.notebook_hash(source)
+    nb["cells"][-1]["source"] = ["---\n", "\n", "**Map:** [all notebooks](index.ipynb) · **Next:** [x](x.ipynb)"]
+    copy.write_text(json.dumps(nb), encoding="utf-8")
+    assert figures.notebook_hash(copy) == before
+    nb["cells"][-2]["source"] = ["changed"]
+    copy.write_text(json.dumps(nb), encoding="utf-8")
+    assert figures.notebook_hash(copy) != before
+
+
+def test_navigation_refuses_a_path_that_is_not_a_notebook():
+    with pytest.raises(ValueError, match="path must be one of the notebooks"):
+        figures.navigation("notebooks/index.ipynb")
+
+
+@pytest.mark.parametrize("path", figures.notebooks(), ids=lambda p: p.stem)
 def test_exercises_have_hidden_solutions_and_asserts(path):
     nb = nbformat.read(path, as_version=4)
     solutions = [c for c in nb.cells if c.source.startswith("# Solution")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -12,6 +13,27 @@ from ..precision import DTYPE_NAMES
 from .ladder import fmt
 
 __all__ = ["Diagnosis", "Comparison"]
+
+# Problem codes renamed since the first ``diagnose`` (old -> new; CHANGELOG.md). Renamed fields are the
+# deprecated properties of Diagnosis (``pairing``, ``phase_tolerance``).
+_RENAMED_CODES = {"pairing": "style"}
+
+
+def _renamed(old: str, new: str) -> property:
+    """A deprecated alias of field ``new``: reads and writes it, with a DeprecationWarning naming ``new``."""
+
+    def warn() -> None:
+        warnings.warn(f"Diagnosis.{old} is deprecated; use Diagnosis.{new}.", DeprecationWarning, stacklevel=3)
+
+    def get(self):
+        warn()
+        return getattr(self, new)
+
+    def set_(self, value) -> None:
+        warn()
+        setattr(self, new, value)
+
+    return property(get, set_, doc=f"Deprecated alias of ``{new}``.")
 
 
 @dataclass(repr=False)
@@ -78,7 +100,13 @@ class Diagnosis:
         self.problems.append(text)
 
     def has(self, code: str) -> bool:
+        if code in _RENAMED_CODES:
+            warnings.warn(f"the code {code!r} is now {_RENAMED_CODES[code]!r}.", DeprecationWarning, stacklevel=2)
+            code = _RENAMED_CODES[code]
         return code in self.codes
+
+    pairing = _renamed("pairing", "style")
+    phase_tolerance = _renamed("phase_tolerance", "phase_allowed")
 
     # --- rendering -----------------------------------------------------------------------------
 
