@@ -49,10 +49,11 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
 - ``figures``: the notebook runner, the ``setup`` / ``save`` helpers notebooks call, and the figure manifest;
 - ``explorers``: the notebooks' interactive explorers (ipywidgets over pure compute functions);
 - ``nbclean``: keeps notebook outputs out of git (Jupyter pre-save hook, nbstripout filter);
-- ``kernels``: a fused Triton RoPE (forward and backward), ``backend="compile"`` for the CPU, the byte model
-  and the GPU benchmark; ``apply_rope`` imports them on first use, ``core`` never;
+- ``kernels``: a fused Triton RoPE (forward and backward), ``backend="compile"`` for the CPU, the decode kernel
+  and the byte model; ``apply_rope`` imports them on first use, ``core`` never;
 - ``machine``: the CPU, threads and library versions a measurement ran on;
-- ``bench``: benchmarks that print ratios measured in one run.
+- ``bench``: benchmarks that print ratios measured in one run, one file per benchmark (``cpu``, ``decode``,
+  ``explorers``, ``gpu``, ``gpu_decode``); nothing in the package imports them.
 """
 
 import sys

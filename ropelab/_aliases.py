@@ -21,6 +21,8 @@ MOVED: dict[str, str] = {
     "ropelab.tasks": "ropelab.studies.nb04_selective_copy",
     "ropelab.gridtask": "ropelab.studies.nb08_gridtask",
     "ropelab.hf": "ropelab.adapters",
+    "ropelab.kernels.bench_gpu": "ropelab.bench.gpu",
+    "ropelab.kernels.decode_bench": "ropelab.bench.gpu_decode",
 }
 
 # (old module, name) -> the module that holds the name now

@@ -274,7 +274,7 @@ def test_gpu_bench_code_runs_dry_and_the_reader_says_when_nothing_was_measured(t
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ropelab.kernels import decode_bench as db
+    from ropelab.bench import gpu_decode as db
     from ropelab.kvcache import POLICIES
 
     result = db.bench_decode_gpu(lengths=(96,), batches=(1, 2), heads=(4, 2), head_dim=32, dtype=torch.float32,

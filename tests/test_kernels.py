@@ -390,7 +390,7 @@ def test_parity_with_flash_attn_triton_rotary(monkeypatch):
     partial rotary, per-sequence offsets. Skipped where the file is absent (flash-attn is opt-in)."""
     import contextlib
 
-    from ropelab.kernels import bench_gpu
+    from ropelab.bench import gpu as bench_gpu
 
     found = sorted(REPO.glob(".whl/flash_attn-*/flash_attn/ops/triton/rotary.py"))
     path = os.environ.get("FLASH_ROTARY") or (str(found[-1]) if found else None)
@@ -426,7 +426,7 @@ def test_gpu_bench_implementations_agree(monkeypatch):
     gradients, so a GPU run times implementations that compute the same thing."""
     import contextlib
 
-    from ropelab.kernels import bench_gpu
+    from ropelab.bench import gpu as bench_gpu
 
     found = sorted(REPO.glob(".whl/flash_attn-*/flash_attn/ops/triton/rotary.py"))
     flash_apply, _ = bench_gpu.load_flash_rotary(os.environ.get("FLASH_ROTARY") or (str(found[-1]) if found else None))

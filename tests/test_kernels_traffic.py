@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from ropelab.kernels import bench_gpu, traffic
+from ropelab.bench import gpu as bench_gpu
+from ropelab.kernels import traffic
 
 
 def test_distinct_bytes_counts_broadcast_once():

@@ -1,5 +1,5 @@
-"""Fused RoPE kernels, a decode-attention kernel that applies RoPE as it loads keys, and what they are
-measured against.
+"""Fused RoPE kernels, a decode-attention kernel that applies RoPE as it loads keys, and the byte model they
+are measured against (the benchmarks themselves are in :mod:`ropelab.bench`).
 
 - :mod:`ropelab.kernels.rope_triton`: the Triton program (math and memory access only);
 - :mod:`ropelab.kernels.fused_rope`: its launch, ``autograd.Function`` and the checks only the kernel needs
@@ -8,13 +8,11 @@ measured against.
 - :mod:`ropelab.kernels.compiled`: ``backend="compile"``, ``torch.compile`` of one single-pass formula
   (the CPU path at the memory floor);
 - :mod:`ropelab.kernels.traffic`: the bytes each implementation moves, counted op by op (a model);
-- :mod:`ropelab.kernels.bench_gpu`: ``python -m ropelab.bench gpu``;
 - :mod:`ropelab.kernels.decode_attention`: flash-decoding attention for one query token per sequence that
   rotates pre-RoPE cached keys as it loads them (modes ``post_rope`` and ``rope_on_load``), with a PyTorch
   path and a float64 oracle;
 - :mod:`ropelab.kernels.decode_policy`: the ``kernel_rope_on_load`` policy of :mod:`ropelab.kvcache`
-  built on it (registered when this package is imported);
-- :mod:`ropelab.kernels.decode_bench`: its GPU rows of ``python -m ropelab.bench decode``.
+  built on it (registered when this package is imported).
 
 Importing this package never needs triton; :func:`rope` and :func:`decode_attention` say clearly when the
 kernel cannot run (the decode kernel falls back to its PyTorch path with ``backend="auto"``).

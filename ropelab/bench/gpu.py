@@ -121,7 +121,7 @@ def implementations(case: dict, device: str, flash_apply, compiled_hf) -> dict[s
     kind = case["kind"]
     qkv_layout = "t h d" if kind == "varlen" else "b s h d"
     if device == "cuda":
-        from .fused_rope import rope
+        from ..kernels.fused_rope import rope
 
         def ropelab_triton(q, k):
             if kind == "varlen":

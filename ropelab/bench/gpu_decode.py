@@ -1,7 +1,7 @@
 r"""GPU rows of ``python -m ropelab.bench decode``: the Triton decode kernel against the PyTorch cache policies
 and SDPA, and the reader of the committed JSON for notebook 05.
 
-    python -m ropelab.kernels.decode_bench [--out-dir data/bench] [--lengths ...] [--batches ...]
+    python -m ropelab.bench.gpu_decode [--out-dir data/bench] [--lengths ...] [--batches ...]
 
 One decoding step of one attention layer, Llama-3-8B heads (32 query, 8 key/value heads, d = 128),
 bfloat16 cache, dynamic NTK past ``l0`` (factor 8), at each cached length L and batch b (configurations past
@@ -160,9 +160,9 @@ def _timed(fn, repeats: int, flush: torch.Tensor, setup=None, warmup: int = 3) -
 def _bench_one(b, length, heads, head_dim, dtype, rope, l0, repeats, flush, warmup) -> list[dict]:
     """Every method at one (batch, cached length): the step that brings the cache to ``length`` keys."""
     from ..core import cos_sin, rotate
+    from ..kernels.decode_attention import decode_attention
     from ..kvcache import POLICIES, RopeSchedule, RotaryKVCache
     from ..spec import RopeSpec
-    from .decode_attention import decode_attention
 
     dev = flush.device
     hq, hkv = heads
@@ -357,7 +357,7 @@ def plot_gpu_decode(ax, result: dict | None = None, batch: int = 1):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ropelab.kernels.decode_bench",
+    parser = argparse.ArgumentParser(prog="python -m ropelab.bench.gpu_decode",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--out-dir", default=str(DATA_DIR / "bench"))
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768, 131072])

@@ -1,0 +1,108 @@
+"""Benchmarks: ratios measured in one run on the same inputs (not timed tests).
+
+    python -m ropelab.bench cpu [--shape 1 32 4096 128] [--repeats 20] [--out data/bench/cpu.json]
+    python -m ropelab.bench gpu [--out-dir data/bench] [--quick]   (ropelab.bench.gpu)
+    python -m ropelab.bench decode [--lengths 1024 4096 16384 32768] [--batches 1 8] [--out data/bench/decode.json]
+    python -m ropelab.bench explorers [--repeats 7] [--out data/bench/explorers.json]
+
+``cpu`` times, on the same q and k ([b, h, s, d] float32 by default, the issue's Llama-7B-like head
+shape): a copy of q and k into preallocated buffers (``out.copy_(q)``: the memory-traffic reference, no
+allocation timed), ``ropelab.apply_rope`` (tables included),
+``ropelab.rotate`` with precomputed tables, Hugging Face Llama's ``apply_rotary_pos_emb`` (eager, tables
+precomputed by ``LlamaRotaryEmbedding`` and not timed) and ``torch.compile`` of it. Each method is timed
+as the median and interquartile range of ``--repeats`` runs (at least 20) after warm-up, methods
+interleaved round-robin so drift in the machine's speed touches all alike. Prints a table (time, IQR, GB/s,
+ratio to the copy) and writes JSON; ``ordering`` lists only the pairs of methods whose IQRs do not overlap.
+
+``explorers`` measures the CPU time of one update of each notebook explorer (``ropelab.explorers``: compute,
+Agg drawing, PNG encoding) for every move in :data:`EXPLORER_MOVES`, each from the default view with the
+explorers' caches cleared, ``--repeats`` times. CPU time of this process, not wall time, so a neighbour's load
+counts less (the explorers aim at 200 ms per update on a 2-core CPU). Run it on a quiet machine.
+
+One file per benchmark: ``cpu``, ``decode``, ``explorers``, ``gpu`` (the fused kernels against their peers) and
+``gpu_decode`` (the Triton decode kernel's GPU rows); ``timing`` holds what they share. Benchmarks sit above
+everything they time; nothing in the package imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..machine import machine_info
+from ..paths import DATA_DIR
+from .cpu import COPY, bench_cpu, print_table
+from .decode import bench_decode, print_decode, step_distribution
+from .explorers import EXPLORER_MOVES, bench_explorers, print_explorers
+from .timing import iqr_overlap, time_methods
+
+__all__ = ["machine_info", "time_methods", "bench_cpu", "bench_decode", "print_table", "print_decode", "COPY",
+           "step_distribution", "iqr_overlap", "EXPLORER_MOVES", "bench_explorers", "print_explorers", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ropelab.bench cpu | gpu | decode | explorers``."""
+    parser = argparse.ArgumentParser(prog="python -m ropelab.bench", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="which", required=True)
+    cpu = sub.add_parser("cpu", help="RoPE on q and k: ropelab vs Hugging Face eager and compiled, vs a copy")
+    cpu.add_argument("--shape", type=int, nargs=4, default=[1, 32, 4096, 128], metavar=("B", "H", "S", "D"))
+    cpu.add_argument("--repeats", type=int, default=20)
+    cpu.add_argument("--threads", type=int, default=2)
+    cpu.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    cpu.add_argument("--out", default=str(DATA_DIR / "bench" / "cpu.json"))
+    gpu = sub.add_parser("gpu", help="fused RoPE kernels vs peers on a GPU (CPU implementations without one)")
+    gpu.add_argument("--out-dir", default=str(DATA_DIR / "bench"))
+    gpu.add_argument("--quick", action="store_true", help="fewer shapes (a smoke run)")
+    gpu.add_argument("--flash-rotary", default=None, help="path to flash-attn's flash_attn/ops/triton/rotary.py")
+    dec = sub.add_parser("decode", help="time per decoding step for the four KV-cache policies")
+    dec.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
+    dec.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    dec.add_argument("--heads", type=int, nargs=2, default=[32, 8], metavar=("Q", "KV"))
+    dec.add_argument("--head-dim", type=int, default=128)
+    dec.add_argument("--repeats", type=int, default=100,
+                     help="timed ordinary steps per policy (and boundary steps): >= 30 for an IQR, 100 for a p99")
+    dec.add_argument("--threads", type=int, default=2)
+    dec.add_argument("--out", default=str(DATA_DIR / "bench" / "decode.json"))
+    dec.add_argument("--gpu-out-dir", default=str(DATA_DIR / "bench"),
+                     help="where the GPU rows go (decode-gpu-<device>.json; ropelab.bench.gpu_decode)")
+    dec.add_argument("--gpu-only", action="store_true", help="measure the GPU rows only, not the CPU policies")
+    exp = sub.add_parser("explorers", help="CPU time of one update of each notebook explorer")
+    exp.add_argument("--repeats", type=int, default=7)
+    exp.add_argument("--threads", type=int, default=2)
+    exp.add_argument("--out", default=str(DATA_DIR / "bench" / "explorers.json"))
+    args = parser.parse_args(argv)
+    if args.which == "explorers":
+        result = bench_explorers(args.repeats, args.threads)
+        print_explorers(result)
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {out}")
+        return 0
+    if args.which == "gpu":
+        from . import gpu as bench_gpu
+
+        return bench_gpu.main(out_dir=args.out_dir, quick=args.quick, flash_rotary=args.flash_rotary)
+    if args.which == "decode":  # the Triton decode kernel's rows, on a GPU only (ropelab.bench.gpu_decode)
+        from .gpu_decode import run_gpu_decode
+
+        run_gpu_decode(args.gpu_out_dir)
+        if args.gpu_only:
+            return 0
+    if args.which == "decode":
+        result = bench_decode(tuple(args.lengths), tuple(args.batches), tuple(args.heads), args.head_dim,
+                              args.repeats, args.threads, l0=min(4096, min(args.lengths)))
+        print_decode(result)
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {out}")
+    if args.which == "cpu":
+        result = bench_cpu(tuple(args.shape), args.repeats, args.threads, compile=not args.no_compile)
+        print_table(result)
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {out}")
+    return 0

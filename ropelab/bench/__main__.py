@@ -1,0 +1,7 @@
+"""``python -m ropelab.bench ...``: see :mod:`ropelab.bench`."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
