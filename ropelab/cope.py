@@ -42,6 +42,8 @@ import math
 import torch
 from torch import nn
 
+from .scaling.checks import check_int
+
 __all__ = [
     "CoPE",
     "SCALES",
@@ -49,6 +51,8 @@ __all__ = [
     "cope_internals",
     "interpolate_position_logits",
     "reference_cope",
+    "COUNT_RULES",
+    "cope_gates",
 ]
 
 SCALES = ("after", "before")
@@ -230,3 +234,56 @@ def reference_cope(
                     a = float(qk[bi, hi, i, j])
                     out[bi, hi, i, j] = a / math.sqrt(d) + z if scale == "after" else (a + z) / math.sqrt(d)
     return out
+
+
+def _vowel(c: str) -> bool:
+    return c.lower() in "aeiou"
+
+
+COUNT_RULES = {
+    "symbols (not blanks or punctuation)": lambda c: c.isalnum(),
+    "vowels": _vowel,
+    "spaces (word boundaries)": lambda c: c.isspace(),
+    "every token": lambda c: True,
+}
+
+
+def cope_gates(text: str, count: str = "symbols (not blanks or punctuation)", sharpness: float = 6.0,
+               npos_max: int = 64) -> dict:
+    r"""CoPE's gates and contextual positions on a typed sequence, one token per character.
+
+    The CoPE layer is :class:`ropelab.cope.CoPE` (``positions``); its queries and keys are **set by hand,
+    not trained**: every key is :math:`k_j = (f_j, 1)` with :math:`f_j = 1` when character j matches the
+    ``count`` rule (:data:`COUNT_RULES`) and 0 otherwise, every query is
+    :math:`q = \sqrt 2\,s\,(2, -1)`, so the gate is :math:`\sigma(s\,(2f_j - 1))`: about 1 on the tokens
+    counted and about 0 on the others for a large sharpness s. The contextual position of key j seen from
+    query i is :math:`p_{ij} = \sum_{k=j}^{i} g_{ik}` (clamped at ``npos_max - 1``).
+
+    Returns ``tokens`` (the characters), ``gates`` and ``positions`` [s, s] (float64, causal: zero above
+    the diagonal), and ``token_distance`` [s, s] (:math:`i - j + 1`, what RoPE or an absolute encoding
+    would count).
+    """
+    if not isinstance(text, str) or not text:
+        raise ValueError("text must be a non-empty string (one token per character), e.g. 'a b  c'.")
+    if len(text) > 256:
+        raise ValueError(f"text must be at most 256 characters (the plots draw one cell per pair), got {len(text)}.")
+    if count not in COUNT_RULES:
+        raise ValueError(f"count must be one of {list(COUNT_RULES)}, got {count!r}.")
+    if not isinstance(sharpness, int | float) or not 0 <= sharpness <= 50:
+        raise ValueError(f"sharpness must be a number in [0, 50] (0: every gate is 1/2), got {sharpness!r}.")
+    npos_max = check_int("npos_max", npos_max, 2, 4096)
+    s = len(text)
+    f = torch.tensor([float(COUNT_RULES[count](c)) for c in text], dtype=torch.float64)
+    keys = torch.stack([f, torch.ones(s, dtype=torch.float64)], dim=-1)  # [s, 2]
+    q = (math.sqrt(2) * sharpness * torch.tensor([2.0, -1.0], dtype=torch.float64)).expand(s, 2)
+    layer = CoPE(npos_max, head_dim=2).double()
+    mask = torch.ones(s, s, dtype=torch.bool).tril()
+    with torch.no_grad():
+        gates, p = layer.positions(q[None, None], (q @ keys.T)[None, None], mask)
+    i, j = torch.meshgrid(torch.arange(s), torch.arange(s), indexing="ij")
+    return {
+        "tokens": list(text),
+        "gates": gates[0, 0].numpy(),
+        "positions": p[0, 0].numpy(),
+        "token_distance": ((i - j + 1) * mask).double().numpy(),
+    }

@@ -34,12 +34,14 @@ Frequencies: :math:`\theta_i = b^{-2i/d}` from :func:`ropelab.frequencies`. Ever
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from .core import cos_sin, rotate
 from .scaling import frequencies
+from .scaling.checks import check_base, check_int
 
 __all__ = [
     "decay_envelope",
@@ -48,6 +50,8 @@ __all__ = [
     "min_similarity_bound",
     "base_scan",
     "smallest_nonnegative_base",
+    "decay_view",
+    "first_negative",
 ]
 
 
@@ -211,3 +215,51 @@ def base_scan(
         "all_pass_above": all_pass_above,
         "last_fail": float(bases[last_fail]) if last_fail is not None else None,
     }
+
+
+def decay_view(base: float = 10000.0, head_dim: int = 128, distance: int = 4096, n_points: int = 256, n_pairs: int = 64,
+          seed: int = 0) -> dict:
+    r"""RoFormer's decay envelope against what the logit actually does, over distances 0 .. ``distance``.
+
+    Returns float64 numpy arrays over ``n_points`` distances ``r``: ``envelope``
+    (:func:`ropelab.decay.decay_envelope`), ``aligned`` (:math:`2B_r`, the logit of all-ones q = k and the
+    mean logit of a key similar to its query, :func:`ropelab.decay.similarity_bound` times 2), and for
+    ``n_pairs`` independent standard-normal q, k (seeded) the ``gaussian_mean`` and ``gaussian_std`` of
+    :math:`\langle R_r q, k\rangle` (:func:`ropelab.decay.rope_logits`): mean 0 and spread
+    :math:`\sqrt d` at every distance, no decay. ``first_negative`` is the first integer distance
+    :math:`r \le` ``distance`` where :math:`B_r < 0` (None if none), found on every integer, not on the
+    plotted grid (whose step would miss a short dip: at base 1e4, d = 128 the first is 1707).
+    """
+    check_base(base)
+    base = float(base)
+    head_dim = check_int("head_dim", head_dim, 2, 1024, even=True)
+    distance = check_int("distance", distance, 1, 1 << 20)
+    n_points = check_int("n_points", n_points, 2, 10000)
+    n_pairs = check_int("n_pairs", n_pairs, 2, 4096)
+    r = torch.unique(torch.linspace(0, distance, n_points).round().long())
+    env = decay_envelope(r, head_dim, base)
+    bound = similarity_bound(r, head_dim, base)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(n_pairs, head_dim, generator=g, dtype=torch.float64)
+    k = torch.randn(n_pairs, head_dim, generator=g, dtype=torch.float64)
+    logits = rope_logits(q, k, r, base=base)  # [n_pairs, len(r)]
+    return {
+        "r": r.numpy(),
+        "envelope": env.numpy(),
+        "aligned": (2 * bound).numpy(),
+        "gaussian_mean": logits.mean(0).numpy(),
+        "gaussian_std": logits.std(0).numpy(),
+        "first_negative": first_negative(base, head_dim, distance),
+    }
+
+
+@functools.lru_cache(maxsize=256)
+def first_negative(base: float, head_dim: int, distance: int, chunk: int = 4096) -> int | None:
+    """The first integer r <= ``distance`` with :math:`B_r < 0` (None if none), scanned in chunks that stop at
+    the first hit."""
+    for start in range(0, distance + 1, chunk):
+        b = similarity_bound(torch.arange(start, min(start + chunk, distance + 1)), head_dim, base)
+        neg = (b < 0).nonzero()
+        if neg.numel():
+            return start + int(neg[0, 0])
+    return None

@@ -2,9 +2,9 @@ r"""Interactive explorers for the notebooks: sliders over the package's own func
 
 Each explorer is three layers, so that what it shows is tested like the rest of the package:
 
-- a pure compute function (``ladder``, ``decay``, ``ntk_drift``, ``extension_ratios``, ``cope_gates``) that returns
-  the numbers drawn, from :mod:`ropelab.scaling`, :mod:`ropelab.precision`, :mod:`ropelab.decay`,
-  :mod:`ropelab.kvcache`, :mod:`ropelab.extend` and :mod:`ropelab.cope`;
+- a pure compute function that returns the numbers drawn, next to its domain (this module holds widgets only):
+  :func:`ropelab.precision.ladder`, :func:`ropelab.decay.decay_view`, :func:`ropelab.staleness.ntk_drift`,
+  :func:`ropelab.extend.extension_ratios` and :func:`ropelab.cope.cope_gates`;
 - an :class:`Explorer` that owns one matplotlib figure (Agg, never pyplot, so nothing is shown twice) and
   redraws it from the compute function: ``update(**params)`` returns the PNG bytes;
 - ``widget()``: ipywidgets controls and an ``ipywidgets.Image`` holding that PNG. It needs a live kernel;
@@ -18,44 +18,31 @@ In a notebook::
     ex.save(FIGURES_DIR)        # the static figure, for readers without a kernel
     ex.widget()                 # sliders: base, head_dim, position, dtype
 
-An update (compute, draw, PNG) takes well under 200 ms on two CPU cores at the sizes the sliders allow
-(``tests/test_explorers.py`` measures it).
+An update (compute, draw, PNG) aims at well under 200 ms on two CPU cores at the sizes the sliders allow;
+``python -m ropelab.bench explorers`` measures it (the tests check what an update draws, not its time).
 """
 
 from __future__ import annotations
 
-import functools
 import html
 import io
-import math
 import os
 from pathlib import Path
 
 import matplotlib
 import numpy as np
-import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .cope import CoPE
-from .decay import decay_envelope, rope_logits, similarity_bound
-from .extend import out_of_range_pairs, ratio_table
-from .kvcache import RopeSchedule
+from .cope import COUNT_RULES, cope_gates
+from .decay import decay_view
+from .extend import extension_ratios, ratio_table
 from .machine import one_thread
-from .precision import PRECISION_DTYPES, perturbed_angle, wrap_angle
-from .precision import phase_error as precision_phase_error
-from .scaling import check_base, critical_pair, frequencies
-from .spec import RopeSpec
-from .staleness import stale_phase_error
+from .precision import LADDER_DTYPES, ladder
+from .staleness import ntk_drift
 
 __all__ = [
     "DTYPES",
-    "COUNT_RULES",
-    "ladder",
-    "decay",
-    "ntk_drift",
-    "extension_ratios",
-    "cope_gates",
     "Explorer",
     "LadderExplorer",
     "DecayExplorer",
@@ -64,215 +51,12 @@ __all__ = [
     "CoPEExplorer",
 ]
 
-DTYPES = ("float64", "float32", "bfloat16", "float16")
-_TORCH_DTYPES = {"float32": PRECISION_DTYPES["fp32"], "bfloat16": PRECISION_DTYPES["bf16"],
-                 "float16": PRECISION_DTYPES["fp16"]}
+DTYPES = LADDER_DTYPES  # the ladder explorer's dtype menu
+
+# The compute functions lived here until they moved next to their domains; these names keep old code working.
+decay = decay_view
 
 
-
-
-def _check_int(name: str, value, low: int, high: int | None = None, even: bool = False) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low or (high and value > high):
-        span = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be an int {span}, got {value!r}.")
-    if even and value % 2:
-        raise ValueError(f"{name} must be even (RoPE rotates pairs of dims), got {value}.")
-    return int(value)
-
-
-def _check_base(base) -> float:
-    check_base(base)
-    return float(base)
-
-
-# --------------------------------------------------------------------------------------------------
-# Pure compute functions
-# --------------------------------------------------------------------------------------------------
-
-
-def ladder(base: float = 10000.0, head_dim: int = 64, position: int = 100, dtype: str = "float32") -> dict:
-    r"""The frequency ladder and the rotation of every pair at one position.
-
-    Returns float64 numpy arrays over the pairs i = 0 .. d/2 - 1: ``inv_freq`` :math:`\omega_i = b^{-2i/d}`,
-    ``wavelength`` :math:`2\pi/\omega_i` (positions per full turn), ``angle`` :math:`m\,\omega_i` (exact,
-    float64), ``angle_dtype`` (the same angle when positions, frequencies and their product are held in
-    ``dtype``, :func:`ropelab.precision.phase_error` with ``where="all"``), ``phase_error`` (its wrapped
-    distance from the exact angle, rad), and ``turned`` (whether pair i has completed one turn by
-    ``position``: :math:`m\,\omega_i \ge 2\pi`).
-    """
-    base = _check_base(base)
-    head_dim = _check_int("head_dim", head_dim, 2, 4096, even=True)
-    position = _check_int("position", position, 0, 1 << 24)
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}.")
-    inv = frequencies(head_dim, base)[0]
-    pos = torch.tensor([position])
-    angle = (pos.double()[:, None] * inv[None, :])[0]
-    if dtype == "float64":
-        held, err = angle, torch.zeros_like(angle)
-    else:
-        held = perturbed_angle(pos, inv, where="all", dtype=_TORCH_DTYPES[dtype])[0]
-        err = precision_phase_error(pos, inv, where="all", dtype=_TORCH_DTYPES[dtype])[0]
-    return {
-        "inv_freq": inv.numpy(),
-        "wavelength": (2 * math.pi / inv).numpy(),
-        "angle": angle.numpy(),
-        "angle_dtype": held.numpy(),
-        "phase_error": err.numpy(),
-        "turned": (angle >= 2 * math.pi).numpy(),
-    }
-
-
-def decay(base: float = 10000.0, head_dim: int = 128, distance: int = 4096, n_points: int = 256, n_pairs: int = 64,
-          seed: int = 0) -> dict:
-    r"""RoFormer's decay envelope against what the logit actually does, over distances 0 .. ``distance``.
-
-    Returns float64 numpy arrays over ``n_points`` distances ``r``: ``envelope``
-    (:func:`ropelab.decay.decay_envelope`), ``aligned`` (:math:`2B_r`, the logit of all-ones q = k and the
-    mean logit of a key similar to its query, :func:`ropelab.decay.similarity_bound` times 2), and for
-    ``n_pairs`` independent standard-normal q, k (seeded) the ``gaussian_mean`` and ``gaussian_std`` of
-    :math:`\langle R_r q, k\rangle` (:func:`ropelab.decay.rope_logits`): mean 0 and spread
-    :math:`\sqrt d` at every distance, no decay. ``first_negative`` is the first integer distance
-    :math:`r \le` ``distance`` where :math:`B_r < 0` (None if none), found on every integer, not on the
-    plotted grid (whose step would miss a short dip: at base 1e4, d = 128 the first is 1707).
-    """
-    base = _check_base(base)
-    head_dim = _check_int("head_dim", head_dim, 2, 1024, even=True)
-    distance = _check_int("distance", distance, 1, 1 << 20)
-    n_points = _check_int("n_points", n_points, 2, 10000)
-    n_pairs = _check_int("n_pairs", n_pairs, 2, 4096)
-    r = torch.unique(torch.linspace(0, distance, n_points).round().long())
-    env = decay_envelope(r, head_dim, base)
-    bound = similarity_bound(r, head_dim, base)
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(n_pairs, head_dim, generator=g, dtype=torch.float64)
-    k = torch.randn(n_pairs, head_dim, generator=g, dtype=torch.float64)
-    logits = rope_logits(q, k, r, base=base)  # [n_pairs, len(r)]
-    return {
-        "r": r.numpy(),
-        "envelope": env.numpy(),
-        "aligned": (2 * bound).numpy(),
-        "gaussian_mean": logits.mean(0).numpy(),
-        "gaussian_std": logits.std(0).numpy(),
-        "first_negative": _first_negative(base, head_dim, distance),
-    }
-
-
-@functools.lru_cache(maxsize=256)
-def _first_negative(base: float, head_dim: int, distance: int, chunk: int = 4096) -> int | None:
-    """The first integer r <= distance with B_r < 0, scanned in chunks that stop at the first hit."""
-    for start in range(0, distance + 1, chunk):
-        b = similarity_bound(torch.arange(start, min(start + chunk, distance + 1)), head_dim, base)
-        neg = (b < 0).nonzero()
-        if neg.numel():
-            return start + int(neg[0, 0])
-    return None
-
-
-def ntk_drift(length: int = 1024, head_dim: int = 64, base: float = 10000.0, original_length: int = 256,
-              factor: float = 4.0) -> dict:
-    r"""Dynamic NTK's stale keys at current length L (Hugging Face's ``post_rope`` cache, decoding one token
-    per step from a prompt of one token).
-
-    Returns ``phase_error`` [L, d/2] (float64, rad): key m rotated at its write length against the query's
-    frame at L, :func:`ropelab.staleness.stale_phase_error` (unwrapped: it grows with m); ``wrapped``: its size
-    folded onto [0, pi], the angle by which the pair's contribution to the score is actually turned;
-    ``base_now`` :math:`b(L)`; and ``frac_over_half_pi``: the fraction of (key, pair) phases whose wrapped
-    error exceeds :math:`\pi/2`, i.e. whose :math:`\cos\varepsilon < 0`: the pair's contribution has
-    changed sign.
-    """
-    length = _check_int("length", length, 1, 1 << 16)
-    head_dim = _check_int("head_dim", head_dim, 2, 1024, even=True)
-    original_length = _check_int("original_length", original_length, 1)
-    base = _check_base(base)
-    if not isinstance(factor, int | float) or not factor >= 1:
-        raise ValueError(f"factor must be a number >= 1 (dynamic NTK's scaling factor s), got {factor!r}.")
-    spec = RopeSpec(base=base, scaling={"rope_type": "dynamic", "factor": float(factor)},
-                    max_position_embeddings=original_length)
-    sched = RopeSchedule(spec, head_dim)
-    err = stale_phase_error(sched, length)
-    wrapped = wrap_angle(err).abs()
-    return {
-        "phase_error": err.numpy(),
-        "wrapped": wrapped.numpy(),
-        "base_now": sched.base_at(length),
-        "frac_over_half_pi": float((wrapped > math.pi / 2).double().mean()),
-    }
-
-
-def extension_ratios(factor: float = 4.0, head_dim: int = 32, base: float = 10000.0,
-                     original_length: int = 256) -> dict:
-    r"""Every context-extension method at factor s (:func:`ropelab.extend.ratio_table`, evaluated at
-    :math:`sL_0`): ``ratio[name]`` :math:`\omega_i'/\omega_i` per pair (float64 numpy), ``attention_factor[name]``,
-    ``out_of_range[name]`` (the pairs that meet angles never trained on,
-    :func:`ropelab.extend.out_of_range_pairs`) and ``critical`` (the first pair that never turns within
-    :math:`L_0`, :func:`ropelab.scaling.critical_pair`)."""
-    head_dim = _check_int("head_dim", head_dim, 4, 1024, even=True)
-    original_length = _check_int("original_length", original_length, 8)
-    base = _check_base(base)
-    if not isinstance(factor, int | float) or not 1 <= factor <= 1024:
-        raise ValueError(f"factor must be a number in [1, 1024] (the extension factor s), got {factor!r}.")
-    table = ratio_table(float(factor), head_dim, original=original_length, base=base)
-    return {
-        "ratio": {k: np.asarray(v["ratio"]) for k, v in table.items()},
-        "attention_factor": {k: v["attention_factor"] for k, v in table.items()},
-        "out_of_range": {k: out_of_range_pairs(v["ratio"], float(factor), head_dim, base, original_length)
-                         for k, v in table.items()},
-        "critical": critical_pair(head_dim, base, original_length),
-    }
-
-
-def _vowel(c: str) -> bool:
-    return c.lower() in "aeiou"
-
-
-COUNT_RULES = {
-    "symbols (not blanks or punctuation)": lambda c: c.isalnum(),
-    "vowels": _vowel,
-    "spaces (word boundaries)": lambda c: c.isspace(),
-    "every token": lambda c: True,
-}
-
-
-def cope_gates(text: str, count: str = "symbols (not blanks or punctuation)", sharpness: float = 6.0,
-               npos_max: int = 64) -> dict:
-    r"""CoPE's gates and contextual positions on a typed sequence, one token per character.
-
-    The CoPE layer is :class:`ropelab.cope.CoPE` (``positions``); its queries and keys are **set by hand,
-    not trained**: every key is :math:`k_j = (f_j, 1)` with :math:`f_j = 1` when character j matches the
-    ``count`` rule (:data:`COUNT_RULES`) and 0 otherwise, every query is
-    :math:`q = \sqrt 2\,s\,(2, -1)`, so the gate is :math:`\sigma(s\,(2f_j - 1))`: about 1 on the tokens
-    counted and about 0 on the others for a large sharpness s. The contextual position of key j seen from
-    query i is :math:`p_{ij} = \sum_{k=j}^{i} g_{ik}` (clamped at ``npos_max - 1``).
-
-    Returns ``tokens`` (the characters), ``gates`` and ``positions`` [s, s] (float64, causal: zero above
-    the diagonal), and ``token_distance`` [s, s] (:math:`i - j + 1`, what RoPE or an absolute encoding
-    would count).
-    """
-    if not isinstance(text, str) or not text:
-        raise ValueError("text must be a non-empty string (one token per character), e.g. 'a b  c'.")
-    if len(text) > 256:
-        raise ValueError(f"text must be at most 256 characters (the plots draw one cell per pair), got {len(text)}.")
-    if count not in COUNT_RULES:
-        raise ValueError(f"count must be one of {list(COUNT_RULES)}, got {count!r}.")
-    if not isinstance(sharpness, int | float) or not 0 <= sharpness <= 50:
-        raise ValueError(f"sharpness must be a number in [0, 50] (0: every gate is 1/2), got {sharpness!r}.")
-    npos_max = _check_int("npos_max", npos_max, 2, 4096)
-    s = len(text)
-    f = torch.tensor([float(COUNT_RULES[count](c)) for c in text], dtype=torch.float64)
-    keys = torch.stack([f, torch.ones(s, dtype=torch.float64)], dim=-1)  # [s, 2]
-    q = (math.sqrt(2) * sharpness * torch.tensor([2.0, -1.0], dtype=torch.float64)).expand(s, 2)
-    layer = CoPE(npos_max, head_dim=2).double()
-    mask = torch.ones(s, s, dtype=torch.bool).tril()
-    with torch.no_grad():
-        gates, p = layer.positions(q[None, None], (q @ keys.T)[None, None], mask)
-    i, j = torch.meshgrid(torch.arange(s), torch.arange(s), indexing="ij")
-    return {
-        "tokens": list(text),
-        "gates": gates[0, 0].numpy(),
-        "positions": p[0, 0].numpy(),
-        "token_distance": ((i - j + 1) * mask).double().numpy(),
-    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -470,7 +254,7 @@ class DecayExplorer(Explorer):
 
     def refresh(self, base, head_dim, distance):
         """Redraw the figure for these control values."""
-        out = decay(base, head_dim, distance)
+        out = decay_view(base, head_dim, distance)
         r, ax = out["r"], self.ax
         self.env.set_data(r, out["envelope"])
         self.aligned.set_data(r, out["aligned"])

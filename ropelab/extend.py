@@ -16,10 +16,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+import numpy as np
+
 from .scaling import critical_pair, default_inv_freq, ntk_aware_base
+from .scaling.checks import check_base, check_int
 from .spec import RopeSpec
 
-__all__ = ["methods", "method_spec", "ratio_table", "out_of_range_pairs", "ntk_alpha_in_range"]
+__all__ = ["methods", "method_spec", "ratio_table", "out_of_range_pairs", "ntk_alpha_in_range", "extension_ratios"]
 
 
 def methods(scale: float, head_dim: int, *, base: float, original: int,
@@ -115,3 +118,26 @@ def ntk_alpha_in_range(scale: float, rotary_dim: int, base: float, original: int
         raise ValueError("pair 0 does not turn within L0: no change of base keeps it in range (its ratio stays 1); "
                          "use interpolation (PI) instead.")
     return float(scale) ** ((rotary_dim - 2) / (2 * crit))
+
+
+def extension_ratios(factor: float = 4.0, head_dim: int = 32, base: float = 10000.0,
+                     original_length: int = 256) -> dict:
+    r"""Every context-extension method at factor s (:func:`ropelab.extend.ratio_table`, evaluated at
+    :math:`sL_0`): ``ratio[name]`` :math:`\omega_i'/\omega_i` per pair (float64 numpy), ``attention_factor[name]``,
+    ``out_of_range[name]`` (the pairs that meet angles never trained on,
+    :func:`ropelab.extend.out_of_range_pairs`) and ``critical`` (the first pair that never turns within
+    :math:`L_0`, :func:`ropelab.scaling.critical_pair`)."""
+    head_dim = check_int("head_dim", head_dim, 4, 1024, even=True)
+    original_length = check_int("original_length", original_length, 8)
+    check_base(base)
+    base = float(base)
+    if not isinstance(factor, int | float) or not 1 <= factor <= 1024:
+        raise ValueError(f"factor must be a number in [1, 1024] (the extension factor s), got {factor!r}.")
+    table = ratio_table(float(factor), head_dim, original=original_length, base=base)
+    return {
+        "ratio": {k: np.asarray(v["ratio"]) for k, v in table.items()},
+        "attention_factor": {k: v["attention_factor"] for k, v in table.items()},
+        "out_of_range": {k: out_of_range_pairs(v["ratio"], float(factor), head_dim, base, original_length)
+                         for k, v in table.items()},
+        "critical": critical_pair(head_dim, base, original_length),
+    }

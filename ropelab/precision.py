@@ -27,6 +27,9 @@ import math
 
 import torch
 
+from .scaling import frequencies
+from .scaling.checks import check_base, check_int
+
 __all__ = [
     "PRECISION_DTYPES",
     "PERTURBED",
@@ -42,6 +45,8 @@ __all__ = [
     "unit_roundoff",
     "wrap_phase",
     "first_index_past",
+    "LADDER_DTYPES",
+    "ladder",
 ]
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -210,3 +215,43 @@ def phase_tolerance(dtype: torch.dtype, max_angle: float) -> float:
     if dtype not in UNIT_ROUNDOFF:
         raise ValueError(f"dtype must be one of {list(DTYPE_NAMES.values())} (torch dtypes), got {dtype}.")
     return 4 * UNIT_ROUNDOFF[dtype] + 8 * UNIT_ROUNDOFF[torch.float32] * (1 + max_angle)
+
+
+LADDER_DTYPES = ("float64", "float32", "bfloat16", "float16")  # what ladder() holds an angle in
+
+
+_LADDER_KEYS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def ladder(base: float = 10000.0, head_dim: int = 64, position: int = 100, dtype: str = "float32") -> dict:
+    r"""The frequency ladder and the rotation of every pair at one position.
+
+    Returns float64 numpy arrays over the pairs i = 0 .. d/2 - 1: ``inv_freq`` :math:`\omega_i = b^{-2i/d}`,
+    ``wavelength`` :math:`2\pi/\omega_i` (positions per full turn), ``angle`` :math:`m\,\omega_i` (exact,
+    float64), ``angle_dtype`` (the same angle when positions, frequencies and their product are held in
+    ``dtype``, :func:`phase_error` with ``where="all"``), ``phase_error`` (its wrapped
+    distance from the exact angle, rad), and ``turned`` (whether pair i has completed one turn by
+    ``position``: :math:`m\,\omega_i \ge 2\pi`).
+    """
+    check_base(base)
+    base = float(base)
+    head_dim = check_int("head_dim", head_dim, 2, 4096, even=True)
+    position = check_int("position", position, 0, 1 << 24)
+    if dtype not in LADDER_DTYPES:
+        raise ValueError(f"dtype must be one of {LADDER_DTYPES}, got {dtype!r}.")
+    inv = frequencies(head_dim, base)[0]
+    pos = torch.tensor([position])
+    angle = (pos.double()[:, None] * inv[None, :])[0]
+    if dtype == "float64":
+        held, err = angle, torch.zeros_like(angle)
+    else:
+        held = perturbed_angle(pos, inv, where="all", dtype=PRECISION_DTYPES[_LADDER_KEYS[dtype]])[0]
+        err = phase_error(pos, inv, where="all", dtype=PRECISION_DTYPES[_LADDER_KEYS[dtype]])[0]
+    return {
+        "inv_freq": inv.numpy(),
+        "wavelength": (2 * math.pi / inv).numpy(),
+        "angle": angle.numpy(),
+        "angle_dtype": held.numpy(),
+        "phase_error": err.numpy(),
+        "turned": (angle >= 2 * math.pi).numpy(),
+    }

@@ -15,13 +15,19 @@ thread, transformers issue #25104, "Dynamic NTK RoPE scaling cache inconsistency
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .attention import grouped_scores, kl_divergence
 from .core import pair_indices
 from .kvcache import Frame, GrowableBuffer, RopeSchedule, RotaryKVCache, decode
+from .precision import wrap_angle
+from .scaling.checks import check_base, check_int
+from .spec import RopeSpec
 
-__all__ = ["write_lengths", "stale_phase_error", "effective_position", "pair_energy", "DriftProbe", "drift_probe"]
+__all__ = ["write_lengths", "stale_phase_error", "effective_position", "pair_energy", "DriftProbe", "drift_probe",
+           "ntk_drift"]
 
 
 def write_lengths(length: int, prompt_len: int = 1) -> torch.Tensor:
@@ -94,3 +100,35 @@ def drift_probe(adapter, ids: torch.Tensor, schedule: RopeSchedule, *, prompt_le
     logit error of the stale frame against the consistent one."""
     return decode(adapter, ids, schedule, "post_rope", prompt_len=prompt_len,
                   cache=DriftProbe(schedule, adapter.n_layers)).cache
+
+
+def ntk_drift(length: int = 1024, head_dim: int = 64, base: float = 10000.0, original_length: int = 256,
+              factor: float = 4.0) -> dict:
+    r"""Dynamic NTK's stale keys at current length L (Hugging Face's ``post_rope`` cache, decoding one token
+    per step from a prompt of one token).
+
+    Returns ``phase_error`` [L, d/2] (float64, rad): key m rotated at its write length against the query's
+    frame at L, :func:`ropelab.staleness.stale_phase_error` (unwrapped: it grows with m); ``wrapped``: its size
+    folded onto [0, pi], the angle by which the pair's contribution to the score is actually turned;
+    ``base_now`` :math:`b(L)`; and ``frac_over_half_pi``: the fraction of (key, pair) phases whose wrapped
+    error exceeds :math:`\pi/2`, i.e. whose :math:`\cos\varepsilon < 0`: the pair's contribution has
+    changed sign.
+    """
+    length = check_int("length", length, 1, 1 << 16)
+    head_dim = check_int("head_dim", head_dim, 2, 1024, even=True)
+    original_length = check_int("original_length", original_length, 1)
+    check_base(base)
+    base = float(base)
+    if not isinstance(factor, int | float) or not factor >= 1:
+        raise ValueError(f"factor must be a number >= 1 (dynamic NTK's scaling factor s), got {factor!r}.")
+    spec = RopeSpec(base=base, scaling={"rope_type": "dynamic", "factor": float(factor)},
+                    max_position_embeddings=original_length)
+    sched = RopeSchedule(spec, head_dim)
+    err = stale_phase_error(sched, length)
+    wrapped = wrap_angle(err).abs()
+    return {
+        "phase_error": err.numpy(),
+        "wrapped": wrapped.numpy(),
+        "base_now": sched.base_at(length),
+        "frac_over_half_pi": float((wrapped > math.pi / 2).double().mean()),
+    }

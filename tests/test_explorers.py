@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ropelab import bench, explorers
+from ropelab import bench, cope, decay, explorers, extend, precision, staleness
 from ropelab.machine import one_thread
 from ropelab.precision import phase_error as precision_phase_error
 from ropelab.scaling import frequencies
@@ -24,7 +24,7 @@ def _theta(d, base):
 
 
 def test_ladder_matches_the_closed_forms():
-    out = explorers.ladder(base=10000.0, head_dim=128, position=4096, dtype="float64")
+    out = precision.ladder(base=10000.0, head_dim=128, position=4096, dtype="float64")
     np.testing.assert_allclose(out["inv_freq"], _theta(128, 10000.0).numpy(), rtol=1e-15)
     np.testing.assert_allclose(out["wavelength"] * out["inv_freq"], 2 * math.pi, rtol=1e-15)
     np.testing.assert_allclose(out["angle"], 4096 * _theta(128, 10000.0).numpy(), rtol=1e-15)
@@ -36,7 +36,7 @@ def test_ladder_matches_the_closed_forms():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_ladder_low_precision_error_is_the_precision_modules(dtype):
-    out = explorers.ladder(base=10000.0, head_dim=64, position=1000, dtype=dtype)
+    out = precision.ladder(base=10000.0, head_dim=64, position=1000, dtype=dtype)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     ref = precision_phase_error(torch.tensor([1000]), frequencies(64, 10000.0)[0], where="all", dtype=torch_dtype)
     # exact on every CPU: the explorer calls this function with these arguments, in one process
@@ -50,7 +50,7 @@ def test_ladder_low_precision_error_is_the_precision_modules(dtype):
 
 
 def test_decay_values_at_zero_and_the_first_negative_distance():
-    out = explorers.decay(base=10000.0, head_dim=128, distance=2000, n_points=2001, n_pairs=8)
+    out = decay.decay_view(base=10000.0, head_dim=128, distance=2000, n_points=2001, n_pairs=8)
     # exact on every CPU: integer distances
     assert np.array_equal(out["r"], np.arange(2001))
     assert out["envelope"][0] == pytest.approx(32.5, abs=1e-12)  # (1/64) sum_{j=1}^{64} j
@@ -58,13 +58,13 @@ def test_decay_values_at_zero_and_the_first_negative_distance():
     b = torch.cos(torch.arange(2001, dtype=torch.float64)[:, None] * _theta(128, 10000.0)).sum(-1)
     np.testing.assert_allclose(out["aligned"], 2 * b.numpy(), atol=1e-9)
     assert out["first_negative"] == int((b < 0).nonzero()[0, 0]) == 1707  # Men et al.'s bound at base 1e4
-    coarse = explorers.decay(base=10000.0, head_dim=128, distance=4096, n_points=256, n_pairs=8)
+    coarse = decay.decay_view(base=10000.0, head_dim=128, distance=4096, n_points=256, n_pairs=8)
     assert coarse["first_negative"] == 1707  # on every integer, not on the plotted grid
-    assert explorers.decay(base=1e6, head_dim=128, distance=4096, n_points=16, n_pairs=2)["first_negative"] is None
+    assert decay.decay_view(base=1e6, head_dim=128, distance=4096, n_points=16, n_pairs=2)["first_negative"] is None
 
 
 def test_decay_gaussian_logits_do_not_decay():
-    out = explorers.decay(base=10000.0, head_dim=64, distance=4096, n_points=64, n_pairs=2000)
+    out = decay.decay_view(base=10000.0, head_dim=64, distance=4096, n_points=64, n_pairs=2000)
     # std of <R q, k> for independent unit normals is sqrt(d) = 8; the sample std of 2000 pairs has a
     # standard error of about 8 / sqrt(4000) = 0.13, so 5 standard errors is 0.65.
     assert np.abs(out["gaussian_std"] - 8.0).max() < 0.65
@@ -76,9 +76,9 @@ def test_decay_gaussian_logits_do_not_decay():
 
 
 def test_ntk_drift_is_zero_within_the_trained_context_and_grows_past_it():
-    inside = explorers.ntk_drift(length=256, head_dim=64, original_length=256, factor=4.0)
+    inside = staleness.ntk_drift(length=256, head_dim=64, original_length=256, factor=4.0)
     assert not inside["phase_error"].any() and inside["base_now"] == 10000.0
-    out = explorers.ntk_drift(length=1024, head_dim=64, original_length=256, factor=4.0)
+    out = staleness.ntk_drift(length=1024, head_dim=64, original_length=256, factor=4.0)
     assert out["phase_error"].shape == (1024, 32)
     assert not out["phase_error"][0].any()  # the key at position 0 has angle 0 in every frame
     assert 0 < out["frac_over_half_pi"] < 1
@@ -99,16 +99,16 @@ def test_ntk_drift_is_zero_within_the_trained_context_and_grows_past_it():
 
 def test_cope_gates_count_what_the_rule_picks():
     text = "ab  c, d"
-    out = explorers.cope_gates(text, count="symbols (not blanks or punctuation)", sharpness=40.0)
+    out = cope.cope_gates(text, count="symbols (not blanks or punctuation)", sharpness=40.0)
     counted = np.array([c.isalnum() for c in text], dtype=float)
     s = len(text)
     # seen from the last query, key j is at the number of counted tokens from j to the end
     np.testing.assert_allclose(out["positions"][-1], np.cumsum(counted[::-1])[::-1], atol=1e-12)
     np.testing.assert_allclose(out["gates"][-1], counted, atol=1e-12)
     assert not np.triu(out["positions"], 1).any() and not np.triu(out["gates"], 1).any()
-    every = explorers.cope_gates(text, count="every token", sharpness=40.0)
+    every = cope.cope_gates(text, count="every token", sharpness=40.0)
     np.testing.assert_allclose(every["positions"], every["token_distance"], atol=1e-12)
-    half = explorers.cope_gates(text, count="vowels", sharpness=0.0)  # every gate is 1/2
+    half = cope.cope_gates(text, count="vowels", sharpness=0.0)  # every gate is 1/2
     np.testing.assert_allclose(half["positions"], half["token_distance"] / 2, atol=1e-15)
     assert out["tokens"] == list(text) and out["positions"].shape == (s, s)
 
@@ -119,17 +119,17 @@ def test_cope_gates_count_what_the_rule_picks():
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda: explorers.ladder(head_dim=63), "even"),
-        (lambda: explorers.ladder(dtype="int8"), "dtype must be one of"),
-        (lambda: explorers.ladder(base=1.0), "base must be"),
-        (lambda: explorers.ladder(position=-1), "position must be an int"),
-        (lambda: explorers.decay(distance=0), "distance must be an int"),
-        (lambda: explorers.ntk_drift(factor=0.5), "factor must be"),
-        (lambda: explorers.extension_ratios(factor=0.5), "factor must be"),
-        (lambda: explorers.extension_ratios(head_dim=30, original_length=4), "original_length must be"),
-        (lambda: explorers.cope_gates(""), "non-empty string"),
-        (lambda: explorers.cope_gates("abc", count="letters"), "count must be one of"),
-        (lambda: explorers.cope_gates("abc", sharpness=-1), "sharpness"),
+        (lambda: precision.ladder(head_dim=63), "even"),
+        (lambda: precision.ladder(dtype="int8"), "dtype must be one of"),
+        (lambda: precision.ladder(base=1.0), "base must be"),
+        (lambda: precision.ladder(position=-1), "position must be an int"),
+        (lambda: decay.decay_view(distance=0), "distance must be an int"),
+        (lambda: staleness.ntk_drift(factor=0.5), "factor must be"),
+        (lambda: extend.extension_ratios(factor=0.5), "factor must be"),
+        (lambda: extend.extension_ratios(head_dim=30, original_length=4), "original_length must be"),
+        (lambda: cope.cope_gates(""), "non-empty string"),
+        (lambda: cope.cope_gates("abc", count="letters"), "count must be one of"),
+        (lambda: cope.cope_gates("abc", sharpness=-1), "sharpness"),
         (lambda: explorers.LadderExplorer(bass=3.0), "unknown parameters"),
         (lambda: explorers.DecayExplorer().update(head_dim=3), "even"),
     ],
@@ -180,26 +180,26 @@ def _drawn(ex) -> list[tuple[np.ndarray, np.ndarray]]:
     """(what the figure shows, what the compute function returns for ex.params) pairs, per explorer."""
     p = ex.params
     if isinstance(ex, explorers.LadderExplorer):
-        out = explorers.ladder(**p)
+        out = precision.ladder(**p)
         pairs = [(ex.wave.get_ydata(), out["wavelength"]), (ex.err.get_ydata(), np.maximum(out["phase_error"], 1e-17))]
         for n, i in enumerate((0, p["head_dim"] // 8, p["head_dim"] // 4, p["head_dim"] // 2 - 1)):
             pairs.append((ex.exact[n].get_xydata()[1], [np.cos(out["angle"][i]), np.sin(out["angle"][i])]))
         return pairs
     if isinstance(ex, explorers.DecayExplorer):
-        out = explorers.decay(**p)
+        out = decay.decay_view(**p)
         return [(ex.env.get_ydata(), out["envelope"]), (ex.aligned.get_ydata(), out["aligned"]),
                 (ex.gauss.get_ydata(), out["gaussian_mean"])]
     if isinstance(ex, explorers.DriftExplorer):
-        out = explorers.ntk_drift(**p)
+        out = staleness.ntk_drift(**p)
         worst = np.maximum(np.abs(out["phase_error"]).max(0), 1e-12)
         # the image holds, per block of keys, the largest wrapped error: its maximum is the largest of all
         return [(ex.worst.get_ydata(), worst), (np.max(ex.im.get_array()), out["wrapped"].max())]
     if isinstance(ex, explorers.ExtensionExplorer):
-        out = explorers.extension_ratios(**p)
+        out = extend.extension_ratios(**p)
         return [(ex.lines[n].get_ydata(), out["ratio"][n]) for n in ex.lines] + [
             (ex.reach[n].get_ydata(), p["factor"] * out["ratio"][n]) for n in ex.reach]
     if isinstance(ex, explorers.CoPEExplorer):
-        out = explorers.cope_gates(**p)
+        out = cope.cope_gates(**p)
         return [(ex.gate.get_ydata(), out["gates"][-1]), (ex.pos.get_ydata(), out["positions"][-1]),
                 (ex.dist.get_ydata(), out["token_distance"][-1])]
     raise AssertionError(f"no check for {type(ex).__name__}")

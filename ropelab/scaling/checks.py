@@ -8,10 +8,11 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = ["POSITIVE", "NONNEGATIVE", "FRACTION", "POSITIVE_LIST", "FLAG", "KINDS", "COMMON_KEYS", "check_base",
-           "check_rotary_dim", "is_real", "value_ok"]
+           "check_rotary_dim", "check_int", "is_real", "value_ok"]
 
 # What a key holds. A value of None is refused unless the record lists the key as ``nullable``: transformers
 # reads most keys with ``.get(key, default)`` or ``[key]``, where an explicit None crashes its compute.
@@ -70,3 +71,14 @@ def value_ok(kind: str, v: Any) -> bool:
     if kind == NONNEGATIVE:
         return v >= 0
     return v > 0 and (kind != FRACTION or v <= 1)
+
+
+def check_int(name: str, value, low: int, high: int | None = None, even: bool = False) -> int:
+    """``value`` as an int, or a ValueError naming ``name``: an int (not a bool) in [low, high] (``high`` None:
+    no upper bound), even when ``even``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low or (high and value > high):
+        span = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an int {span}, got {value!r}.")
+    if even and value % 2:
+        raise ValueError(f"{name} must be even (RoPE rotates pairs of dims), got {value}.")
+    return int(value)
