@@ -447,6 +447,11 @@ def apply_rope(
     if spec is not None:
         if (style, base, rotary_dim, rope_scaling, max_position_embeddings) != ("half", 10000.0, None, None, None):
             raise ValueError("give the RoPE settings either as spec= or as keywords (style, base, ...), not both.")
+        if spec.is_nope:  # a layer without RoPE (RopeSpec.nope()): the same checks, then x as it is
+            if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+                raise ValueError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x))}.")
+            resolve_positions(x, parse_layout(layout, x.ndim), positions, cu_seqlens=cu_seqlens, offset=offset)
+            return x.clone()
         style, base, rotary_dim = spec.style, spec.base, spec.rotary_dim
         rope_scaling, max_position_embeddings = spec.scaling, spec.max_position_embeddings
     if sections is not None:  # multi-axis positions: ropelab.multiaxis builds on core, loaded on first use
