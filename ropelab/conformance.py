@@ -518,8 +518,9 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None)
         types = list(getattr(config, "layer_types", None) or [])
         called = {c["layer"] for c in run["calls"]}
         if len(types) == config.num_hidden_layers:
+            silent = [i in run["ran"] and i not in called for i in range(len(types))]
             out["convention"]["nope_layer_types"] = sorted(
-                t for t in set(types) if all(i in run["ran"] and i not in called for i, u in enumerate(types) if u == t))
+                t for t in set(types) if all(s for s, u in zip(silent, types) if u == t))
     if measure is not None and "style" in out.get("convention", {}):
         out["convention"].update(measure)
         if d.get("rope_theta") is None and not d.get("rope_parameters") and "measured_base" in out["convention"]:
@@ -624,11 +625,13 @@ def conventions_of(rows: dict) -> dict[str, dict]:
 
 def write_conventions(conventions: dict, version: str, path: pathlib.Path = CONVENTIONS_PATH) -> None:
     """Write ``ropelab/hf_conventions.py``, the table ``RopeSpec.per_layer`` reads."""
-    lines = [f'"""The pairing and rotary slice of every model type, measured on transformers {version}\'s own rotation',
-             "functions by ``python -m ropelab.conformance`` (generated: do not edit; rerun ``make conformance``).",
+    lines = ["# ruff: noqa: E501",
+             f'"""The pairing and rotary slice of every model type, measured on transformers {version}\'s own',
+             "rotation functions by ``python -m ropelab.conformance`` (generated: do not edit; rerun ``make conformance``).",
              "",
-             "``style``: ``half`` pairs (i, i + r/2), ``interleaved`` (2i, 2i + 1). ``rotary_fraction``: r / head_dim in the",
-             'default config of that model type (``RopeSpec.per_layer`` uses it only when the config names no fraction)."""',
+             "``style``: ``half`` pairs (i, i + r/2), ``interleaved`` (2i, 2i + 1). ``rotary_fraction``: r / head_dim",
+             "in the default config of that model type (``RopeSpec.per_layer`` uses it only when the config names",
+             'no fraction). The other keys are described in ``ropelab.conformance``."""',
              "", f"TRANSFORMERS_VERSION = {version!r}", "", "CONVENTIONS: dict[str, dict] = {"]
     for mt, c in sorted(conventions.items()):
         lines.append(f"    {mt!r}: {c!r},")
