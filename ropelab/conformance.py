@@ -627,7 +627,8 @@ def write_conventions(conventions: dict, version: str, path: pathlib.Path = CONV
     """Write ``ropelab/hf_conventions.py``, the table ``RopeSpec.per_layer`` reads."""
     lines = ["# ruff: noqa: E501",
              f'"""The pairing and rotary slice of every model type, measured on transformers {version}\'s own',
-             "rotation functions by ``python -m ropelab.conformance`` (generated: do not edit; rerun ``make conformance``).",
+             "rotation functions by ``python -m ropelab.conformance`` (generated: do not edit; rerun",
+             "``make conformance``).",
              "",
              "``style``: ``half`` pairs (i, i + r/2), ``interleaved`` (2i, 2i + 1). ``rotary_fraction``: r / head_dim",
              "in the default config of that model type (``RopeSpec.per_layer`` uses it only when the config names",
