@@ -45,13 +45,15 @@ bench: setup
 	$(PY) -m ropelab.bench decode
 
 # Retrain notebook 05's language model (about 20 minutes on 2 cores) and re-evaluate it; then notebook 07's
-# siblings (ropelab.extension): the retrieval-probe model, one fine-tune at 2 L0 per method, the LongRoPE search.
+# siblings (ropelab.extension): the retrieval-probe model, one fine-tune at 2 L0 per method (the methods come from
+# `python -m ropelab.extension list`), the LongRoPE search.
 lm: setup
 	$(PY) -m ropelab.lm corpus
 	$(PY) -m ropelab.lm train --threads 2
 	$(PY) -m ropelab.lm eval
 	$(PY) -m ropelab.extension probe --threads 2
-	for m in "no scaling" PI NTK-aware YaRN; do $(PY) -m ropelab.extension finetune "$$m" --threads 2 || exit 1; done
+	methods="$$($(PY) -m ropelab.extension list)" && printf '%s\n' "$$methods" | while IFS= read -r m; do \
+		$(PY) -m ropelab.extension finetune "$$m" --threads 2 </dev/null || exit 1; done
 	$(PY) -m ropelab.extension longrope --threads 2
 
 clean:

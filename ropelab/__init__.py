@@ -11,7 +11,8 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
 ``ropelab`` itself). Imports flow one way: ``scaling`` <- ``core`` <- ``spec`` <- the rest; no module imports
 the runner ``figures``.
 
-- ``scaling``: the frequency ladder and every Hugging Face scaling (``frequencies``, ``ROPE_TYPES``);
+- ``scaling``: the frequency ladder and every Hugging Face scaling, one record per type (``frequencies``,
+  ``ROPE_TYPES``, ``register_rope_type``);
 - ``core``: layouts, positions, cos/sin tables, the rotation, ``apply_rope`` and two float64 oracles
   (``apply_rope``, ``rotate``, ``cos_sin``, ``pair_indices``, ``parse_layout``, ``Layout``, ``STYLES``,
   ``resolve_positions``, ``varlen_positions``, ``rotation_matrix``, ``reference_matrix``, ``reference_complex``);
@@ -20,24 +21,27 @@ the runner ``figures``.
 - ``multiaxis``: multi-axis positions: M-RoPE (contiguous and interleaved sections) and 2D/3D axial RoPE;
 - ``mla``: MLA's decoupled RoPE: absorption, KV-cache bytes, DeepSeek-V3's rotary part;
 - ``prope``: p-RoPE, rotating only the highest-frequency fraction p of the pairs;
-- ``gridtask``: notebook 08's 2D task, axial vs flattened RoPE;
 - ``diagnosis``: the black-box checker, a package (``diagnose``, ``compare``, ``Diagnosis``, ``Comparison``;
   its zoo of real and deliberately wrong implementations; the ``ropelab-diagnose`` command);
 - ``precision``: the phase error of RoPE held in bf16 / fp16 / fp32, unit roundoff, phase wrapping;
-- ``restyle``: a trained TinyLM run in another RoPE style, as it is or with W_q, W_k permuted;
 - ``attention``: causal logits, attention rows and their comparisons; the decoder's grouped-query attention;
 - ``cope``: Contextual Position Encoding (``CoPE``);
 - ``decay``: RoPE's decay envelopes;
-- ``models``: a tiny decoder-only transformer with a pluggable position encoding, its training loop and
-  its layer-by-layer adapter;
-- ``tasks``: the CoPE paper's synthetic tasks (Selective Copy) and their evaluation;
+- ``models``: a tiny decoder-only transformer with a pluggable position encoding, its training loop and its
+  checkpoints (``save_checkpoint``, ``load_checkpoint``);
 - ``kvcache``: KV-cache decoding under length-dependent scalings: the schedule, the cache, its policies
   (a registry) and ``decode``;
 - ``staleness``: how stale post-RoPE cached keys are, and the attention drift that follows;
-- ``hf``: a Hugging Face Llama model driven layer by layer for ``kvcache``;
+- ``adapters``: decoders driven layer by layer for ``kvcache`` (the ``DecoderAdapter`` protocol, ``TinyLMAdapter``,
+  ``HFLlamaAdapter``);
+- ``studies``: one module per notebook study, named for its notebook: ``nb01_restyle`` (a trained TinyLM in another
+  RoPE style), ``nb04_selective_copy`` (the CoPE paper's Selective Copy and notebook 04's sweep), ``nb08_gridtask``
+  (notebook 08's 2D task, axial vs flattened RoPE);
+- ``extend``: the one table of context-extension methods (name -> ``RopeSpec``) and what each does per pair;
+  pure (no training; L0 and the base passed in);
 - ``lm``: the byte-level LM trained for notebook 05 (corpus, training, evaluation of schemes);
-- ``extension``: notebook 07's context-extension study (every scaling at one factor, the retrieval probe, the
-  same fine-tune at 2 L0 per method, a small LongRoPE search);
+- ``extension``: notebook 07's context-extension study (the retrieval probe, the same fine-tune at 2 L0 per
+  method, a small LongRoPE search; ``extend``'s table at this study's L0);
 - ``paths``: where the repository, data, build and figure directories are (works from an installed package);
 - ``figures``: the notebook runner, the ``setup`` / ``save`` helpers notebooks call, and the figure manifest;
 - ``explorers``: the notebooks' interactive explorers (ipywidgets over pure compute functions);
@@ -48,7 +52,7 @@ the runner ``figures``.
 - ``bench``: benchmarks that print ratios measured in one run.
 """
 
-from . import attention, convert, cope, decay, diagnosis, precision, scaling, spec, tasks
+from . import _aliases, attention, convert, cope, decay, diagnosis, precision, scaling, spec
 from .cope import CoPE
 from .core import (
     STYLES,
@@ -98,6 +102,15 @@ __all__ = [
     "rotation_matrix",
     "scaling",
     "spec",
-    "tasks",
     "varlen_positions",
 ]
+
+
+_aliases.install()
+
+
+def __getattr__(name: str):
+    # `from ropelab import tasks` and the like: a moved module under its old name, with a DeprecationWarning.
+    if f"ropelab.{name}" in _aliases.MOVED:
+        return _aliases.load_moved(f"ropelab.{name}")
+    raise AttributeError(f"module 'ropelab' has no attribute {name!r}")

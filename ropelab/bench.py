@@ -160,13 +160,16 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
     the frame of L/2, so ``step`` re-rotates every cached key before attending). At L/2 >= 100 steps the
     boundary is under 1 % of them, so it shows in the maximum, not in the median or the p99.
     """
-    from .kvcache import RopeSchedule, RotaryKVCache
+    from .kvcache import POLICIES, RopeSchedule, RotaryKVCache, schedule_for
 
     torch.manual_seed(0)
     torch.set_num_threads(threads)
     hq, hkv = heads
     rope = {"rope_type": "dynamic", "factor": factor}
     spec = RopeSpec(scaling=rope, max_position_embeddings=l0)
+    policies = ("post_rope", "bucketed", "recompute", "rope_on_load")  # the four PyTorch policies compared
+    growth = {p: POLICIES[p].bucket_growth for p in policies}  # what each policy's schedule needs, from its class
+    bucketed = tuple(p for p in policies if growth[p] is not None)  # these have a boundary step
     rows = []
     for b in batches:
         for length in lengths:
@@ -175,30 +178,27 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
             values = torch.randn(b, hkv, n, head_dim)
             q = torch.randn(b, hq, 1, head_dim)
             k1, v1 = torch.randn(b, hkv, 1, head_dim), torch.randn(b, hkv, 1, head_dim)
-            policies = ("post_rope", "bucketed", "recompute", "rope_on_load")
-            scheds = {p: RopeSchedule(spec, head_dim, bucket_growth=2.0 if p == "bucketed" else None)
-                      for p in policies}
+            scheds = {p: schedule_for(p, spec, head_dim) for p in policies}
             times = {p: [] for p in policies}
-            boundary = []  # bucketed's boundary step: the cache still in the previous bucket's frame
+            boundary = {p: [] for p in bucketed}  # the boundary step: the cache still in the previous bucket's frame
             traffic = {}
             for rep in range(repeats + 1):  # the first round warms up; policies take turns each round
-                for policy in (*policies, "bucketed boundary"):
-                    sched = scheds[policy.split()[0]]
-                    cache = RotaryKVCache(sched, policy.split()[0], 1)
-                    # steady state: the cached keys are in the current frame; at the boundary, in L/2's
-                    at = max(l0, length // 2) if policy.endswith("boundary") else length
+                for policy, at_boundary in (*((p, False) for p in policies), *((p, True) for p in bucketed)):
+                    cache = RotaryKVCache(scheds[policy], policy, 1)
+                    # steady state: the cached keys are in the current frame; at the boundary, in L/g's
+                    at = max(l0, int(length / growth[policy])) if at_boundary else length
                     cache.fill(0, keys, values, frame_length=at, spare=8)
                     t0 = time.perf_counter()
                     cache.step(0, q, k1, v1, torch.tensor([length - 1]), length)
                     if rep:
-                        (boundary if policy.endswith("boundary") else times[policy]).append(time.perf_counter() - t0)
-                    if policy in times:
+                        (boundary[policy] if at_boundary else times[policy]).append(time.perf_counter() - t0)
+                    if not at_boundary:
                         traffic[policy] = cache.bytes_read + cache.bytes_written
                     del cache
-            # The cos/sin table of all cached positions at the current frequencies: what recompute and
-            # rope_on_load compute every step (once per step for all layers of a model; all of it is
-            # charged to this one layer here).
-            inv, af = scheds["recompute"].at(length)
+            # The cos/sin table of all cached positions at the current frequencies: what the policies that
+            # cache raw keys (recompute, rope_on_load) compute every step (once per step for all layers of a
+            # model; all of it is charged to this one layer here).
+            inv, af = RopeSchedule(spec, head_dim).at(length)
             table = []
             for _ in range(repeats + 1):
                 t0 = time.perf_counter()
@@ -210,25 +210,27 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
                 sched = scheds[policy]
                 step_ms[policy] = statistics.median(times[policy]) * 1e3
                 window = max(length // 2, 1)  # steps from L/2 to L
-                crossing = policy == "bucketed" and length > l0
-                spread = step_distribution(times[policy], boundary if crossing else [], window)
+                crossing = policy in boundary and length > l0
+                spread = step_distribution(times[policy], boundary[policy] if crossing else [], window)
                 rows.append({"batch": b, "cached_tokens": length, "policy": policy,
                              "step_ms": step_ms[policy], "key_bytes_per_step": traffic[policy],
-                             "table_ms": table_ms if policy in ("recompute", "rope_on_load") else 0.0,
+                             "table_ms": 0.0 if POLICIES[policy].rotated else table_ms,
                              **spread})
-                if policy == "bucketed":
-                    # The boundary step: re-rotate n keys from the frame of L/2 to the frame of L.
+                if policy in boundary:
+                    # The boundary step: re-rotate n keys from the frame of L/g to the frame of L, spread over
+                    # the (g - 1) L steps until the next boundary.
                     cache = RotaryKVCache(sched, policy, 1)
-                    cache.fill(0, keys, values, frame_length=max(l0, length // 2))
+                    cache.fill(0, keys, values, frame_length=max(l0, int(length / growth[policy])))
                     inv, af = sched.at(length)
                     t0 = time.perf_counter()
                     cache.rerotate(0, inv, af)
                     rerotate_ms = (time.perf_counter() - t0) * 1e3
-                    amortised = step_ms[policy] + rerotate_ms / max(length, 1)
-                    rows.append({"batch": b, "cached_tokens": length, "policy": "bucketed (amortised)",
+                    steps = max((growth[policy] - 1) * length, 1)
+                    amortised = step_ms[policy] + rerotate_ms / steps
+                    rows.append({"batch": b, "cached_tokens": length, "policy": f"{policy} (amortised)",
                                  "step_ms": amortised, "rerotate_ms": rerotate_ms,
-                                 "boundary_step_ms": statistics.median(boundary) * 1e3,
-                                 "key_bytes_per_step": traffic[policy] + 2 * keys.numel() * 4 / max(length, 1)})
+                                 "boundary_step_ms": statistics.median(boundary[policy]) * 1e3,
+                                 "key_bytes_per_step": traffic[policy] + 2 * keys.numel() * 4 / steps})
             del keys, values
     base = {(r["batch"], r["cached_tokens"]): r["step_ms"] for r in rows if r["policy"] == "post_rope"}
     for r in rows:

@@ -4,7 +4,7 @@ Each explorer is three layers, so that what it shows is tested like the rest of 
 
 - a pure compute function (``ladder``, ``decay``, ``ntk_drift``, ``extension_ratios``, ``cope_gates``) that returns
   the numbers drawn, from :mod:`ropelab.scaling`, :mod:`ropelab.precision`, :mod:`ropelab.decay`,
-  :mod:`ropelab.kvcache`, :mod:`ropelab.extension` and :mod:`ropelab.cope`;
+  :mod:`ropelab.kvcache`, :mod:`ropelab.extend` and :mod:`ropelab.cope`;
 - an :class:`Explorer` that owns one matplotlib figure (Agg, never pyplot, so nothing is shown twice) and
   redraws it from the compute function: ``update(**params)`` returns the PNG bytes;
 - ``widget()``: ipywidgets controls and an ``ipywidgets.Image`` holding that PNG. It needs a live kernel;
@@ -39,7 +39,7 @@ from matplotlib.figure import Figure
 
 from .cope import CoPE
 from .decay import decay_envelope, rope_logits, similarity_bound
-from .extension import out_of_range_pairs, ratio_table
+from .extend import out_of_range_pairs, ratio_table
 from .kvcache import RopeSchedule
 from .machine import one_thread
 from .precision import PRECISION_DTYPES, perturbed_angle, wrap_angle
@@ -202,10 +202,10 @@ def ntk_drift(length: int = 1024, head_dim: int = 64, base: float = 10000.0, ori
 
 def extension_ratios(factor: float = 4.0, head_dim: int = 32, base: float = 10000.0,
                      original_length: int = 256) -> dict:
-    r"""Every context-extension method at factor s (:func:`ropelab.extension.ratio_table`, evaluated at
+    r"""Every context-extension method at factor s (:func:`ropelab.extend.ratio_table`, evaluated at
     :math:`sL_0`): ``ratio[name]`` :math:`\omega_i'/\omega_i` per pair (float64 numpy), ``attention_factor[name]``,
     ``out_of_range[name]`` (the pairs that meet angles never trained on,
-    :func:`ropelab.extension.out_of_range_pairs`) and ``critical`` (the first pair that never turns within
+    :func:`ropelab.extend.out_of_range_pairs`) and ``critical`` (the first pair that never turns within
     :math:`L_0`, :func:`ropelab.scaling.critical_pair`)."""
     head_dim = _check_int("head_dim", head_dim, 4, 1024, even=True)
     original_length = _check_int("original_length", original_length, 8)
@@ -564,7 +564,7 @@ class ExtensionExplorer(Explorer):
         fig.subplots_adjust(left=0.07, right=0.98, bottom=0.14, top=0.86, wspace=0.28)
         self.ax = fig.subplots(1, 2)
         ax0, ax1 = self.ax
-        names = list(ratio_table(4.0, 8, original=64))
+        names = list(ratio_table(4.0, 8, base=10000.0, original=64))
         self.lines = {n: ax0.semilogy([0, 1], [1, 1], marker=".", ls=self._STYLES[j % 6], lw=1.2, label=n)[0]
                       for j, n in enumerate(names)}
         self.reach = {n: ax1.semilogy([0, 1], [1, 1], marker=".", ls=self._STYLES[j % 6], lw=1.2, label=n)[0]

@@ -18,6 +18,7 @@ Checkpoints are stored in float16 (half the bytes; the notebook evaluates what i
     python -m ropelab.extension probe          # data/lm/tinylm_probe_L256.pt
     python -m ropelab.extension finetune PI    # data/lm/tinylm_probe_ft512_pi.pt (one per method)
     python -m ropelab.extension longrope       # data/lm/longrope_factors.json (searched on the training split)
+    python -m ropelab.extension list           # the fine-tuned methods (FINETUNED), one per line
 
 ``make lm`` runs them after notebook 05's model.
 """
@@ -25,6 +26,8 @@ Checkpoints are stored in float16 (half the bytes; the notebook evaluates what i
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import json
 import sys
 import time
@@ -33,9 +36,11 @@ from pathlib import Path
 
 import torch
 
+from . import extend
+from .extend import method_spec
 from .lm import CHECKPOINT, L0, LM_DIR, load_corpus, load_lm, per_position_loss, val_windows
-from .models import ModelConfig, TinyLM, masked_loss, train
-from .scaling import critical_pair, default_inv_freq, frequencies, ntk_aware_base
+from .models import TinyLM, load_checkpoint, masked_loss, save_checkpoint, train
+from .scaling import default_inv_freq
 from .spec import RopeSpec
 
 __all__ = [
@@ -102,83 +107,29 @@ def finetuned_checkpoint(method: str) -> Path:
     return LM_DIR / f"tinylm_probe_ft512_{slug}.pt"
 
 
-def methods(scale: float, head_dim: int, *, original: int = L0, base: float = 10000.0,
-            longrope: dict | None = None) -> dict[str, dict]:
-    r"""Every context-extension method at extension factor ``scale``: name -> ``{"base", "scaling"}``, the
-    :class:`~ropelab.spec.RopeSpec` fields it changes.
+def _at_study(fn):
+    """``fn`` of :mod:`ropelab.extend` (which takes the model's base and :math:`L_0` from its caller) with this
+    study's model as the default: base 10000 and ``original = lm.L0`` (notebook 07 calls ``ext.ratio_table(S, D)``)."""
+    defaults = {"base": 10000.0, "original": L0}
+    sig = inspect.signature(fn)
+    sig = sig.replace(parameters=[p.replace(default=defaults[p.name]) if p.name in defaults else p
+                                  for p in sig.parameters.values()])
 
-    * **PI** (Chen et al. 2023, arXiv 2306.15595): positions divided by s, :math:`\omega_i' = \omega_i / s`.
-    * **NTK-aware** (bloc97, 2023): base :math:`b\,s^{r/(r-2)}` (``scaling.ntk_aware_base``).
-    * **dynamic NTK**: NTK-aware with :math:`\alpha(L) = sL/L_0 - (s-1)` at the current length L (Hugging
-      Face's ``_compute_dynamic_ntk_parameters``); the identity up to :math:`L_0`.
-    * **YaRN** (Peng et al. 2023, arXiv 2309.00071): NTK-by-parts with :math:`\beta_{fast} = 32`,
-      :math:`\beta_{slow} = 1` and attention factor :math:`0.1\ln s + 1`.
-    * **Llama 3** (Meta 2024): low_freq_factor 1, high_freq_factor 4, Llama 3.1's values.
-    * **LongRoPE** (Ding et al. 2024, arXiv 2402.13753): per-pair factors ``longrope["long_factor"]`` past
-      :math:`L_0` and ``longrope["short_factor"]`` within it (searched by :func:`longrope_search`); left out
-      when ``longrope`` is None.
-    """
-    s = float(scale)
-    out = {
-        "no scaling": dict(base=base, scaling=None),
-        "PI": dict(base=base, scaling={"rope_type": "linear", "factor": s}),
-        "NTK-aware": dict(base=ntk_aware_base(base, head_dim, s), scaling=None),
-        "dynamic NTK": dict(base=base, scaling={"rope_type": "dynamic", "factor": s}),
-        "YaRN": dict(base=base, scaling={"rope_type": "yarn", "factor": s,
-                                         "original_max_position_embeddings": original}),
-        "Llama 3": dict(base=base, scaling={"rope_type": "llama3", "factor": s, "low_freq_factor": 1.0,
-                                            "high_freq_factor": 4.0, "original_max_position_embeddings": original}),
-    }
-    if longrope is not None:
-        out["LongRoPE"] = dict(base=base, scaling={"rope_type": "longrope", "factor": s,
-                                                   "original_max_position_embeddings": original,
-                                                   "long_factor": list(longrope["long_factor"]),
-                                                   "short_factor": list(longrope["short_factor"])})
-    return out
+    @functools.wraps(fn)
+    def at_study(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return fn(*bound.args, **bound.kwargs)
+
+    at_study.__signature__ = sig
+    return at_study
 
 
-def method_spec(spec: RopeSpec, method: dict) -> RopeSpec:
-    """``spec`` with a method's base and scaling (its style, rotary_dim and :math:`L_0` kept)."""
-    return replace(spec, base=method["base"], scaling=method["scaling"])
-
-
-def ratio_table(scale: float, head_dim: int, *, seq_len: int | None = None, original: int = L0,
-                base: float = 10000.0, longrope: dict | None = None) -> dict[str, dict]:
-    r"""Per method: the per-pair frequency ratio :math:`\omega_i' / \omega_i` (float64 list, pair 0 = highest
-    frequency) and the attention factor, evaluated at length ``seq_len`` (default :math:`sL_0`)."""
-    seq_len = int(scale * original) if seq_len is None else seq_len
-    ref = default_inv_freq(head_dim, base)
-    out = {}
-    for name, m in methods(scale, head_dim, original=original, base=base, longrope=longrope).items():
-        inv, att = frequencies(head_dim, m["base"], rope_scaling=m["scaling"], seq_len=seq_len,
-                               max_position_embeddings=original)
-        out[name] = {"ratio": (inv / ref).tolist(), "attention_factor": float(att)}
-    return out
-
-
-def out_of_range_pairs(ratio, scale: float, rotary_dim: int, base: float = 10000.0, original: int = L0) -> list[int]:
-    r"""The pairs that meet angles they were never trained on at length :math:`sL_0`: those that do not turn within
-    :math:`L_0` (``scaling.critical_pair`` and above; the others saw every angle) and whose largest angle
-    :math:`sL_0\,\omega_i'` exceeds the largest trained one :math:`L_0\,\omega_i`, i.e.
-    :math:`s\,\omega_i'/\omega_i > 1`
-    (``ratio`` = :math:`\omega_i'/\omega_i` per pair; a relative slack of 1e-9 absorbs round-off)."""
-    crit = critical_pair(rotary_dim, base, original)
-    return [i for i in range(crit, rotary_dim // 2) if scale * float(ratio[i]) > 1 + 1e-9]
-
-
-def ntk_alpha_in_range(scale: float, rotary_dim: int, base: float = 10000.0, original: int = L0) -> float:
-    r"""The smallest NTK-aware :math:`\alpha` that keeps every non-turning pair in its trained angle range at
-    :math:`sL_0`. NTK-aware divides pair i's frequency by :math:`\alpha^{2i/(r-2)}`; pair :math:`i_c`
-    (``scaling.critical_pair``, the fastest of those that never turn) needs :math:`\alpha^{2i_c/(r-2)} \ge s`, so
-    :math:`\alpha \ge s^{(r-2)/(2 i_c)}`: above s whenever :math:`i_c < (r-2)/2`. YaRN's "the scale value s has
-    to be set higher than the expected scale" (Peng et al. 2023, section 3.1), derived."""
-    crit = critical_pair(rotary_dim, base, original)
-    if crit >= rotary_dim // 2:
-        return 1.0  # every pair turns within L0: no angle is new
-    if crit == 0:
-        raise ValueError("pair 0 does not turn within L0: no change of base keeps it in range (its ratio stays 1); "
-                         "use interpolation (PI) instead.")
-    return float(scale) ** ((rotary_dim - 2) / (2 * crit))
+# The one table of methods and its analytics live in ropelab.extend; here they default to this study's model.
+methods = _at_study(extend.methods)
+ratio_table = _at_study(extend.ratio_table)
+out_of_range_pairs = _at_study(extend.out_of_range_pairs)
+ntk_alpha_in_range = _at_study(extend.ntk_alpha_in_range)
 
 
 @torch.no_grad()
@@ -189,9 +140,9 @@ def temperature_sweep(model: TinyLM, windows: torch.Tensor, scale: float, factor
     YaRN's eq. 22, which fits the loss-minimising :math:`\sqrt{1/t}` against s on LLaMA without fine-tuning."""
     out = []
     for f in factors:
-        m = {"base": model.cfg.rope.base, "scaling": {"rope_type": "yarn", "factor": float(scale),
-                                                      "original_max_position_embeddings": original,
-                                                      "attention_factor": float(f)}}
+        m = replace(model.cfg.rope, scaling={"rope_type": "yarn", "factor": float(scale),
+                                             "original_max_position_embeddings": original,
+                                             "attention_factor": float(f)})
         out.append(float(per_position_loss(model, windows, m).mean()))
     return out
 
@@ -272,21 +223,12 @@ def probe_sample(data: torch.Tensor, batch: int, length: int, p_key: float = 0.5
 
 
 def save_half(model: TinyLM, path: Path, meta: dict) -> None:
-    """A float16 checkpoint (``load_model`` reads it back as float32) and its training record ``path.json``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}
-    torch.save({"config": model.cfg.to_dict(), "state_dict": state}, path)
-    path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    """A float16 checkpoint (``load_model`` reads it back as float32) and its training record ``path.json``
+    (``models.save_checkpoint`` in float16)."""
+    save_checkpoint(model, path, dtype=torch.float16, meta=meta)
 
 
-def load_model(path: Path) -> TinyLM:
-    """A checkpoint of this study (float16 weights) as a float32 TinyLM in eval mode."""
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing; `make lm` (or `python -m ropelab.extension ...`) writes it.")
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    model = TinyLM(ModelConfig.from_dict(ckpt["config"]))
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()})
-    return model.eval()
+load_model = load_checkpoint  # a checkpoint of this study (float16 weights) as a float32 TinyLM in eval mode
 
 
 def _probe_eval(length: int, progress: bool):
@@ -397,20 +339,20 @@ def longrope_search(model: TinyLM, scale: float = 4.0, *, n_windows: int = 6, ge
     ids = torch.stack([train_data[s: s + length + 1] for s in starts.tolist()])
     ref = default_inv_freq(head_dim, model.cfg.rope.base)
 
-    def factors_of(m: dict) -> torch.Tensor:
-        inv, _ = frequencies(head_dim, m["base"], rope_scaling=m["scaling"], seq_len=length, max_position_embeddings=L0)
+    def factors_of(m: RopeSpec) -> torch.Tensor:
+        inv, _ = m.frequencies(head_dim, seq_len=length)
         return (ref / inv).clamp_min(1.0)
 
     def project(lam: torch.Tensor) -> torch.Tensor:
         return torch.cummax(lam.clamp(1.0, 4.0 * scale), 0).values  # monotone, bounded
 
     def score(lam: torch.Tensor) -> float:
-        m = {"base": model.cfg.rope.base, "scaling": {
+        m = replace(model.cfg.rope, scaling={
             "rope_type": "longrope", "factor": scale, "original_max_position_embeddings": L0,
-            "long_factor": lam.tolist(), "short_factor": [1.0] * (head_dim // 2)}}
+            "long_factor": lam.tolist(), "short_factor": [1.0] * (head_dim // 2)})
         return float(per_position_loss(model, ids, m).mean())
 
-    seeds = methods(scale, head_dim)
+    seeds = methods(scale, head_dim, base=model.cfg.rope.base)
     pool = [project(factors_of(seeds[k])) for k in ("PI", "NTK-aware", "YaRN")]
     scored = sorted(((score(lam), i, lam) for i, lam in enumerate(pool)), key=lambda t: t[:2])
     gen = torch.Generator().manual_seed(seed)
@@ -441,15 +383,19 @@ def longrope_search(model: TinyLM, scale: float = 4.0, *, n_windows: int = 6, ge
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ropelab.extension probe | finetune METHOD | longrope``."""
+    """``python -m ropelab.extension probe | finetune METHOD | longrope | list``."""
     parser = argparse.ArgumentParser(prog="python -m ropelab.extension", description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["probe", "finetune", "longrope"])
+    parser.add_argument("what", choices=["probe", "finetune", "longrope", "list"],
+                        help="list: print the fine-tuned methods, one per line (what `make lm` fine-tunes)")
     parser.add_argument("method", nargs="?", help=f"for finetune: one of {FINETUNED}")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0, help="for finetune: the data and init seed")
     parser.add_argument("--out", type=Path, help="for finetune: write here instead of data/lm/")
     args = parser.parse_args(argv)
+    if args.what == "list":
+        print("\n".join(FINETUNED))
+        return 0
     torch.set_num_threads(args.threads)
     if args.what == "probe":
         history = train_probe_model(steps=args.steps or PROBE_STEPS)

@@ -29,10 +29,12 @@ Policies (``POLICIES``, a registry of :class:`CachePolicy` objects by name):
 Adding a policy is one small class: subclass :class:`CachePolicy`, set ``name``, implement ``store`` (what
 enters the cache for this step's keys) and, if its cached keys are not in the current frame, ``attend``;
 count any extra pass over the cached keys with ``cache.traffic.count(...)``; decorate it with
-:func:`register_policy`. ``decode`` and ``RotaryKVCache`` then accept its name.
+:func:`register_policy`. ``decode`` and ``RotaryKVCache`` then accept its name. What a policy needs is
+declared on its class, and every caller asks the class: ``rotated`` (are cached keys stored after RoPE) and
+``bucket_growth`` (the schedule it runs on, :func:`schedule_for`). No module outside this one names a policy.
 
-The decoder is driven through a small adapter (``ropelab.models.TinyLMAdapter`` for ``TinyLM``,
-``ropelab.hf.HFLlamaAdapter`` for a Hugging Face ``LlamaForCausalLM``), so the same cache code runs both.
+The decoder is driven through a small adapter (``ropelab.adapters.TinyLMAdapter`` for ``TinyLM``,
+``ropelab.adapters.HFLlamaAdapter`` for a Hugging Face ``LlamaForCausalLM``), so the same cache code runs both.
 Staleness analytics (the phase error of stale keys, the drift probe) are in ``ropelab.staleness``.
 Note what a KV cache means for any policy: the keys and values of *deeper* layers were computed from
 hidden states of earlier steps, so only the first layer's cache equals a full forward at the current
@@ -49,7 +51,7 @@ import torch
 
 from .attention import attend, attend_scores, grouped_scores
 from .core import check_positions, cos_sin, rotate
-from .scaling import ntk_base
+from .scaling import length_threshold, ntk_base
 from .spec import RopeSpec
 
 __all__ = [
@@ -57,6 +59,7 @@ __all__ = [
     "BUILTIN_POLICIES",
     "CachePolicy",
     "register_policy",
+    "schedule_for",
     "PostRope",
     "Recompute",
     "Bucketed",
@@ -109,10 +112,7 @@ class RopeSchedule:
     @property
     def threshold(self) -> int | None:
         """:math:`L_0`: where a length-dependent scaling starts to move."""
-        sc = self.spec.scaling or {}
-        if self.spec.rope_type == "longrope":
-            return sc.get("original_max_position_embeddings") or self.spec.max_position_embeddings
-        return self.spec.max_position_embeddings
+        return length_threshold(self.spec.scaling, self.spec.max_position_embeddings)
 
     def effective_length(self, length: int) -> int:
         """The length whose frequencies are used at current length ``length``."""
@@ -193,13 +193,22 @@ class Frame(NamedTuple):
 
 
 class CachePolicy:
-    """One way of caching keys under a length-dependent RoPE. Subclasses set ``name`` and ``rotated``
-    (whether cached keys are stored after RoPE), implement :meth:`store`, and override :meth:`attend` when
-    the stored keys are not in the current frame. Every step reads all cached keys once and writes this
+    """One way of caching keys under a length-dependent RoPE. Subclasses set ``name``, ``rotated``
+    (whether cached keys are stored after RoPE) and ``bucket_growth`` (None: the model's own schedule, whose
+    frequencies move at every step past :math:`L_0`; g: a schedule bucketed at :math:`L_0 g^k`, which
+    :meth:`schedule` builds and ``decode`` insists on), implement :meth:`store`, and override :meth:`attend`
+    when the stored keys are not in the current frame. Every step reads all cached keys once and writes this
     step's keys once (``RotaryKVCache.step`` counts that); a policy counts any extra pass itself."""
 
     name: ClassVar[str] = ""
     rotated: ClassVar[bool] = True
+    bucket_growth: ClassVar[float | None] = None
+
+    @classmethod
+    def schedule(cls, spec: RopeSpec, head_dim: int, **kw: Any) -> RopeSchedule:
+        """The schedule this policy runs on for a model's RoPE ``spec`` (``kw``: other ``RopeSchedule``
+        fields, e.g. ``angle_dtype``)."""
+        return RopeSchedule(spec, head_dim, bucket_growth=cls.bucket_growth, **kw)
 
     def store(self, cache: RotaryKVCache, layer: int, k: torch.Tensor, positions: torch.Tensor,
               frame: Frame) -> torch.Tensor:
@@ -252,6 +261,7 @@ class Bucketed(CachePolicy):
     angle difference first (consistent at every step)."""
 
     name = "bucketed"
+    bucket_growth = 2.0  # doubling buckets: log2(L / L0) re-rotations in a decode to L
 
     def store(self, cache, layer, k, positions, frame):
         """Re-rotate the cache in place if the frame moved, then store k rotated in the current frame."""
@@ -281,7 +291,9 @@ class RopeOnLoad(CachePolicy):
         return attend_scores(torch.cat(scores, dim=-1), values, positions, torch.arange(keys.shape[2]))
 
 
-BUILTIN_POLICIES = tuple(POLICIES)  # the four PyTorch policies above, whatever else registers later
+# The four PyTorch policies above, whatever else registers later. What a study evaluates is its own explicit
+# tuple (notebook 05's: ropelab.lm.CACHE_POLICIES), so a new policy joins no study by registering.
+BUILTIN_POLICIES = tuple(POLICIES)
 
 
 def _policy(policy: str | CachePolicy) -> CachePolicy:
@@ -291,6 +303,13 @@ def _policy(policy: str | CachePolicy) -> CachePolicy:
         hint = " (import ropelab.kernels to register the kernel policies)" if policy.startswith("kernel_") else ""
         raise ValueError(f"policy must be one of {tuple(POLICIES)}, got {policy!r}{hint}.")
     return POLICIES[policy]()
+
+
+def schedule_for(policy: str | CachePolicy, spec: RopeSpec, head_dim: int, **kw: Any) -> RopeSchedule:
+    """The schedule ``policy`` (a name in ``POLICIES`` or a :class:`CachePolicy`) runs on for a model's RoPE
+    ``spec`` and head size ``head_dim``: :meth:`CachePolicy.schedule` (bucketed where the policy's
+    ``bucket_growth`` says so)."""
+    return _policy(policy).schedule(spec, head_dim, **kw)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -428,14 +447,16 @@ def decode(adapter, ids: torch.Tensor, schedule: RopeSchedule, policy: str | Cac
     """
     if not 1 <= prompt_len <= ids.shape[1]:
         raise ValueError(f"prompt_len must be in 1..{ids.shape[1]}, got {prompt_len}.")
-    if _policy(policy).name == "bucketed" and schedule.bucket_growth is None:
+    pol = _policy(policy)
+    if pol.bucket_growth is not None and schedule.bucket_growth is None:
         raise ValueError(
-            "policy 'bucketed' needs a bucketed schedule: RopeSchedule(..., bucket_growth=2.0) (or "
-            "RopeSchedule.of(adapter, bucket_growth=2.0)); without buckets it would re-rotate at every step."
+            f"policy {pol.name!r} needs a bucketed schedule: schedule_for({pol.name!r}, spec, head_dim), or "
+            f"RopeSchedule(..., bucket_growth={pol.bucket_growth:g}) (RopeSchedule.of(adapter, bucket_growth="
+            f"{pol.bucket_growth:g})); without buckets it would re-rotate at every step."
         )
     if cache is None:
         cache = RotaryKVCache(schedule, policy, adapter.n_layers)
-    elif cache.policy.name != _policy(policy).name or cache.schedule != schedule or len(cache):
+    elif cache.policy.name != pol.name or cache.schedule != schedule or len(cache):
         raise ValueError("the cache given to decode must be empty and have this policy and schedule.")
     out = [run_step(adapter, cache, ids[:, :prompt_len], torch.arange(prompt_len), prompt_len)]
     for t in range(prompt_len, ids.shape[1]):

@@ -18,13 +18,17 @@ import json
 import math
 import sys
 import time
-from dataclasses import replace
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from .kvcache import BUILTIN_POLICIES, RopeSchedule, decode
-from .models import ModelConfig, TinyLM, TinyLMAdapter, masked_loss, train
+from .adapters import TinyLMAdapter
+from .extend import method_spec, methods
+from .kvcache import decode, schedule_for
+from .models import ModelConfig, TinyLM, load_checkpoint, masked_loss, save_checkpoint, train
 from .paths import BUILD_DIR, DATA_DIR
 from .scaling import ntk_aware_base
 from .spec import RopeSpec
@@ -45,6 +49,9 @@ __all__ = [
     "static_ntk_base",
     "bootstrap_means",
     "band_intervals",
+    "METHODS",
+    "CACHE_POLICIES",
+    "Scheme",
     "schemes",
     "per_position_loss",
     "evaluate_schemes",
@@ -57,6 +64,11 @@ LM_DIR = DATA_DIR / "lm"
 CHECKPOINT = LM_DIR / "tinylm_rope_L256.pt"
 L0 = 256
 SCALE = 4.0  # extend L0 -> 4 L0
+# Notebook 05's schemes: its label -> the method of ropelab.extend.methods, one full forward each; and the cache
+# policies it decodes dynamic NTK with. Explicit, so a policy or method registered elsewhere joins no evaluation.
+METHODS = {"no scaling": "no scaling", "linear (PI)": "PI", "NTK-aware": "NTK-aware", "YaRN": "YaRN",
+           "dynamic NTK, full sequence": "dynamic NTK"}
+CACHE_POLICIES = ("post_rope", "recompute", "bucketed", "rope_on_load")
 
 
 def build_corpus(out: Path = CORPUS) -> Path:
@@ -106,21 +118,16 @@ def train_lm(steps: int = 1500, batch: int = 16, seed: int = 0, out: Path = CHEC
     history = train(model, sample, steps=steps, lr=3e-3, warmup=100, seed=seed, log_every=50, evaluate=evaluate,
                     eval_every=250, progress=progress, desc="train LM")
     seconds = time.perf_counter() - t0
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"config": cfg.to_dict(), "state_dict": model.state_dict()}, out)
     meta = {"steps": steps, "batch": batch, "context": L0, "seed": seed, "train_seconds": round(seconds, 1),
             "threads": torch.get_num_threads(), "parameters": sum(p.numel() for p in model.parameters()),
             "history": history}
-    out.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    save_checkpoint(model, out, meta=meta)
     return model, history
 
 
 def load_lm(path: Path = CHECKPOINT) -> TinyLM:
-    """The trained LM from its checkpoint, in eval mode."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    model = TinyLM(ModelConfig.from_dict(ckpt["config"]))
-    model.load_state_dict(ckpt["state_dict"])
-    return model.eval()
+    """The trained LM from its checkpoint, in eval mode (``models.load_checkpoint``)."""
+    return load_checkpoint(path)
 
 
 def val_windows(val_data: torch.Tensor, n: int, length: int, seed: int = 0) -> torch.Tensor:
@@ -139,44 +146,60 @@ def disjoint_windows(val_data: torch.Tensor, length: int) -> int:
 
 
 def static_ntk_base(base: float, rotary_dim: int, alpha: float) -> float:
-    """Static NTK-aware base at ``alpha`` (``ropelab.scaling.ntk_aware_base``; the "NTK-aware" scheme uses alpha = s).
-    Hugging Face's *dynamic* formula reaches alpha = s^2 - s + 1 at L = s L0 (13 at s = 4), not alpha = s."""
+    """Deprecated: ``ropelab.scaling.ntk_aware_base`` (the same formula; notebook 05's "NTK-aware" scheme is
+    ``ropelab.extend.methods``' at alpha = s)."""
+    warnings.warn("ropelab.lm.static_ntk_base is deprecated; use ropelab.scaling.ntk_aware_base (same arguments).",
+                  DeprecationWarning, stacklevel=2)
     return ntk_aware_base(base, rotary_dim, alpha)
 
 
-def schemes(head_dim: int) -> dict[str, dict]:
-    """The context-extension schemes compared: name -> the RopeSpec fields changed (``base``, ``scaling``)
-    and the cache ``policy`` (absent: one full forward).
+class Scheme(NamedTuple):
+    """One evaluated scheme: a method's RoPE (a ``RopeSpec`` of ``ropelab.extend.methods``) and the cache policy
+    it decodes with (None: one full forward)."""
+
+    rope: RopeSpec
+    policy: str | None = None
+
+
+def schemes(head_dim: int) -> dict[str, Scheme]:
+    """Notebook 05's schemes at s = ``SCALE``: ``METHODS`` of ``ropelab.extend.methods`` under their labels, one
+    full forward each, then dynamic NTK decoded under each of ``CACHE_POLICIES`` ("dynamic NTK, cache <policy>").
 
     "NTK-aware" is static NTK-aware scaling at alpha = s (base 4.39 b at s = 4, r = 32). "dynamic NTK, full
     sequence" evaluates Hugging Face's dynamic formula at the full length: at L = 4 L0 its alpha is 13
     (base 15.4 b)."""
-    ntk = static_ntk_base(10000.0, head_dim, SCALE)
-    out = {
-        "no scaling": dict(base=10000.0, scaling=None),
-        "linear (PI)": dict(base=10000.0, scaling={"rope_type": "linear", "factor": SCALE}),
-        "NTK-aware": dict(base=ntk, scaling=None),
-        "YaRN": dict(base=10000.0, scaling={"rope_type": "yarn", "factor": SCALE,
-                                            "original_max_position_embeddings": L0}),
-        "dynamic NTK, full sequence": dict(base=10000.0, scaling={"rope_type": "dynamic", "factor": SCALE}),
-    }
-    for policy in BUILTIN_POLICIES:
-        out[f"dynamic NTK, cache {policy}"] = dict(base=10000.0, policy=policy,
-                                                   scaling={"rope_type": "dynamic", "factor": SCALE})
+    table = methods(SCALE, head_dim, base=10000.0, original=L0)
+    out = {label: Scheme(table[name]) for label, name in METHODS.items()}
+    out.update({f"dynamic NTK, cache {policy}": Scheme(table["dynamic NTK"], policy) for policy in CACHE_POLICIES})
     return out
 
 
+def _scheme(scheme: Scheme | RopeSpec | Mapping) -> tuple[RopeSpec | Mapping, str | None]:
+    """(the method, for ``extend.method_spec``; the cache policy or None)."""
+    if isinstance(scheme, Scheme):
+        return scheme.rope, scheme.policy
+    if isinstance(scheme, RopeSpec):
+        return scheme, None
+    if isinstance(scheme, Mapping):  # {"base", "scaling"} and optionally "policy"
+        return scheme, scheme.get("policy")
+    raise ValueError(f"scheme must be a lm.Scheme, a RopeSpec or a mapping with 'base' and 'scaling' (and "
+                     f"optionally 'policy'), got {type(scheme).__name__}.")
+
+
 @torch.no_grad()
-def per_position_loss(model: TinyLM, ids: torch.Tensor, scheme: dict, prompt_len: int = L0) -> torch.Tensor:
-    """Cross-entropy at every position [n, T] for windows ``ids`` [n, T + 1] under one scheme; cached schemes
-    prefill ``prompt_len`` tokens and then decode one token per step."""
+def per_position_loss(model: TinyLM, ids: torch.Tensor, scheme: Scheme | RopeSpec | Mapping,
+                      prompt_len: int = L0) -> torch.Tensor:
+    """Cross-entropy at every position [n, T] for windows ``ids`` [n, T + 1] under one scheme: a :class:`Scheme`,
+    a method's ``RopeSpec`` (one full forward), or a mapping ``{"base", "scaling"[, "policy"]}``. The model's RoPE
+    takes the scheme's base and scaling (``extend.method_spec``); cached schemes prefill ``prompt_len`` tokens and
+    then decode one token per step on the schedule their policy asks for (``kvcache.schedule_for``)."""
     inputs, targets = ids[:, :-1], ids[:, 1:]
-    spec = replace(model.cfg.rope, base=scheme["base"], scaling=scheme["scaling"])
-    policy = scheme.get("policy")
+    rope, policy = _scheme(scheme)
+    spec = method_spec(model.cfg.rope, rope)
     if policy is None:
         logits = model(inputs, rope=spec)
     else:
-        sched = RopeSchedule(spec, model.cfg.head_dim, bucket_growth=2.0 if policy == "bucketed" else None)
+        sched = schedule_for(policy, spec, model.cfg.head_dim)
         logits = decode(TinyLMAdapter(model), inputs, sched, policy, prompt_len=prompt_len).logits
     return torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
 

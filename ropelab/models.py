@@ -13,15 +13,17 @@ Small and readable on purpose: the notebooks train it on two CPU cores. Position
 - ``"cope+rope"``: both.
 
 Attention is computed explicitly (no fused kernel) so notebooks can read the attention maps
-(:meth:`TinyLM.forward_with_attention`). :class:`TinyLMAdapter` drives the model layer by layer for
+(:meth:`TinyLM.forward_with_attention`). :class:`ropelab.adapters.TinyLMAdapter` drives the model layer by layer for
 ``ropelab.kvcache.decode``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -39,11 +41,12 @@ __all__ = [
     "Block",
     "TinyLM",
     "LMOutput",
-    "TinyLMAdapter",
     "alibi_slopes",
     "sinusoidal_table",
     "masked_loss",
     "train",
+    "save_checkpoint",
+    "load_checkpoint",
 ]
 
 PE_TYPES = ("none", "learned", "sinusoidal", "rope", "alibi", "cope", "cope+rope")
@@ -272,37 +275,6 @@ class TinyLM(nn.Module):
         return self.ln_f(h) @ self.embed.weight.T
 
 
-class TinyLMAdapter:
-    """Drives a ``TinyLM`` (pe='rope') layer by layer for ``ropelab.kvcache.decode``: the adapter protocol is
-    ``n_layers``, ``head_dim``, ``rope`` (the model's :class:`RopeSpec`), ``embed(ids)``, ``layer_qkv(i, h)`` ->
-    q, k, v [b, heads, s, d] before RoPE, ``layer_out(i, h, attention_output)`` and ``head(h)`` -> logits."""
-
-    def __init__(self, model: TinyLM):
-        if model.cfg.pe != "rope":
-            raise ValueError(f"TinyLMAdapter needs a model with pe='rope', got {model.cfg.pe!r}.")
-        self.model, self.cfg = model, model.cfg
-        self.n_layers, self.head_dim, self.rope = model.cfg.n_layers, model.cfg.head_dim, model.cfg.rope
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings [b, s, d_model]."""
-        return self.model.embed(ids)
-
-    def layer_qkv(self, i: int, h: torch.Tensor):
-        """Block i's q, k, v [b, h, s, head_dim], before RoPE."""
-        block = self.model.blocks[i]
-        return block.attn.project(block.ln1(h))
-
-    def layer_out(self, i: int, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """The residual stream after block i, given its attention output [b, h, s, head_dim]."""
-        block = self.model.blocks[i]
-        h = h + block.attn.merge(attn)
-        return h + block.mlp(block.ln2(h))
-
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits from the last hidden states."""
-        return self.model.logits(h)
-
-
 def masked_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
     r"""Mean cross-entropy over the positions where ``loss_mask`` is True (all positions when None); a float
     ``loss_mask`` weighs each position (the weighted mean :math:`\sum w_t \ell_t / \sum w_t`)."""
@@ -373,3 +345,39 @@ def train(
                 bar.set_postfix(loss=f"{entry['loss']:.3f}")
     model.eval()
     return history
+
+
+def save_checkpoint(model: TinyLM, path: str | Path, *, dtype: torch.dtype = torch.float32,
+                    meta: Mapping[str, Any] | None = None) -> Path:
+    """Write ``{"config": model.cfg.to_dict(), "state_dict": ...}`` to ``path``, floating tensors cast to
+    ``dtype`` (float16 halves the bytes; :func:`load_checkpoint` reads either back as float32), and ``meta``
+    (a training record) as JSON to ``path`` with the suffix ``.json``. Returns ``path``."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating torch dtype (torch.float32, torch.float16), got {dtype!r}.")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    torch.save({"config": model.cfg.to_dict(), "state_dict": state}, path)
+    if meta is not None:
+        path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+    return path
+
+
+def load_checkpoint(path: str | Path) -> TinyLM:
+    """A checkpoint written by :func:`save_checkpoint` (or the flat-field configs of older ones, see
+    :meth:`ModelConfig.from_dict`) as a float32 ``TinyLM`` in eval mode."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing; `make lm` writes the study checkpoints in data/lm/ "
+                                "(python -m ropelab.lm train, python -m ropelab.extension ...).")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    model = TinyLM(ModelConfig.from_dict(ckpt["config"]))
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()})
+    return model.eval()
+
+
+def __getattr__(name: str):
+    # TinyLMAdapter moved to ropelab.adapters (a deprecated alias here; see CHANGELOG.md).
+    from ._aliases import moved_name
+
+    return moved_name(__name__, name)

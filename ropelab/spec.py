@@ -1,10 +1,11 @@
 r"""One RoPE setting: :class:`RopeSpec`, validated once, read from a Hugging Face config as it is.
 
 A RoPE layer is fixed by five things: the *style* (which dims pair up), the *base* b, the *rotary_dim* r
-(how many leading head dims rotate), a *scaling* (a Hugging Face rope dict: linear, dynamic, yarn,
-longrope, llama3, proportional) and, for the length-dependent scalings, the trained context
-``max_position_embeddings``. Pair i then turns at :math:`\omega_i = b^{-2i/r}` before scaling
-(Su et al. 2021, arXiv 2104.09864; each scaling's formula is in ``ropelab.scaling``).
+(how many leading head dims rotate), a *scaling* (a Hugging Face rope dict of a type in
+``ropelab.scaling.ROPE_TYPES``: linear, dynamic, yarn, longrope, llama3, proportional, or a registered one)
+and, for the length-dependent scalings, the trained context ``max_position_embeddings``. Pair i then turns
+at :math:`\omega_i = b^{-2i/r}` before scaling (Su et al. 2021, arXiv 2104.09864; each scaling's formula
+is in ``ropelab.scaling``).
 
 Real configs are where users fail: the base or the scaling silently dropped because the config schema
 changed. :meth:`RopeSpec.from_hf_config` reads both schemas of ``transformers``:
@@ -33,25 +34,10 @@ from typing import Any
 import torch
 
 from .core import check_style
-from .scaling import check_base, check_rotary_dim, frequencies, parse_scaling
+from .scaling import ROPE_TYPES, SCALING_KEYS, check_base, check_rotary_dim, check_scaling, frequencies, parse_scaling
 
 __all__ = ["RopeSpec", "SCALING_KEYS", "HF_KEYS", "head_dim_of"]
 
-# The keys each rope_type reads (besides rope_type / type), as transformers' own validation lists them
-# (PreTrainedConfig._validate_*_rope_parameters in modeling_rope_utils); a key outside this list is a typo
-# or a schema ropelab does not know.
-SCALING_KEYS: dict[str, frozenset[str]] = {
-    "default": frozenset(),
-    "linear": frozenset({"factor"}),
-    "dynamic": frozenset({"factor"}),
-    "yarn": frozenset({"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
-                       "mscale", "mscale_all_dim", "truncate"}),
-    "longrope": frozenset({"factor", "original_max_position_embeddings", "attention_factor", "short_factor",
-                           "long_factor"}),
-    "llama3": frozenset({"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}),
-    # proportional keeps partial_rotary_factor in the dict: it reads exponents over the full head dim.
-    "proportional": frozenset({"factor", "partial_rotary_factor"}),
-}
 # Keys of a v5 rope_parameters dict that are not scaling keys: they become base and rotary_dim.
 _LIFTED = ("rope_theta", "partial_rotary_factor")
 # The top-level config keys per_layer reads (a config class may name them otherwise: its attribute_map, which
@@ -75,7 +61,9 @@ def __getattr__(name: str):
 
 
 def _lifted(rope_type: str) -> tuple[str, ...]:
-    return ("rope_theta",) if rope_type == "proportional" else _LIFTED
+    """The v5 keys that become base / rotary_dim: all of _LIFTED but those the type reads itself (proportional
+    keeps partial_rotary_factor; ``SCALING_KEYS`` is read off ``ropelab.scaling.ROPE_TYPES``)."""
+    return tuple(k for k in _LIFTED if k not in SCALING_KEYS[rope_type])
 
 
 def _need(config: Any, key: str, where: str = "the config") -> Any:
@@ -129,19 +117,20 @@ class RopeSpec:
         ):
             raise ValueError(f"max_position_embeddings must be a positive int, got {self.max_position_embeddings!r}.")
         if self.scaling is not None:
-            params = parse_scaling(self.scaling)  # a Mapping with a known rope_type, or ValueError
+            params = parse_scaling(self.scaling)  # a Mapping with a known rope_type and known keys, or ValueError
             lifted = [k for k in _lifted(params.rope_type) if k in self.scaling]
             if lifted:
                 raise ValueError(
                     f"scaling holds {lifted}: give rope_theta as base= and partial_rotary_factor as rotary_dim= "
                     "(or build the spec with RopeSpec.from_rope_dict, which lifts them out)."
                 )
-            unknown = sorted(set(self.scaling) - {"rope_type", "type"} - SCALING_KEYS[params.rope_type])
-            if unknown:
+            if self.rotary_dim is not None and ROPE_TYPES[params.rope_type].whole_head:
                 raise ValueError(
-                    f"scaling key(s) {unknown} are not read by rope_type {params.rope_type!r} (it reads "
-                    f"{sorted(SCALING_KEYS[params.rope_type])}); check the spelling."
+                    f"rope_type {params.rope_type!r} rotates over the whole head and reads partial_rotary_factor "
+                    f"from the scaling dict; leave rotary_dim unset (got {self.rotary_dim})."
                 )
+            # The checks frequencies makes, now: a missing key or L0 raises at construction, not at first use.
+            check_scaling(params, rotary_dim=self.rotary_dim, max_position_embeddings=self.max_position_embeddings)
             object.__setattr__(self, "scaling", types.MappingProxyType(dict(self.scaling)))
 
     @property

@@ -29,6 +29,7 @@ from ropelab.kernels.decode_attention import (  # noqa: E402
     error_bound,
     fp32_angle_error,
 )
+from ropelab.scaling import EXAMPLE_HEAD_DIM, EXAMPLE_MAX_POSITION_EMBEDDINGS, LENGTH_DEPENDENT  # noqa: E402
 
 da = importlib.import_module("ropelab.kernels.decode_attention")  # the module (the package exports the function)
 
@@ -106,40 +107,28 @@ def test_head_dims(d):
     assert within(got, q, k, v, lengths, **kw)[0] < 1
 
 
-LENGTH_DEPENDENT_EXAMPLES = {
-    "default": {},
-    "linear": {"factor": 4.0},
-    "dynamic": {"factor": 4.0},
-    "yarn": {"factor": 4.0, "original_max_position_embeddings": 32},
-    "longrope": {"factor": 4.0, "original_max_position_embeddings": 32, "short_factor": [1.0] * 16,
-                 "long_factor": [1.0 + 0.3 * i for i in range(16)]},
-    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
-    "proportional": {"factor": 2.0, "partial_rotary_factor": 0.5},
-}
-
-
 def test_every_length_dependent_scaling_in_the_kernel():
     """Which rope types move with the current length L is read off ropelab.scaling (not assumed); for each
     of them the kernel, fed the frequencies of L, matches the oracle at L, and the frame of L0 is far off."""
-    assert set(LENGTH_DEPENDENT_EXAMPLES) == set(ROPE_TYPES)
+    d, l0 = EXAMPLE_HEAD_DIM, EXAMPLE_MAX_POSITION_EMBEDDINGS  # the sizes the records' examples are valid at
     moving = []
-    for name, params in LENGTH_DEPENDENT_EXAMPLES.items():
-        sc = {"rope_type": name, **params}
-        a = frequencies(32, rope_scaling=sc, seq_len=32, max_position_embeddings=32)
-        b = frequencies(32, rope_scaling=sc, seq_len=160, max_position_embeddings=32)
+    for name, rec in ROPE_TYPES.items():
+        sc = dict(rec.example)
+        a = frequencies(d, rope_scaling=sc, seq_len=l0, max_position_embeddings=l0)
+        b = frequencies(d, rope_scaling=sc, seq_len=5 * l0, max_position_embeddings=l0)
         if not torch.equal(a[0], b[0]) or a[1] != b[1]:
             moving.append(name)
-    assert sorted(moving) == ["dynamic", "longrope"]
-    q, k, v = make(batch=2, hq=4, hkv=2, cap=160, d=32)
-    lengths = torch.tensor([160, 120])
+    assert sorted(moving) == sorted(LENGTH_DEPENDENT)  # the records' flags say which types move, and they do
+    q, k, v = make(batch=2, hq=4, hkv=2, cap=5 * l0, d=d)
+    lengths = torch.tensor([5 * l0, 4 * l0])
     for name in moving:
-        sc = {"rope_type": name, **LENGTH_DEPENDENT_EXAMPLES[name]}
-        inv, af = frequencies(32, rope_scaling=sc, seq_len=160, max_position_embeddings=32)
+        sc = dict(ROPE_TYPES[name].example)
+        inv, af = frequencies(d, rope_scaling=sc, seq_len=5 * l0, max_position_embeddings=l0)
         kw = dict(inv_freq=inv, attention_factor=af)
         got = decode_attention(q, k, v, lengths, split_len=64, backend="triton", **kw)
         ratio, bound = within(got, q, k, v, lengths, **kw)
         assert ratio < 1, (name, ratio)
-        inv0, af0 = frequencies(32, rope_scaling=sc, seq_len=32, max_position_embeddings=32)
+        inv0, af0 = frequencies(d, rope_scaling=sc, seq_len=l0, max_position_embeddings=l0)
         stale = decode_attention_oracle(q, k, v, lengths, inv_freq=inv0, attention_factor=af0)
         assert float(((stale - got.double()).abs() / bound).max()) > 10, name
 
@@ -249,7 +238,7 @@ def test_kernel_policy_equals_the_full_forward_over_every_prefix(rope, monkeypat
     """One layer, so the cache holds exactly what a full forward computes: at every step L the kernel
     policy must give Hugging Face's full-forward logits over L tokens (threshold of the recompute test in
     tests/test_kvcache.py), agree with the PyTorch rope_on_load policy, and post_rope must not."""
-    from ropelab.hf import HFLlamaAdapter
+    from ropelab.adapters import HFLlamaAdapter
     from ropelab.kvcache import RopeSchedule, decode
 
     calls = []

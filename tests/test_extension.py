@@ -12,6 +12,7 @@ from ropelab import extension as ext
 from ropelab import lm
 from ropelab.models import TinyLM
 from ropelab.scaling import critical_pair, default_inv_freq, frequencies, pair_at_turns
+from ropelab.spec import RopeSpec
 
 
 def test_key_markers_never_occur_in_the_corpus_but_their_bytes_do():
@@ -157,7 +158,8 @@ def test_probe_model_retrieves_within_l0(probe_model):
 def test_finetuned_checkpoints_carry_their_method(method):
     model = ext.load_model(ext.finetuned_checkpoint(method))
     m = ext.methods(ext.FT_SCALE, model.cfg.head_dim)[method]
-    assert model.cfg.rope.base == m["base"] and model.cfg.rope.scaling == m["scaling"]
+    assert model.cfg.rope.base == m.base and model.cfg.rope.scaling == m.scaling
+    assert ext.method_spec(model.cfg.rope, m) == model.cfg.rope
     meta = json.loads(ext.finetuned_checkpoint(method).with_suffix(".json").read_text())
     assert meta["steps"] == ext.FT_STEPS and meta["context"] == ext.FT_LENGTH and meta["method"] == method
 
@@ -181,3 +183,77 @@ def test_finetune_and_probe_training_run(tmp_path):
     assert len(h) == 1 and math.isfinite(h[0]["loss"])
     with pytest.raises(ValueError, match="fine-tune one of"):
         ext.finetune("Llama 3", steps=1, out=tmp_path / "x.pt", progress=False)
+
+
+def test_the_study_table_is_extends_at_this_studys_l0():
+    """ropelab.extension's methods and analytics are ropelab.extend's with base 10000 and L0 = lm.L0 as defaults:
+    the calls notebook 07 makes, positional and keyword, give what extend gives with both passed in."""
+    from ropelab import extend
+
+    got, want = ext.methods(4.0, 32), extend.methods(4.0, 32, base=10000.0, original=lm.L0)
+    assert got == want and all(m.max_position_embeddings == lm.L0 for m in got.values())
+    assert ext.ratio_table(4.0, 32) == extend.ratio_table(4.0, 32, base=10000.0, original=lm.L0)
+    assert ext.ratio_table(2.0, 16, original=64, base=500.0) == extend.ratio_table(2.0, 16, base=500.0, original=64)
+    ratio = got["NTK-aware"].frequencies(32, seq_len=4 * lm.L0)[0] / default_inv_freq(32, 1e4)
+    assert ext.out_of_range_pairs(ratio, 4.0, 32, 1e4) == extend.out_of_range_pairs(ratio, 4.0, 32, 1e4, lm.L0)
+    assert ext.ntk_alpha_in_range(2.0, 128, 10000.0, 4096) == extend.ntk_alpha_in_range(2.0, 128, 10000.0, 4096)
+    assert ext.ntk_alpha_in_range(4.0, 32, 1e4) == extend.ntk_alpha_in_range(4.0, 32, 1e4, lm.L0)
+    with pytest.raises(TypeError):
+        extend.methods(4.0, 32)  # the pure table takes the model's base and L0 from its caller
+
+
+def test_extend_is_pure():
+    """ropelab.extend trains nothing: it imports no study, model or training module (explorers rely on it)."""
+    import ast
+    from pathlib import Path
+
+    from ropelab import extend
+
+    tree = ast.parse(Path(extend.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
+    assert imported <= {"scaling", "spec"}, imported
+
+
+def test_method_spec_keeps_the_models_rope_and_rejects_what_is_not_a_method():
+    spec = RopeSpec(style="interleaved", base=500.0, rotary_dim=16, max_position_embeddings=64)
+    yarn = ext.methods(4.0, 32)["YaRN"]
+    out = ext.method_spec(spec, yarn)
+    assert (out.style, out.rotary_dim, out.max_position_embeddings) == ("interleaved", 16, 64)
+    assert out.base == yarn.base and out.scaling == yarn.scaling
+    assert ext.method_spec(spec, {"base": yarn.base, "scaling": dict(yarn.scaling)}) == out
+    with pytest.raises(ValueError, match="method must be"):
+        ext.method_spec(spec, {"scaling": None})
+
+
+def test_list_prints_the_finetuned_methods(capsys):
+    assert ext.main(["list"]) == 0
+    assert capsys.readouterr().out.splitlines() == list(ext.FINETUNED)
+
+
+@pytest.mark.parametrize("path", sorted(lm.LM_DIR.glob("*.pt")), ids=lambda p: p.stem)
+def test_committed_checkpoints_load_bit_identically_through_the_one_reader(path):
+    """models.load_checkpoint gives exactly the tensors the two readers it replaced gave (their code, kept here):
+    lm.load_lm's (float32 as stored) and extension.load_model's (float16 cast to float32)."""
+    from ropelab.models import ModelConfig, load_checkpoint
+
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    old = TinyLM(ModelConfig.from_dict(ckpt["config"]))
+    if path == lm.CHECKPOINT:
+        old.load_state_dict(ckpt["state_dict"])
+    else:
+        old.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()})
+    new = load_checkpoint(path)
+    assert new.cfg == old.cfg and not new.training
+    a, b = old.state_dict(), new.state_dict()
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def test_make_lm_reads_the_finetuned_methods_from_the_package():
+    """One list of fine-tuned methods (FINETUNED): the Makefile asks `python -m ropelab.extension list` for it."""
+    from pathlib import Path
+
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    assert "-m ropelab.extension list" in makefile
+    assert not any(f'"{m}"' in makefile or f" {m} " in makefile for m in ext.FINETUNED)

@@ -1,9 +1,10 @@
-"""The 2D 'symbol above' task (ropelab.gridtask): axial RoPE solves it, flattened 1D RoPE cannot for all widths."""
+"""The 2D 'symbol above' task (ropelab.studies.nb08_gridtask): axial RoPE solves it, flattened 1D
+RoPE cannot for all widths."""
 
 import pytest
 import torch
 
-from ropelab.gridtask import GridAttention, grid_accuracy, grid_batch, train_grid
+from ropelab.studies.nb08_gridtask import GridAttention, grid_accuracy, grid_batch, train_grid
 
 
 def test_targets_are_the_symbol_above():

@@ -1,4 +1,4 @@
-"""ropelab.hf: the Hugging Face Llama adapter runs the model's own weights layer by layer."""
+"""ropelab.adapters: the Hugging Face Llama adapter runs the model's own weights layer by layer."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from _helpers import tiny_llama
 
-from ropelab.hf import HFLlamaAdapter
+from ropelab.adapters import HFLlamaAdapter
 from ropelab.kvcache import RopeSchedule, full_forward
 from ropelab.spec import RopeSpec
 

@@ -34,7 +34,7 @@ def test_apply_rope_names_a_bad_base(base):
     [
         ({"rope_type": "linear"}, "factor"),
         ({"rope_type": "dynamic"}, "factor"),
-        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}, "beta_fast"),
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}, "attention_factor"),
         ({"rope_type": "yarn", "factor": 4.0}, "original_max_position_embeddings"),
         (
             {

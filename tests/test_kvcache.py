@@ -7,8 +7,8 @@ import torch
 from _helpers import tiny_llama as _tiny_llama
 
 from ropelab import apply_rope
+from ropelab.adapters import HFLlamaAdapter
 from ropelab.attention import attend as ropelab_attend
-from ropelab.hf import HFLlamaAdapter
 from ropelab.kvcache import (
     BUILTIN_POLICIES,
     POLICIES,
@@ -188,3 +188,47 @@ def test_fill_loads_an_empty_layer_as_the_policy_stores_it():
     raw = RotaryKVCache(sched, "rope_on_load", 1)
     raw.fill(0, keys, values)
     assert raw.frame[0] is None  # raw keys have no frame
+
+
+def test_a_registered_policy_with_buckets_runs_through_decode_and_lm_with_no_other_edit():
+    """A toy policy that needs a bucketed schedule (growth 3) declares it on its class; kvcache.decode refuses a
+    schedule without buckets, schedule_for builds the right one, and lm.per_position_loss asks the policy for it.
+    Being Bucketed's re-rotation at another growth, it must give recompute's logits on the same bucketed
+    schedule (consistent at every step), and not those of the unbucketed schedule."""
+    from dataclasses import replace
+
+    from ropelab import lm
+    from ropelab.kvcache import Bucketed, schedule_for
+    from ropelab.models import TinyLM, TinyLMAdapter
+
+    class Tripling(Bucketed):
+        name = "test_tripling"
+        bucket_growth = 3.0
+
+    torch.manual_seed(0)
+    model = TinyLM(lm.model_config(n_layers=2, d_model=32, n_heads=2, rope=RopeSpec(max_position_embeddings=16)))
+    with torch.no_grad():  # sharper attention than at init, so a wrong schedule shows in the logits
+        for block in model.blocks:
+            block.attn.qkv.weight.mul_(6.0)
+    model.eval()
+    ad = TinyLMAdapter(model)
+    spec = replace(model.cfg.rope, scaling={"rope_type": "dynamic", "factor": 4.0})
+    ids = torch.randint(0, 256, (2, 61), generator=torch.Generator().manual_seed(1))
+    register_policy(Tripling)
+    try:
+        sched = schedule_for("test_tripling", spec, model.cfg.head_dim)
+        assert sched.bucket_growth == 3.0 and schedule_for("post_rope", spec, 16).bucket_growth is None
+        with pytest.raises(ValueError, match="bucket_growth=3"):
+            decode(ad, ids, RopeSchedule(spec, 16), "test_tripling")
+        mine = decode(ad, ids[:, :-1], sched, "test_tripling", prompt_len=8)
+        assert mine.cache.rerotations == 2 * 2  # per layer: at L = 17 (bucket 48) and L = 49 (bucket 144)
+        ref = decode(ad, ids[:, :-1], RopeSchedule(spec, 16, bucket_growth=3.0), "recompute", prompt_len=8).logits
+        plain = decode(ad, ids[:, :-1], RopeSchedule(spec, 16), "recompute", prompt_len=8).logits
+        eps = torch.finfo(torch.float32).eps
+        assert (mine.logits - ref).abs().max() < 1e3 * eps < (plain - ref).abs().max()
+        loss = lm.per_position_loss(model, ids, lm.Scheme(spec, "test_tripling"), prompt_len=8)
+        want = torch.nn.functional.cross_entropy(ref.transpose(1, 2), ids[:, 1:], reduction="none")
+        assert (loss - want).abs().max() < 1e3 * eps
+        assert "test_tripling" not in " ".join(lm.schemes(16))  # registering joins no study's evaluation
+    finally:
+        POLICIES.pop("test_tripling")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from ropelab import lm
 
@@ -56,27 +57,64 @@ def test_schemes_switch_rope_without_touching_the_shared_config(model):
 def test_static_ntk_aware_is_alpha_s_and_dynamic_reaches_s_squared_minus_s_plus_1():
     """Static NTK-aware at alpha = s is 4.39 b (r = 32, s = 4); Hugging Face's dynamic formula at L = s L0 is the
     same expression at alpha = s^2 - s + 1 = 13 (15.4 b), checked against ropelab.scaling and transformers."""
-    import torch
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from ropelab.scaling import ntk_base
+    from ropelab.scaling import ntk_aware_base, ntk_base
 
     r, s, b = 32, lm.SCALE, 10000.0
-    assert abs(lm.static_ntk_base(b, r, s) / b - 4.0 ** (32 / 30)) < 1e-12 and 4.38 < 4.0 ** (32 / 30) < 4.40
+    assert abs(ntk_aware_base(b, r, s) / b - 4.0 ** (32 / 30)) < 1e-12 and 4.38 < 4.0 ** (32 / 30) < 4.40
     dyn = ntk_base(b, r, s * lm.L0, lm.L0, s)
-    assert abs(dyn / lm.static_ntk_base(b, r, s * s - s + 1) - 1) < 1e-12 and 15.3 < dyn / b < 15.5
+    assert abs(dyn / ntk_aware_base(b, r, s * s - s + 1) - 1) < 1e-12 and 15.3 < dyn / b < 15.5
     cfg = LlamaConfig(hidden_size=128, num_attention_heads=4, head_dim=r, max_position_embeddings=lm.L0,
                       rope_parameters={"rope_type": "dynamic", "factor": s, "rope_theta": b})
     inv_hf, _ = ROPE_INIT_FUNCTIONS["dynamic"](cfg, "cpu", seq_len=int(s * lm.L0))
     inv = 1.0 / dyn ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
     assert torch.allclose(inv_hf.double(), inv, rtol=1e-6)
-    assert lm.schemes(r)["NTK-aware"]["base"] == lm.static_ntk_base(b, r, s)
+    assert lm.schemes(r)["NTK-aware"].rope.base == ntk_aware_base(b, r, s)
+    with pytest.warns(DeprecationWarning, match="ntk_aware_base"):
+        assert lm.static_ntk_base(b, r, s) == ntk_aware_base(b, r, s)  # the deprecated name notebook 05 calls
+
+
+def test_schemes_are_extends_methods_under_notebook_05s_labels_and_an_explicit_policy_tuple():
+    """Notebook 05's schemes, in its order: five methods of ropelab.extend.methods, one full forward each, then
+    dynamic NTK under each of lm.CACHE_POLICIES. A policy registered later joins no evaluation."""
+    from ropelab import extend, kvcache
+
+    r = 32
+    table = extend.methods(lm.SCALE, r, base=10000.0, original=lm.L0)
+    got = lm.schemes(r)
+    assert list(got) == ["no scaling", "linear (PI)", "NTK-aware", "YaRN", "dynamic NTK, full sequence",
+                         *(f"dynamic NTK, cache {p}" for p in lm.CACHE_POLICIES)]
+    assert lm.CACHE_POLICIES == ("post_rope", "recompute", "bucketed", "rope_on_load")
+    for label, name in lm.METHODS.items():
+        assert got[label] == lm.Scheme(table[name], None)
+    assert all(got[f"dynamic NTK, cache {p}"] == lm.Scheme(table["dynamic NTK"], p) for p in lm.CACHE_POLICIES)
+
+    @kvcache.register_policy
+    class Late(kvcache.PostRope):
+        name = "test_late_policy"
+
+    try:
+        assert list(lm.schemes(r)) == list(got)
+    finally:
+        del kvcache.POLICIES["test_late_policy"]
+
+
+def test_per_position_loss_takes_a_scheme_a_spec_or_a_mapping_alike(model):
+    """The three forms of one scheme give the same loss: they put the same base and scaling on the model's RoPE."""
+    _, val = lm.load_corpus()
+    ids = lm.val_windows(val, 1, 24)
+    yarn = lm.schemes(model.cfg.head_dim)["YaRN"]
+    a = lm.per_position_loss(model, ids, yarn)
+    b = lm.per_position_loss(model, ids, yarn.rope)
+    c = lm.per_position_loss(model, ids, {"base": yarn.rope.base, "scaling": dict(yarn.rope.scaling)})
+    assert torch.equal(a, b) and torch.equal(a, c)
+    with pytest.raises(ValueError, match="scheme must be"):
+        lm.per_position_loss(model, ids, "YaRN")
 
 
 def test_bootstrap_intervals_cover_the_mean_and_pair_the_windows():
-    import torch
-
     g = torch.Generator().manual_seed(0)
     x = torch.randn(40, 3, generator=g, dtype=torch.float64)
     m, lo, hi = lm.bootstrap_means(x)

@@ -91,3 +91,29 @@ def test_forward_rope_override_equals_a_model_built_with_that_spec():
     assert torch.equal(model(x, rope=spec), other(x))
     out = model.forward_with_attention(x)
     assert torch.equal(out.logits, model(x)) and len(out.attention) == 2 and out.attention[0].shape == (2, 4, 9, 9)
+
+
+def test_checkpoint_round_trip_in_float32_and_float16(tmp_path):
+    """save_checkpoint / load_checkpoint: float32 comes back exactly, float16 as the float16 value in float32; the
+    training record lands beside the weights; the config (a RoPE with a scaling dict) round-trips."""
+    import json
+
+    from ropelab.models import load_checkpoint, save_checkpoint
+
+    torch.manual_seed(0)
+    rope = RopeSpec(scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16},
+                    max_position_embeddings=16)
+    model = TinyLM(ModelConfig(vocab_size=11, d_model=32, n_heads=2, n_layers=1, rope=rope))
+    for dtype in (torch.float32, torch.float16):
+        path = save_checkpoint(model, tmp_path / f"m_{dtype}.pt", dtype=dtype, meta={"dtype": str(dtype)})
+        back = load_checkpoint(path)
+        assert back.cfg == model.cfg and not back.training
+        assert json.loads(path.with_suffix(".json").read_text()) == {"dtype": str(dtype)}
+        got = back.state_dict()
+        for k, v in model.state_dict().items():
+            assert got[k].dtype == torch.float32 and torch.equal(got[k], v.to(dtype).float()), k
+    assert save_checkpoint(model, tmp_path / "no_meta.pt").exists() and not (tmp_path / "no_meta.json").exists()
+    with pytest.raises(ValueError, match="dtype must be"):
+        save_checkpoint(model, tmp_path / "x.pt", dtype=torch.int8)
+    with pytest.raises(FileNotFoundError, match="make lm"):
+        load_checkpoint(tmp_path / "missing.pt")

@@ -12,7 +12,7 @@ import pytest
 import ropelab
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = sorted(p.stem for p in (ROOT / "ropelab").glob("*.py") if p.stem != "__init__")
+MODULES = sorted(p.stem for p in (ROOT / "ropelab").glob("*.py") if not p.stem.startswith("_"))
 MODULES += sorted(p.name for p in (ROOT / "ropelab").iterdir() if (p / "__init__.py").is_file())
 OWN_API = MODULES
 

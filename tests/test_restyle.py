@@ -1,4 +1,5 @@
-"""ropelab.restyle: the same weights under another RoPE style, as they are (mixed) or permuted (converted)."""
+"""ropelab.studies.nb01_restyle: the same weights under another RoPE style, as they are (mixed) or permuted
+(converted)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import torch
 from ropelab.convert import interleaved_to_half
 from ropelab.models import ModelConfig, TinyLM
 from ropelab.precision import unit_roundoff
-from ropelab.restyle import loss_in_dtype, permuted, restyled, rotated_qk
 from ropelab.spec import RopeSpec
-from ropelab.tasks import lag_copy
+from ropelab.studies.nb01_restyle import loss_in_dtype, permuted, restyled, rotated_qk
+from ropelab.studies.nb04_selective_copy import lag_copy
 
 
 @pytest.fixture(scope="module")

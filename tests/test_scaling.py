@@ -41,7 +41,8 @@ def test_yarn_attention_factor_is_0_1_ln_s_plus_1():
 def test_parse_scaling_and_rotary_dim_checks():
     assert parse_scaling(None).rope_type == "default"
     assert parse_scaling({"type": "linear", "factor": 2.0}).rope_type == "linear"  # the legacy key
-    assert set(ROPE_TYPES) == {"default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional"}
+    for name, rec in ROPE_TYPES.items():  # every record's example is a valid dict of its type
+        assert parse_scaling(rec.example).rope_type == name
     with pytest.raises(ValueError, match="unknown rope_type"):
         parse_scaling({"rope_type": "ntk"})
     for r, match in [(7, "even"), (0, "positive"), (18, "larger than the head dim")]:

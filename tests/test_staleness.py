@@ -7,7 +7,7 @@ import torch
 from _helpers import tiny_llama
 
 from ropelab import frequencies
-from ropelab.hf import HFLlamaAdapter
+from ropelab.adapters import HFLlamaAdapter
 from ropelab.kvcache import RopeSchedule
 from ropelab.spec import RopeSpec
 from ropelab.staleness import drift_probe, effective_position, pair_energy, stale_phase_error

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from ropelab.tasks import BLANK, SEP, SelectiveCopy, copy_errors, selective_copy_splits
+from ropelab.studies.nb04_selective_copy import BLANK, SEP, SelectiveCopy, copy_errors, selective_copy_splits
 
 
 def test_sequences_hold_the_symbols_and_their_copy(gen):
@@ -101,7 +101,7 @@ def test_bad_input_raises():
 
 
 def test_gate_statistics_on_hand_made_gates():
-    from ropelab.tasks import gate_statistics
+    from ropelab.studies.nb04_selective_copy import gate_statistics
 
     is_symbol = torch.tensor([True, False, True, False])[None, None, None, :]  # [1, 1, 1, 4]
     gates = torch.tensor([[[[1.0, 0.0, 0.8, 0.02]], [[0.5, 0.5, 0.5, 0.5]]]])  # [1, 2 heads, 1 query, 4 keys]
@@ -121,7 +121,7 @@ def test_source_positions_read_p_at_the_source_key():
     """With gates 1 on non-blank keys and 0 on blanks, every answer's source sits at p = n + 1 (the n - t + 1
     symbols from the source on, the separator and t - 1 answers); with all gates 1, at the token distance + 1."""
     from ropelab.cope import contextual_positions
-    from ropelab.tasks import source_positions
+    from ropelab.studies.nb04_selective_copy import source_positions
 
     task = SelectiveCopy(n_symbols=4, n_blanks=9, alphabet=5)
     inputs, _, _ = task.sample(6, torch.Generator().manual_seed(3))
@@ -142,7 +142,7 @@ def test_source_positions_read_p_at_the_source_key():
 
 def test_learning_rate_choice_uses_validation_only():
     """The choice reads the validation errors (ties: validation loss) and never the test errors."""
-    from ropelab.tasks import select_learning_rates
+    from ropelab.studies.nb04_selective_copy import select_learning_rates
 
     def run(pe, lr, seed, val, loss, test):
         return {"pe": pe, "lr": lr, "seed": seed, "validation": {"sequence_error": val, "loss": loss},
@@ -159,7 +159,7 @@ def test_learning_rate_choice_uses_validation_only():
 
 
 def test_steps_to_error():
-    from ropelab.tasks import steps_to_error
+    from ropelab.studies.nb04_selective_copy import steps_to_error
 
     hist = [{"step": 25, "loss": 1.0}, {"step": 50, "loss": 0.5, "in_dist_sequence_error": 0.3},
             {"step": 100, "loss": 0.1, "in_dist_sequence_error": 0.005}]
@@ -169,7 +169,7 @@ def test_steps_to_error():
 def test_sweep_results_do_not_depend_on_the_worker_count(tmp_path):
     """Two worker processes give the same numbers as one (each run: its seed, one thread); and the results file
     round-trips through save/load with its schema checked."""
-    from ropelab.tasks import (
+    from ropelab.studies.nb04_selective_copy import (
         RESULTS_SCHEMA,
         load_selective_copy_results,
         run_selective_copy_sweep,

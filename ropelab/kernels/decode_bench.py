@@ -190,12 +190,11 @@ def _bench_one(b, length, heads, head_dim, dtype, rope, l0, repeats, flush, warm
     }
     traffic, extra = {}, {}
     pos = torch.tensor([n])
-    for policy in POLICIES:  # the PyTorch policies and the kernel policy (registered by ropelab.kernels)
-        sched = RopeSchedule(spec, head_dim, bucket_growth=2.0 if policy == "bucketed" else None)
-        rotated = policy in ("post_rope", "bucketed")
+    for policy, cls in POLICIES.items():  # the PyTorch policies and the kernel policy (registered by ropelab.kernels)
+        sched = cls.schedule(spec, head_dim)  # bucketed where the policy says so
         held = {}
 
-        def setup(sched=sched, policy=policy, rotated=rotated, held=held):
+        def setup(sched=sched, policy=policy, rotated=cls.rotated, held=held):
             # steady state: n cached keys in the current frame; the step appends token L at index L - 1
             held["cache"] = RotaryKVCache(sched, policy, 1)
             held["cache"].fill(0, (k_post if rotated else k_raw)[:, :, :n], v[:, :, :n], frame_length=length,
@@ -204,14 +203,16 @@ def _bench_one(b, length, heads, head_dim, dtype, rope, l0, repeats, flush, warm
         results[f"policy {policy}"] = _timed(lambda held=held: held["cache"].step(0, q, k1, v1, pos, length),
                                              repeats, flush, setup, warmup)
         traffic[f"policy {policy}"] = held["cache"].bytes_read + held["cache"].bytes_written
-        if policy == "bucketed":
-            def boundary(sched=sched, held=held):  # the cached keys are in the frame of L/2
-                held["cache"] = RotaryKVCache(sched, "bucketed", 1)
-                held["cache"].fill(0, k_post[:, :, :n], v[:, :, :n], frame_length=max(l0, length // 2))
+        if cls.bucket_growth is not None:
+            def boundary(sched=sched, policy=policy, held=held, g=cls.bucket_growth):
+                # the cached keys (rotated: a bucketed policy re-rotates them) are in the previous bucket's frame
+                held["cache"] = RotaryKVCache(sched, policy, 1)
+                held["cache"].fill(0, k_post[:, :, :n], v[:, :, :n], frame_length=max(l0, int(length / g)))
 
             ts = _timed(lambda held=held: held["cache"].rerotate(0, inv, af), max(1, repeats // 10), flush,
                         boundary, warmup)
-            extra["policy bucketed"] = {"boundary_ms": statistics.median(ts) * 1e3, "boundary_every_steps": length}
+            extra[f"policy {policy}"] = {"boundary_ms": statistics.median(ts) * 1e3,
+                                         "boundary_every_steps": int((cls.bucket_growth - 1) * length)}
     rows = []
     for method, ts in results.items():
         row = {"batch": b, "cached_tokens": length, "method": method, **_quantiles(ts),

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .models import ModelConfig, TinyLM, train
+from ..models import ModelConfig, TinyLM, train
 
 __all__ = [
     "BLANK",
@@ -286,7 +286,8 @@ def run_selective_copy_sweep(
 
 
 def selective_copy_protocol(smoke: bool = False) -> dict:
-    """The settings notebook 04 runs (and ``python -m ropelab.tasks`` repeats): every encoding, the same
+    """The settings notebook 04 runs (and ``python -m ropelab.studies.nb04_selective_copy`` repeats): every
+    encoding, the same
     learning-rate sweep, seeds and steps. ``smoke`` gives tiny sizes for the test suite."""
     if smoke:
         return dict(pes=["none", "learned", "rope", "cope"], lrs=[3e-3], seeds=[0], steps=30, batch=32,
@@ -502,13 +503,15 @@ def load_selective_copy_results(path: str | os.PathLike) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ropelab.tasks --threads N [--workers W] --out PATH``: run notebook 04's full sweep (same
+    """``python -m ropelab.studies.nb04_selective_copy --threads N [--workers W] --out PATH``: run notebook 04's
+    full sweep (same
     splits, encodings, learning rates, seeds and steps) with N threads per training run, and write the
     selected learning rates, the per-seed test errors at them and every run's validation and test errors.
     Notebook 04 compares its own run against such files to show how far the thread count moves the numbers."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m ropelab.tasks", description=main.__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ropelab.studies.nb04_selective_copy",
+                                     description=main.__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads per training run")
     parser.add_argument("--workers", type=int, default=1, help="training runs at once (processes)")
     parser.add_argument("--out", required=True, help="JSON file to write")
@@ -528,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
         for pe, sel in selected.items()
     }
     record = {
-        "command": "python -m ropelab.tasks " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m ropelab.studies.nb04_selective_copy "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
         "protocol": proto, "threads_per_run": args.threads, "torch": torch.__version__,
         "selected": {
             pe: {"lr": s["lr"], "sweep": {str(k): v for k, v in s["sweep"].items()}} for pe, s in selected.items()

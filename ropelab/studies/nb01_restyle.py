@@ -17,9 +17,9 @@ from dataclasses import replace
 
 import torch
 
-from .convert import permute_qkv_weight
-from .core import STYLES, apply_rope
-from .models import TinyLM, masked_loss
+from ..convert import permute_qkv_weight
+from ..core import STYLES, apply_rope
+from ..models import TinyLM, masked_loss
 
 __all__ = ["restyled", "permuted", "rotated_qk", "loss_in_dtype"]
 

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .core import apply_rope
-from .machine import one_thread
-from .multiaxis import MultiAxis, flat_positions, grid_positions
+from ..core import apply_rope
+from ..machine import one_thread
+from ..multiaxis import MultiAxis, flat_positions, grid_positions
 
 __all__ = ["grid_batch", "GridAttention", "train_grid", "grid_accuracy", "PES"]
 

@@ -1,0 +1,11 @@
+"""The code of one notebook's study each, named for the notebook it serves (rasbt's LLMs-from-scratch names its
+files by chapter): a reader in notebook NN opens ``nbNN_*.py``.
+
+- ``nb01_restyle``: a trained TinyLM's weights run in another RoPE style, as they are or with W_q, W_k permuted;
+- ``nb04_selective_copy``: the CoPE paper's Selective Copy task, notebook 04's learning-rate sweep and its results file;
+- ``nb08_gridtask``: notebook 08's 2D task (copy the symbol above), one attention head with axial or flattened RoPE.
+
+The primitives these build on (``core``, ``spec``, ``models``, ...) never import a study.
+"""
+
+__all__: list[str] = []
