@@ -61,6 +61,7 @@ clean:
 
 # The conformance sweep (ropelab.conformance): RopeSpec.per_layer against transformers' own modeling code for every
 # RoPE model type of the installed transformers; writes data/conformance/transformers-<version>.json and the
-# measured convention table ropelab/hf_conventions.py. Exits 1 on any disagreement.
+# measured convention table ropelab/conformance/hf_table.py. Exits 1 on any disagreement, 2 when the measured
+# conventions differ from the committed table (then rerun the model types it names against the new table).
 conformance: setup
 	OMP_NUM_THREADS=1 $(PY) -m ropelab.conformance

@@ -41,7 +41,7 @@ __all__ = ["RopeSpec", "SCALING_KEYS", "HF_KEYS", "head_dim_of"]
 # Keys of a v5 rope_parameters dict that are not scaling keys: they become base and rotary_dim.
 _LIFTED = ("rope_theta", "partial_rotary_factor")
 # The top-level config keys per_layer reads (a config class may name them otherwise: its attribute_map, which
-# the conformance sweep records per model type in ropelab.hf_conventions).
+# the conformance sweep records per model type in ropelab.conformance.hf_table).
 HF_KEYS = frozenset({"num_hidden_layers", "hidden_size", "num_attention_heads", "head_dim", "qk_rope_head_dim",
                      "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters",
                      "partial_rotary_factor", "rotary_dim", "rotary_pct", "layer_types", "no_rope_layers"})
@@ -51,11 +51,11 @@ def __getattr__(name: str):
     if name == "INTERLEAVED_MODEL_TYPES":  # the old hand-typed list; the pairing is measured now
         import warnings
 
-        from .hf_conventions import CONVENTIONS
+        from .conformance.hf_table import CONVENTIONS
 
         warnings.warn("ropelab.spec.INTERLEAVED_MODEL_TYPES is deprecated: the pairing of each model type is "
-                      "measured on transformers' code, see ropelab.hf_conventions.CONVENTIONS.", DeprecationWarning,
-                      stacklevel=2)
+                      "measured on transformers' code, see ropelab.conformance.hf_table.CONVENTIONS.",
+                      DeprecationWarning, stacklevel=2)
         return frozenset(t for t, c in CONVENTIONS.items() if c.get("style") == "interleaved")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -197,9 +197,10 @@ class RopeSpec:
         v4 or v5 schema; see the module docstring for the keys read.
 
         The config's ``model_type`` selects what transformers' modeling code fixes and the config does not say,
-        measured by ``python -m ropelab.conformance`` into ``ropelab.hf_conventions``: the pairing (unless the
+        measured by ``python -m ropelab.conformance`` into ``ropelab.conformance.hf_table``: the pairing (unless the
         config has ``rope_interleave``), a rotary fraction the code fixes, the layer types without RoPE, the
-        config class's key aliases and its v4 rule for per-layer-type rope dicts. A model type the table does
+        config class's key aliases, the rotary-slice keys the code does not read, and its v4 rule for
+        per-layer-type rope dicts (or the v4 keys it drops, which raise here). A model type the table does
         not hold raises, unless ``style=`` is given (then no family-specific rule applies)."""
         config, conv = _with_conventions(config, style)
         n_layers = _need(config, "num_hidden_layers")
@@ -260,7 +261,7 @@ def head_dim_of(config: Any) -> int:
 
 def _with_conventions(config: Any, style: str | None) -> tuple[Any, Mapping[str, Any]]:
     """(config with its class's aliases resolved, the measured conventions of its model type)."""
-    from .hf_conventions import CONVENTIONS, TRANSFORMERS_VERSION
+    from .conformance.hf_table import CONVENTIONS, TRANSFORMERS_VERSION
 
     model_type = _get(config, "model_type")
     conv = CONVENTIONS.get(model_type)
@@ -275,6 +276,17 @@ def _with_conventions(config: Any, style: str | None) -> tuple[Any, Mapping[str,
     if conv.get("style") not in ("half", "interleaved"):
         raise ValueError(f"model type {model_type!r}: transformers' rotation pairs its dims as {conv.get('style')!r}, "
                          "which RopeSpec cannot represent (it has style 'half' and 'interleaved').")
+    if "rotations" in conv and style is None:
+        listed = ", ".join(f"{fn}: {st}" for fn, st in conv["rotations"].items())
+        raise ValueError(f"model type {model_type!r}: its layers apply RoPE through functions that pair dims "
+                         f"differently ({listed}; in transformers a sparse-attention indexer and the main attention), "
+                         "and one RopeSpec per layer holds one pairing; pass style= for the rotation you mean.")
+    dropped = [k for k in conv.get("v4", {}).get("ignored_keys", ()) if _get(config, k) is not None
+               and _get(config, "rope_parameters") is None]
+    if dropped:
+        raise ValueError(f"model type {model_type!r}: the config has the v4 key(s) {dropped}, which transformers' "
+                         f"config class for it does not read (the model runs without them); write them into "
+                         "rope_parameters, or drop them to get what transformers runs.")
     if conv.get("direction", 1) != 1:
         raise ValueError(f"model type {model_type!r}: transformers rotates by -m*omega (rotate_half with flipped "
                          "signs), which RopeSpec cannot represent (its rotation is counter-clockwise, Su et al.).")
@@ -300,9 +312,10 @@ def _with_partial(config: Any, params: Mapping[str, Any], head_dim: int, conv: M
     params = dict(params)
     if "partial_rotary_factor" in params or params.get("rope_type") == "proportional":
         return params
+    ignored = set(conv.get("ignored_keys", ()))  # declared by the config class, never read by its modeling code
     for key, value in (("partial_rotary_factor", _get(config, "partial_rotary_factor")),
                        ("rotary_dim", _get(config, "rotary_dim")), ("rotary_pct", _get(config, "rotary_pct"))):
-        if value is None:
+        if value is None or key in ignored:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{key} must be a number, got {type(value).__name__} {value!r}.")

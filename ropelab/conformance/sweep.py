@@ -1,37 +1,4 @@
-r"""Conformance sweep: ``RopeSpec.per_layer`` against transformers' own modeling code, every RoPE model type.
-
-``python -m ropelab.conformance`` (``make conformance``) writes ``data/conformance/transformers-<version>.json``
-and the convention table ``ropelab/hf_conventions.py`` it measures. For each model type of the installed
-transformers:
-
-1. **Found by reading the library.** Every model type of ``CONFIG_MAPPING_NAMES`` whose modeling source
-   defines a ``*Rotary*`` class or a module-level function whose name holds ``rotary`` / ``rope``, or whose
-   configuration source mentions ``rope_parameters`` / ``rope_theta``. No list of model types is typed here.
-2. **A tiny model from its own config class**: a few layers, two heads of the default head size, small
-   vocabulary and MLPs; every RoPE field as the class sets it. Variants: the same config with a ``linear``
-   and a ``yarn`` scaling in the v5 schema (``rope_parameters``), and the ``linear`` one written the v4 way
-   (``rope_theta`` and ``rope_scaling`` at the top, as an old ``config.json`` holds them).
-3. **transformers' own code per layer.** The module-level rotation functions of the modeling module
-   (``apply_rotary_pos_emb`` and kin) are wrapped to record their inputs and outputs, the whole tiny model
-   runs one float64 forward on 9 tokens at positions up to 4095, and each call is attributed to the decoder
-   layer that made it. A layer that ran but made no call applies no RoPE (NoPE, or no attention at all).
-4. **ropelab on the same input**: ``apply_rope(q, positions, spec=RopeSpec.per_layer(config_dict)[layer])``
-   in float64, on every recorded query/key, compared element by element.
-
-Tolerance. transformers forms ``inv_freq`` and the angles :math:`m\omega_i` in float32 and rounds cos/sin to
-float32 (then casts them to the model's float64). ``inv_freq = b ** (2i/r)`` in float32 has relative error up
-to :math:`(\ln b + 8)u` (:math:`u = 2^{-24}`; the exponent's rounding is amplified by :math:`\ln b`, the
-scalings add a few roundings), the angle one more, cos/sin one each. So a rotated pair of norm
-:math:`\rho` may move by :math:`a\rho\,(|m\omega_i|(\ln b + 9) + 4)u` (a the attention factor), and a dim that
-passes through not at all (float64 copies: :math:`16 u_{64}|x|`). The bound is formed per element from
-ropelab's own spec; a layer agrees when every element is within it. A wrong pairing, base, scaling or
-rotary slice moves elements by a fraction of their size, many orders above the bound.
-
-Conventions measured (``ropelab/hf_conventions.py``): transformers' rotation function, called with basis
-vectors at the recorded cos/sin, gives each position's matrix; the coupled dims give the pairing (``half``
-(i, i + r/2) or ``interleaved`` (2i, 2i + 1)) and the rotary slice :math:`r/d`. ``RopeSpec.per_layer`` reads
-the pairing there; the fraction only when the config names none (the modeling code fixes it).
-"""
+r"""The conformance sweep itself (the design: ``ropelab.conformance``'s docstring)."""
 
 from __future__ import annotations
 
@@ -49,17 +16,16 @@ from typing import Any
 
 import torch
 
-from .core import apply_rope, pair_indices
-from .hf_conventions import CONVENTIONS
-from .spec import HF_KEYS, RopeSpec, head_dim_of
+from ..core import apply_rope, pair_indices
+from ..spec import HF_KEYS, RopeSpec, head_dim_of
 
 __all__ = ["discover", "sweep_model_type", "sweep", "measure_convention", "write_conventions", "main"]
 
 U32, U64 = 2.0**-24, 2.0**-53
 N_LAYERS = 8  # enough for the layer patterns of transformers' configs (every 4th, 6th layer ...)
 N_HEADS = 2
-CONVENTIONS_PATH = pathlib.Path(__file__).with_name("hf_conventions.py")
-DATA_DIR = pathlib.Path(__file__).resolve().parent.parent / "data" / "conformance"
+TABLE_PATH = pathlib.Path(__file__).with_name("hf_table.py")
+DATA_DIR = pathlib.Path(__file__).resolve().parents[2] / "data" / "conformance"
 
 _ROT_FN = re.compile(r"^def (\w*(?:rotary|rope)\w*)\(", re.M)
 _ROT_CLS = re.compile(r"^class (\w*Rotary\w*)\(", re.M)
@@ -255,6 +221,15 @@ def _run(config, module, dtype) -> dict:
             rec.layer = i
             rec.ran.append(i)
         hooks.append(layer.register_forward_pre_hook(pre))
+    rotary = []  # (module, position_ids, output) of every call of a *Rotary* module: the positions it really saw
+
+    def seen(m, args, kwargs, out):
+        p = args[1] if len(args) > 1 else kwargs.get("position_ids")
+        rotary.append((m, args, kwargs, out, p))
+
+    for m in model.modules():
+        if "Rotary" in type(m).__name__:
+            hooks.append(m.register_forward_hook(seen, with_kwargs=True))
     saved = {n: getattr(module, n) for n in names}
     positions = positions_for(getattr(config, "max_position_embeddings", None))
     ids = torch.randint(0, min(getattr(config, "vocab_size", 128) or 128, 100), (1, len(positions)))
@@ -276,7 +251,14 @@ def _run(config, module, dtype) -> dict:
             setattr(module, n, saved[n])
         for h in hooks:
             h.remove()
-    return {"calls": rec.calls, "ran": sorted(set(rec.ran)), "positions": positions, "dtype": str(dtype)}
+    # A model may replace the positions it is given (CSM's depth decoder numbers its codebooks 0, 1, 2, ... and
+    # ignores position_ids): compare at the positions its rotary module was called with.
+    used = {tuple(p.reshape(-1, p.shape[-1])[0].tolist()) for *_, p in rotary
+            if isinstance(p, torch.Tensor) and p.dim() in (1, 2) and p.shape[-1] == len(positions)}
+    if len(used) == 1 and list(next(iter(used))) != positions:
+        positions = list(next(iter(used)))
+    return {"calls": rec.calls, "ran": sorted(set(rec.ran)), "positions": positions, "dtype": str(dtype),
+            "rotary": rotary}
 
 
 def _pairs(call) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -415,8 +397,9 @@ def _error(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}"[:300]
 
 
-def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False) -> dict:
-    """The conformance record of one model type (see the module docstring)."""
+def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False, diagnose: bool = True) -> dict:
+    """The conformance record of one model type (see ``ropelab.conformance``); ``diagnose=False`` skips the
+    diagnose probes (the v4 variant, the same rotary as the v5 linear one, is never probed)."""
     from transformers import CONFIG_MAPPING
 
     row: dict[str, Any] = {"module": info["module"]}
@@ -442,7 +425,8 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False)
     measured = _config_conventions(config_cls, kw)
     for name, kwargs in runs.items():
         row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs,
-                                               measured if name == "default" else None)
+                                               measured if name == "default" else None,
+                                               probe=diagnose and "v4" not in name)
     default = row["variants"]["default"]
     for v in list(row["variants"].values())[1:]:
         v.pop("convention", None)
@@ -455,12 +439,32 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False)
         row["status"] = "disagree"
     else:
         row["status"] = "agree"
+    from .hf_table import CONVENTIONS
+
+    entry = table_entry(row.get("convention"))
+    if entry is not None:  # this run's measurement against the committed table the comparison used
+        committed = CONVENTIONS.get(model_type)
+        row["table"] = ("absent" if committed is None else
+                        "matches" if json.loads(json.dumps(committed)) == json.loads(json.dumps(entry)) else "differs")
+    probes = [pr for v in row["variants"].values() for pr in (v.get("diagnose") or {}).get("probes", [])]
+    if probes:
+        probed = [pr for pr in probes if pr["status"] != "not probed"]
+        fields = sorted({f for pr in probed for f, ok in pr["fields"].items() if not ok})
+        row["diagnose"] = ("not probed" if not probed else "mismatch: " + ", ".join(fields) if fields else "match")
     return row
+
+
+def table_entry(conv: dict | None) -> dict | None:
+    """The convention-table entry of a measured convention (None where nothing was measured)."""
+    if not conv or "style" not in conv:
+        return None
+    return {k: v for k, v in conv.items() if k != "call_dim"}
 
 
 def _config_conventions(config_cls, kw: dict) -> dict:
     """What the config class itself does with the keys ropelab reads: its aliases (``attribute_map``), and how a
-    v4 ``rope_theta`` / ``rope_scaling`` reaches each layer type of a nested ``rope_parameters``."""
+    v4 ``rope_theta`` / ``rope_scaling`` reaches each layer type of a nested ``rope_parameters``, or whether the
+    class drops them (Cohere2-MoE declares ``rope_scaling`` as a field of its own and never converts it)."""
     out: dict[str, Any] = {}
     aliases = {k: v for k, v in (getattr(config_cls, "attribute_map", None) or {}).items() if k in HF_KEYS}
     if aliases:
@@ -476,6 +480,11 @@ def _config_conventions(config_cls, kw: dict) -> dict:
         out["v4"] = {"scaled_layer_types": sorted(t for t, p in nested.items() if p.get("rope_type") == "linear"),
                      "default_theta": {t: p.get("rope_theta") for t, p in sorted(nested.items())
                                        if p.get("rope_theta") != theta}}
+    elif params and not nested:
+        ignored = [k for k, read in (("rope_theta", params.get("rope_theta") == theta),
+                                     ("rope_scaling", params.get("rope_type") == "linear")) if not read]
+        if ignored:
+            out["v4"] = {"ignored_keys": ignored}
     return out
 
 
@@ -492,8 +501,50 @@ def _config_dict(config_cls, kwargs: dict, v4: bool) -> tuple[Any, dict]:
     return config, d
 
 
-def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None) -> dict:
-    """One config variant: transformers' calls per layer against ``RopeSpec.per_layer`` of its dict."""
+def _measure_calls(calls, positions) -> dict:
+    """The convention of each rotation function the layers called (first call of each, in call order): the
+    first one's, plus ``rotations`` {function: style} where functions of one layer pair differently (the
+    DeepSeek-V3.2 indexer: half; its main attention: interleaved)."""
+    by_fn: dict[str, dict] = {}
+    for c in calls:
+        name = c["fn"].__name__
+        if name not in by_fn:
+            by_fn[name] = measure_convention(c, positions)
+    first = dict(next(iter(by_fn.values())))
+    kinds = {(m.get("style"), m.get("rotating_dims"), tuple(m.get("output_permutation") or ())) for m in by_fn.values()}
+    if len(kinds) > 1:
+        first["rotations"] = {n: m.get("style") for n, m in by_fn.items()}
+    return first
+
+
+_SLICE_KEYS = ("rotary_dim", "rotary_pct", "partial_rotary_factor")
+
+
+def _ignored_slice_keys(d: dict, conv: dict, head_dim: int, sliced: bool) -> list[str]:
+    """Top-level rotary-slice keys of the config dict that transformers' code does not read: the slice it rotates
+    (measured) is not the one the key says (MiniMax-M3 declares ``rotary_dim`` and rotates by its rope dict)."""
+    params = d.get("rope_parameters") or {}
+    if not isinstance(params, dict) or "partial_rotary_factor" in params or "rotating_dims" not in conv:
+        return []
+    r = conv["rotating_dims"] if not sliced else conv["call_dim"]
+    out = []
+    for key in _SLICE_KEYS:
+        v = d.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        says = int(v) if key == "rotary_dim" else int(head_dim * float(v))
+        if says != r:
+            out.append(key)
+    return out
+
+
+def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None, probe: bool = True) -> dict:
+    """One config variant: transformers' calls per layer against ``RopeSpec.per_layer`` of its dict.
+
+    ``per_layer`` reads the committed convention table (a previous run's measurement); this run's measurement
+    (``measure`` is not None for the default variant) is only recorded, never used in the comparison."""
+    from .hf_table import CONVENTIONS
+
     v4 = "rope_scaling" in kwargs
     try:
         config, d = _config_dict(config_cls, kwargs, v4)
@@ -510,33 +561,36 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None)
         return {"status": "not covered", "reason": "a rotation call outside the decoder layers (e.g. a vision "
                 "tower or an encoder); the sweep attributes calls to decoder layers only"}
     out: dict[str, Any] = {"positions": run["positions"], "dtype": run["dtype"]}
-    try:  # every variant: the output order (undone before comparing) may depend on the config
-        out["convention"] = measure_convention(run["calls"][0], run["positions"])
+    try:
+        head_dim = head_dim_of({**d, **{k: d[v] for k, v in getattr(config_cls, "attribute_map", {}).items()
+                                        if v in d and k not in d}})
     except Exception as e:  # noqa: BLE001
-        out["convention"] = {"error": _error(e)}
+        return {**out, "status": "not covered", "reason": f"ropelab: {_error(e)}"}
+    call_dim = _pairs(run["calls"][0])[0][0].shape[-1]
+    sliced = call_dim < head_dim  # the attention hands the function only the rotary slice (GPT-J)
     if measure is not None:
+        try:
+            conv = _measure_calls(run["calls"], run["positions"])
+        except Exception as e:  # noqa: BLE001
+            conv = {"error": _error(e)}
         types = list(getattr(config, "layer_types", None) or [])
         called = {c["layer"] for c in run["calls"]}
         if len(types) == config.num_hidden_layers:
             silent = [i in run["ran"] and i not in called for i in range(len(types))]
-            out["convention"]["nope_layer_types"] = sorted(
-                t for t in set(types) if all(s for s, u in zip(silent, types) if u == t))
-    if measure is not None and "style" in out.get("convention", {}):
-        out["convention"].update(measure)
-        if d.get("rope_theta") is None and not d.get("rope_parameters") and "measured_base" in out["convention"]:
-            out["convention"]["fixed_base"] = out["convention"]["measured_base"]  # no key holds it: code fixes it
-    perm = (out.get("convention") or {}).get("output_permutation")
-    try:
-        head_dim = head_dim_of({**d, **{k: d[v] for k, v in getattr(config_cls, "attribute_map", {}).items()
-                                        if v in d and k not in d}})
-        if "rotating_dims" in out.get("convention", {}):
-            out["convention"]["rotary_fraction"] = out["convention"]["rotating_dims"] / head_dim
-    except Exception as e:  # noqa: BLE001
-        out.update(status="not covered", reason=f"ropelab: {_error(e)}")
-        return out
-    if measure is not None and "style" in out.get("convention", {}):
-        # The table RopeSpec reads, in step with this run's measurement (written out at the end of the sweep).
-        CONVENTIONS[model_type] = {k: v for k, v in out["convention"].items() if k != "call_dim"}
+            conv["nope_layer_types"] = sorted(t for t in set(types)
+                                              if all(s for s, u in zip(silent, types) if u == t))
+        if "style" in conv:
+            conv.update(measure)
+            if d.get("rope_theta") is None and not d.get("rope_parameters") and "measured_base" in conv:
+                conv["fixed_base"] = conv["measured_base"]  # no key holds it: the modeling code fixes it
+            if "rotating_dims" in conv:
+                conv["rotary_fraction"] = conv["rotating_dims"] / head_dim
+            ignored = _ignored_slice_keys(d, conv, head_dim, sliced)
+            if ignored:
+                conv["ignored_keys"] = ignored
+        out["convention"] = conv
+    committed = CONVENTIONS.get(model_type) or {}
+    perm = committed.get("output_permutation")  # transformers' output order, from the committed table
     try:
         specs = RopeSpec.per_layer(d)
     except Exception as e:  # noqa: BLE001
@@ -555,8 +609,6 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None)
             entry["transformers"] = "no rotation call (the layer applies no RoPE)"
             entry["status"] = "agree" if spec.is_nope else "disagree"
         else:
-            call_dim = _pairs(calls[0])[0][0].shape[-1]
-            sliced = call_dim < head_dim  # the attention hands the function only the rotary slice (GPT-J)
             if sliced and (spec.rotary_dim or head_dim) != call_dim:
                 entry.update(status="disagree", reason=f"transformers rotates {call_dim} of {head_dim} dims, ropelab "
                              f"{spec.rotary_dim or head_dim}")
@@ -577,7 +629,86 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None)
     out["status"] = "disagree" if "disagree" in st else ("agree" if "agree" in st else "not covered")
     if out["status"] == "not covered":
         out["reason"] = layers[0].get("reason", "no layer compared")
+    elif out["status"] == "agree" and probe:
+        out["diagnose"] = diagnose_probe(run, specs, layers, sliced, head_dim)
     return out
+
+
+def _black_box(call, rotary_call, layout: str):
+    """``x -> rotated x`` from transformers' own pieces: the rotary module (called with positions 0 .. s-1, in
+    x's dtype) and the rotation function, at the recorded call's other arguments."""
+    module, r_args, r_kwargs, r_out, _ = rotary_call
+    outs = list(r_out) if isinstance(r_out, (tuple, list)) else [r_out]
+    where = {i: k for i, a in enumerate(call["args"]) for k, o in enumerate(outs) if a is o}
+    n_rot = len(_pairs(call))
+    tensor_args = [i for i, a in enumerate(call["args"]) if isinstance(a, torch.Tensor)][:n_rot]
+    s_axis = layout.split().index("s")
+
+    def fn(x):
+        pos = torch.arange(x.shape[s_axis])[None]
+        args = list(r_args)
+        args[0] = x
+        kw = dict(r_kwargs)
+        if len(args) > 1:
+            args[1] = pos
+        else:
+            kw["position_ids"] = pos
+        new = module(*args, **kw)
+        new = list(new) if isinstance(new, (tuple, list)) else [new]
+        call_args = list(call["args"])
+        for i in tensor_args:
+            call_args[i] = x
+        for i, k in where.items():
+            call_args[i] = new[k]
+        out = call["fn"](*call_args, **call["kwargs"])
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    return fn, bool(where)
+
+
+def diagnose_probe(run, specs, layers, sliced: bool, head_dim: int) -> dict:
+    """``ropelab.diagnose`` on transformers' real rotary of the first layer of each distinct spec, as a black box,
+    and whether its reading matches the spec: style, base, rotary_dim, scaling type."""
+    from ..diagnosis import diagnose
+
+    probes = []
+    seen = set()
+    for entry in layers:
+        i = entry["layer"]
+        spec = specs[i]
+        if entry["status"] != "agree" or spec.is_nope or spec in seen:
+            continue
+        seen.add(spec)
+        call = next(c for c in run["calls"] if c["layer"] == i)
+        x = _pairs(call)[0][0]
+        layout = _layout(tuple(x.shape), len(run["positions"]))
+        rotary = [r for r in run["rotary"] if any(a is o for a in call["args"]
+                                                  for o in (r[3] if isinstance(r[3], (tuple, list)) else [r[3]]))]
+        if not rotary:
+            probes.append({"layer": i, "status": "not probed", "reason": "the rotation's cos/sin are not a rotary "
+                           "module's outputs as they are (reshaped or sliced on the way)"})
+            continue
+        fn, _ = _black_box(call, rotary[0], layout)
+        d = x.shape[-1]
+        r = d if sliced else (spec.rotary_dim or head_dim)
+        want = {"style": spec.style, "base": spec.base, "rotary_dim": r, "scaling": spec.rope_type}
+        try:
+            dg = diagnose(fn, layout=layout, sizes={"d": d}, dtype=torch.float32,
+                          max_position=min(4096, spec.max_position_embeddings or 4096))
+        except Exception as e:  # noqa: BLE001
+            probes.append({"layer": i, "status": "not probed", "reason": f"diagnose raised {_error(e)}"})
+            continue
+        unrecognised = (dg.scaling or "").startswith("unrecognised")
+        got = {"style": dg.style, "base": dg.base, "rotary_dim": dg.rotary_dim,
+               "scaling": None if unrecognised or dg.scaling is None else
+               (dg.rope_scaling or {}).get("rope_type", (dg.rope_scaling or {}).get("type", "default"))}
+        match = {"style": got["style"] == want["style"],
+                 "base": got["base"] is not None and abs(got["base"] / want["base"] - 1) < 1e-3,
+                 "rotary_dim": got["rotary_dim"] == want["rotary_dim"],
+                 "scaling": got["scaling"] == want["scaling"]}
+        probes.append({"layer": i, "status": "match" if all(match.values()) else "mismatch", "spec": want,
+                       "diagnose": got, "fields": match, "problems": list(dg.codes)})
+    return {"probes": probes}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -594,41 +725,67 @@ def sweep(model_types: list[str] | None = None, *, only_default: bool = False, l
     torch.set_num_threads(1)
     found = discover()
     chosen = sorted(found) if model_types is None else list(model_types)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rows = {}
     for mt in chosen:
         t = time.perf_counter()
         try:
             rows[mt] = sweep_model_type(mt, found[mt], only_default=only_default)
+            rows[mt]["seconds"] = round(time.perf_counter() - t, 2)  # lets a test pick the quickest per class
         except Exception as e:  # noqa: BLE001 - one family's failure is a row, never the end of the sweep
             rows[mt] = {"module": found[mt]["module"], "status": "not covered",
                         "reason": f"sweep error: {_error(e)}", "trace": traceback.format_exc(limit=3)[-600:]}
         if log:
             log(f"{mt:40s} {rows[mt]['status']:12s} {time.perf_counter() - t:5.2f}s {rows[mt].get('reason', '')[:90]}")
+    return summarise(rows, found, transformers.__version__, seconds=time.perf_counter() - t0,
+                     cpu_seconds=time.process_time() - c0)
+
+
+def reason_class(reason: str) -> str:
+    """The class of a not-covered reason, for the counts: the text before its first colon."""
+    return reason.split(":")[0].split(" (")[0].strip()
+
+
+def summarise(rows: dict, found: dict, version: str, *, seconds: float, cpu_seconds: float) -> dict:
+    """The JSON table: counts (status, not-covered reasons, convention table check, diagnose), and the rows."""
     counts = {k: sum(r["status"] == k for r in rows.values()) for k in ("agree", "disagree", "not covered")}
-    return {"transformers": transformers.__version__, "torch": torch.__version__,
-            "generated_by": "python -m ropelab.conformance", "seconds": round(time.perf_counter() - t0, 1),
+    reasons: dict[str, int] = {}
+    for r in rows.values():
+        if r["status"] == "not covered":
+            reasons[reason_class(r["reason"])] = reasons.get(reason_class(r["reason"]), 0) + 1
+    table = {k: sorted(mt for mt, r in rows.items() if r.get("table") == k) for k in ("differs", "absent")}
+    diag = {"match": 0, "mismatch": 0, "not probed": 0}
+    fields: dict[str, int] = {}
+    for r in rows.values():
+        v = r.get("diagnose")
+        if v is None:
+            continue
+        key = v.split(":")[0]
+        diag[key] += 1
+        for f in v.split(":")[1].split(",") if ":" in v else []:
+            fields[f.strip()] = fields.get(f.strip(), 0) + 1
+    return {"transformers": version, "torch": torch.__version__,
+            "generated_by": "python -m ropelab.conformance", "seconds": round(seconds, 1),
+            "cpu_seconds": round(cpu_seconds, 1),
             "tolerance": "per element: a*rho*(|m w|(ln b + 9) + 4)*2**-24 on rotated pairs, 16*2**-53*|x| elsewhere",
-            "counts": counts, "discovered": len(found), "conventions": conventions_of(rows), "models": rows}
+            "counts": counts, "not_covered_by_reason": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+            "convention_table": {"measured_differs_from_committed": table["differs"],
+                                 "absent_from_committed": table["absent"]},
+            "diagnose": {"model_types": diag, "mismatched_fields": dict(sorted(fields.items()))},
+            "discovered": len(found), "conventions": conventions_of(rows), "models": dict(sorted(rows.items()))}
 
 
 def conventions_of(rows: dict) -> dict[str, dict]:
-    """{model_type: {"style", "rotary_fraction"}} measured on transformers' own rotation (default variant)."""
-    out = {}
-    for mt, row in sorted(rows.items()):
-        conv = row.get("convention")
-        if conv and "style" in conv:
-            entry = {k: v for k, v in conv.items() if k != "call_dim"}
-            out[mt] = entry
-    return out
+    """{model_type: its convention-table entry} measured on transformers' own rotation (default variant)."""
+    return {mt: table_entry(row.get("convention")) for mt, row in sorted(rows.items())
+            if table_entry(row.get("convention")) is not None}
 
 
-def write_conventions(conventions: dict, version: str, path: pathlib.Path = CONVENTIONS_PATH) -> None:
-    """Write ``ropelab/hf_conventions.py``, the table ``RopeSpec.per_layer`` reads."""
+def write_conventions(conventions: dict, version: str, path: pathlib.Path = TABLE_PATH) -> None:
+    """Write ``ropelab/conformance/hf_table.py``, the table ``RopeSpec.per_layer`` reads."""
     lines = ["# ruff: noqa: E501",
-             f'"""The pairing and rotary slice of every model type, measured on transformers {version}\'s own',
-             "rotation functions by ``python -m ropelab.conformance`` (generated: do not edit; rerun",
-             "``make conformance``).",
+             f'"""The conventions of every model type, measured on transformers {version}\'s own rotation',
+             "functions by ``python -m ropelab.conformance`` (generated: do not edit; rerun ``make conformance``).",
              "",
              "``style``: ``half`` pairs (i, i + r/2), ``interleaved`` (2i, 2i + 1). ``rotary_fraction``: r / head_dim",
              "in the default config of that model type (``RopeSpec.per_layer`` uses it only when the config names",
@@ -641,20 +798,35 @@ def write_conventions(conventions: dict, version: str, path: pathlib.Path = CONV
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model_types", nargs="*", help="only these model types (default: every one found)")
+    ap = argparse.ArgumentParser(description="The conformance sweep: RopeSpec.per_layer against transformers' "
+                                 "own modeling code, every RoPE model type (see ropelab.conformance).")
+    ap.add_argument("model_types", nargs="*", help="only these model types: their rows replace those of the "
+                    "committed JSON (its counts are recomputed, its time is the full sweep's)")
     ap.add_argument("--out", default=None, help="the JSON to write (default data/conformance/transformers-<v>.json)")
-    ap.add_argument("--no-conventions", action="store_true", help="do not rewrite ropelab/hf_conventions.py")
+    ap.add_argument("--no-table", action="store_true", help="do not rewrite ropelab/conformance/hf_table.py")
     args = ap.parse_args(argv)
+    import transformers
+
+    out = pathlib.Path(args.out) if args.out else DATA_DIR / f"transformers-{transformers.__version__}.json"
     table = sweep(args.model_types or None)
-    out = pathlib.Path(args.out) if args.out else DATA_DIR / f"transformers-{table['transformers']}.json"
+    if args.model_types and out.exists():
+        old = json.loads(out.read_text())
+        rows = {**old["models"], **table["models"]}
+        table = {**summarise(rows, discover(), table["transformers"], seconds=old["seconds"],
+                             cpu_seconds=old.get("cpu_seconds", float("nan"))),
+                 "rerun_after_the_full_sweep": sorted(set(old.get("rerun_after_the_full_sweep", []))
+                                                      | set(args.model_types))}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1, sort_keys=False) + "\n")
-    if not args.no_conventions and not args.model_types:
-        write_conventions(table["conventions"], table["transformers"])
+    stale = table["convention_table"]
+    changed = stale["measured_differs_from_committed"] + stale["absent_from_committed"]
+    if not args.no_table and (not args.model_types or changed):
+        from .hf_table import CONVENTIONS
+
+        write_conventions({**(CONVENTIONS if args.model_types else {}), **table["conventions"]}, table["transformers"])
     print(f"{table['counts']} of {table['discovered']} model types in {table['seconds']} s -> {out}")
-    return 1 if table["counts"]["disagree"] else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    if changed:
+        print(f"the measured conventions of {changed} differ from the committed table (now rewritten): review its "
+              "diff, then rerun these model types (`python -m ropelab.conformance " + " ".join(changed) + "`): "
+              "their rows compared against the old table")
+    return 1 if table["counts"]["disagree"] else (2 if changed else 0)

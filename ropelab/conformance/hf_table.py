@@ -1,7 +1,6 @@
 # ruff: noqa: E501
-"""The pairing and rotary slice of every model type, measured on transformers 5.24.0's own
-rotation functions by ``python -m ropelab.conformance`` (generated: do not edit; rerun
-``make conformance``).
+"""The conventions of every model type, measured on transformers 5.24.0's own rotation
+functions by ``python -m ropelab.conformance`` (generated: do not edit; rerun ``make conformance``).
 
 ``style``: ``half`` pairs (i, i + r/2), ``interleaved`` (2i, 2i + 1). ``rotary_fraction``: r / head_dim
 in the default config of that model type (``RopeSpec.per_layer`` uses it only when the config names
@@ -16,18 +15,18 @@ CONVENTIONS: dict[str, dict] = {
     'arcee': {'rotating_dims': 80, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'aria_text': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'axk1': {'output_permutation': [0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63], 'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'rotary_fraction': 1.0},
-    'axk2': {'output_permutation': [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31], 'rotating_dims': 32, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'nope_layer_types': [], 'rotary_fraction': 1.0},
+    'axk2': {'output_permutation': [0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31], 'rotating_dims': 32, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'rotations': {'apply_rotary_pos_emb_interleave': 'interleaved', 'apply_rotary_pos_emb': 'half'}, 'nope_layer_types': [], 'rotary_fraction': 1.0},
     'beam': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': ['full_attention'], 'rotary_fraction': 1.0},
     'bitnet': {'rotating_dims': 128, 'direction': 1, 'measured_base': 500000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'codegen': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'aliases': {'hidden_size': 'n_embd', 'max_position_embeddings': 'n_positions', 'num_attention_heads': 'n_head', 'num_hidden_layers': 'n_layer'}, 'fixed_base': 10000.0, 'rotary_fraction': 0.25},
     'cohere': {'rotating_dims': 128, 'direction': 1, 'measured_base': 500000.0, 'style': 'interleaved', 'rotary_fraction': 1.0},
     'cohere2': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'nope_layer_types': ['full_attention'], 'rotary_fraction': 1.0},
-    'cohere2_moe': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'nope_layer_types': ['full_attention'], 'rotary_fraction': 1.0},
+    'cohere2_moe': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'nope_layer_types': ['full_attention'], 'v4': {'ignored_keys': ['rope_scaling']}, 'rotary_fraction': 1.0},
     'cosmos3_edge_text': {'rotating_dims': 128, 'direction': 1, 'measured_base': 100000000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'csm_depth_decoder_model': {'rotating_dims': 128, 'direction': 1, 'measured_base': 500000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'cwm': {'rotating_dims': 128, 'direction': 1, 'measured_base': 62959000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0},
     'deepseek_v3': {'output_permutation': [0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63], 'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'rotary_fraction': 1.0},
-    'deepseek_v32': {'output_permutation': [0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63], 'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'nope_layer_types': [], 'rotary_fraction': 1.0},
+    'deepseek_v32': {'output_permutation': [0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63], 'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'rotations': {'apply_rotary_pos_emb_interleave': 'interleaved', 'apply_rotary_pos_emb': 'half'}, 'nope_layer_types': [], 'rotary_fraction': 1.0},
     'deepseek_v4': {'rotating_dims': 64, 'style': 'other: rotating dims [448, 449, 450, 451]... of 512', 'nope_layer_types': [], 'v4': {'scaled_layer_types': ['compress'], 'default_theta': {'compress': 160000.0}}, 'rotary_fraction': 1.0},
     'diffllama': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'doge': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0},
@@ -85,7 +84,7 @@ CONVENTIONS: dict[str, dict] = {
     'minicpm3': {'rotating_dims': 32, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'minimax': {'rotating_dims': 128, 'direction': 1, 'measured_base': 1000000.0, 'style': 'half', 'nope_layer_types': ['linear_attention'], 'rotary_fraction': 1.0},
     'minimax_m2': {'rotating_dims': 128, 'direction': 1, 'measured_base': 5000000.0, 'style': 'half', 'rotary_fraction': 1.0},
-    'minimax_m3_vl_text': {'rotating_dims': 128, 'direction': 1, 'measured_base': 5000000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0},
+    'minimax_m3_vl_text': {'rotating_dims': 128, 'direction': 1, 'measured_base': 5000000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0, 'ignored_keys': ['rotary_dim']},
     'ministral3': {'rotating_dims': 128, 'direction': 1, 'measured_base': 58710000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'mistral': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'mistral4': {'output_permutation': [0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63], 'rotating_dims': 64, 'direction': 1, 'measured_base': 2916500.0, 'style': 'interleaved', 'rotary_fraction': 1.0},
