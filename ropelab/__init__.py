@@ -17,6 +17,8 @@ the runner ``figures``.
   (``apply_rope``, ``rotate``, ``cos_sin``, ``pair_indices``, ``parse_layout``, ``Layout``, ``STYLES``,
   ``resolve_positions``, ``varlen_positions``, ``rotation_matrix``, ``reference_matrix``, ``reference_complex``);
 - ``spec``: one RoPE setting, validated once, read from a Hugging Face config (``RopeSpec``);
+- ``conformance``: the conformance sweep against transformers' own modeling code, a package (``sweep``, and
+  ``hf_table``, the convention table it generates and ``spec`` reads; ``python -m ropelab.conformance``);
 - ``convert``: the permutation between the two styles, for vectors and q/k weights;
 - ``multiaxis``: multi-axis positions: M-RoPE (contiguous and interleaved sections) and 2D/3D axial RoPE;
 - ``mla``: MLA's decoupled RoPE: absorption, KV-cache bytes, DeepSeek-V3's rotary part;

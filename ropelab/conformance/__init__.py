@@ -59,3 +59,5 @@ or that the rest passes through unchanged. Rotations inlined in the attention (n
 function), composite configs (their text sub-config is swept as its own model type) and models that need
 inputs other than tokens are not covered, each row saying why.
 """
+
+__all__: list[str] = []  # the names live in the submodules: ``sweep`` (heavy) and ``hf_table`` (data)

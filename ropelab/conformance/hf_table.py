@@ -6,6 +6,8 @@ functions by ``python -m ropelab.conformance`` (generated: do not edit; rerun ``
 in the default config of that model type (``RopeSpec.per_layer`` uses it only when the config names
 no fraction). The other keys are described in ``ropelab.conformance``."""
 
+__all__ = ["TRANSFORMERS_VERSION", "CONVENTIONS"]
+
 TRANSFORMERS_VERSION = '5.24.0'
 
 CONVENTIONS: dict[str, dict] = {
@@ -27,7 +29,7 @@ CONVENTIONS: dict[str, dict] = {
     'cwm': {'rotating_dims': 128, 'direction': 1, 'measured_base': 62959000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0},
     'deepseek_v3': {'output_permutation': [0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63], 'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'rotary_fraction': 1.0},
     'deepseek_v32': {'output_permutation': [0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63], 'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'rotations': {'apply_rotary_pos_emb_interleave': 'interleaved', 'apply_rotary_pos_emb': 'half'}, 'nope_layer_types': [], 'rotary_fraction': 1.0},
-    'deepseek_v4': {'rotating_dims': 64, 'style': 'other: rotating dims [448, 449, 450, 451]... of 512', 'nope_layer_types': [], 'v4': {'scaled_layer_types': ['compress'], 'default_theta': {'compress': 160000.0}}, 'rotary_fraction': 1.0},
+    'deepseek_v4': {'rotating_dims': 64, 'style': 'other: rotating dims [448, 449, 450, 451]... of 512', 'nope_layer_types': [], 'v4': {'scaled_layer_types': ['compress'], 'default_theta': {'compress': 160000.0}}, 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'diffllama': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'doge': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'dory': {'rotating_dims': 256, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0},
@@ -52,8 +54,8 @@ CONVENTIONS: dict[str, dict] = {
     'glm4_moe_lite': {'output_permutation': [0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63], 'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'aliases': {'head_dim': 'qk_rope_head_dim'}, 'rotary_fraction': 1.0},
     'glm_moe_dsa': {'output_permutation': [0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63], 'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'nope_layer_types': [], 'rotary_fraction': 1.0},
     'glm_ocr_text': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'rotary_fraction': 1.0},
-    'gpt_neox': {'rotating_dims': 24, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 0.25},
-    'gpt_neox_japanese': {'rotating_dims': 80, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0},
+    'gpt_neox': {'rotating_dims': 24, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'v4': {'ignored_keys': ['rope_theta']}, 'rotary_fraction': 0.25},
+    'gpt_neox_japanese': {'rotating_dims': 80, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'v4': {'ignored_keys': ['rope_theta']}, 'rotary_fraction': 1.0},
     'gpt_oss': {'rotating_dims': 64, 'direction': 1, 'measured_base': 23903000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0},
     'gptj': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'aliases': {'hidden_size': 'n_embd', 'max_position_embeddings': 'n_positions', 'num_attention_heads': 'n_head', 'num_hidden_layers': 'n_layer'}, 'fixed_base': 10000.0, 'rotary_fraction': 0.25},
     'granite': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0},

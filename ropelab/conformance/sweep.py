@@ -19,7 +19,9 @@ import torch
 from ..core import apply_rope, pair_indices
 from ..spec import HF_KEYS, RopeSpec, head_dim_of
 
-__all__ = ["discover", "sweep_model_type", "sweep", "measure_convention", "write_conventions", "main"]
+__all__ = ["discover", "tiny_kwargs", "variants", "positions_for", "run_transformers", "bound", "compare_call",
+           "measure_convention", "diagnose_probe", "sweep_model_type", "table_entry", "sweep", "reason_class",
+           "REASON_CLASSES", "summarise", "readme_paragraph", "conventions_of", "write_conventions", "main"]
 
 U32, U64 = 2.0**-24, 2.0**-53
 N_LAYERS = 8  # enough for the layer patterns of transformers' configs (every 4th, 6th layer ...)
@@ -481,7 +483,9 @@ def _config_conventions(config_cls, kw: dict) -> dict:
                      "default_theta": {t: p.get("rope_theta") for t, p in sorted(nested.items())
                                        if p.get("rope_theta") != theta}}
     elif params and not nested:
-        ignored = [k for k, read in (("rope_theta", params.get("rope_theta") == theta),
+        # A key is dropped when the class's rope dict holds something else in its place (a dict without
+        # rope_theta at all says nothing: the modeling code may still read the attribute).
+        ignored = [k for k, read in (("rope_theta", params.get("rope_theta", theta) == theta),
                                      ("rope_scaling", params.get("rope_type") == "linear")) if not read]
         if ignored:
             out["v4"] = {"ignored_keys": ignored}
@@ -741,9 +745,28 @@ def sweep(model_types: list[str] | None = None, *, only_default: bool = False, l
                      cpu_seconds=time.process_time() - c0)
 
 
+# The classes of not-covered reasons the counts use: (a phrase of the reason, the class), first match wins.
+REASON_CLASSES = (
+    ("composite config", "composite config: the RoPE lives in a sub-config, swept as its own model type"),
+    ("no module-level rotation function", "rotation inlined in the attention (no module-level apply function)"),
+    ("made no call to a rotation function", "rotation inlined in the attention (no module-level apply function)"),
+    ("no AutoModel and no *Model class", "no model class runs on this config class alone (a component)"),
+    ("pair dims differently", "ropelab refuses: two pairings in one layer (a sparse-attention indexer)"),
+    ("RopeSpec cannot represent", "ropelab refuses: a rotation RopeSpec cannot represent"),
+    ("are not read by rope_type", "ropelab refuses: a RoPE variant ropelab does not have (multimodal, llama4 keys)"),
+    ("ropelab:", "ropelab refuses the config it reads (ValueError)"),
+    ("missing", "the model needs inputs other than tokens"),
+    ("pixel_values", "the model needs inputs other than tokens"),
+    ("input_features", "the model needs inputs other than tokens"),
+    ("cannot run on tokens", "transformers' model fails on the sweep's tiny config"),
+    ("tiny config cannot be built", "the config class rejects the sweep's tiny sizes"),
+    ("does not import", "the modeling module needs a package not installed"),
+)
+
+
 def reason_class(reason: str) -> str:
-    """The class of a not-covered reason, for the counts: the text before its first colon."""
-    return reason.split(":")[0].split(" (")[0].strip()
+    """The class of a not-covered reason, for the counts (``REASON_CLASSES``; else the text before its colon)."""
+    return next((c for phrase, c in REASON_CLASSES if phrase in reason), reason.split(":")[0])
 
 
 def summarise(rows: dict, found: dict, version: str, *, seconds: float, cpu_seconds: float) -> dict:
@@ -775,6 +798,36 @@ def summarise(rows: dict, found: dict, version: str, *, seconds: float, cpu_seco
             "discovered": len(found), "conventions": conventions_of(rows), "models": dict(sorted(rows.items()))}
 
 
+def readme_paragraph(table: dict, load: str = "about 7") -> str:
+    """The README's paragraph on the committed table (``tests/test_conformance.py`` requires it there verbatim)."""
+    c, d = table["counts"], table["diagnose"]["model_types"]
+    fields = ", ".join(f"{f} {n}" for f, n in table["diagnose"]["mismatched_fields"].items()) or "none"
+    lines = [
+        f"`make conformance` (`python -m ropelab.conformance`) runs transformers' own modeling code for every model "
+        f"type of the installed transformers that uses rotary embeddings, found by reading the library "
+        f"({table['discovered']} in transformers {table['transformers']}), on a tiny config of its own config class "
+        "(default; linear and yarn in the v5 schema; linear in the v4 schema), and compares each layer's rotated "
+        "queries and keys with `apply_rope(x, spec=RopeSpec.per_layer(config)[layer])` in float64, element by "
+        "element within a float32 rounding bound. `per_layer` takes what the config does not say (pairing, a fixed "
+        "rotary fraction, NoPE layer types, aliases, ignored keys, v4 rules) from the convention table "
+        "`ropelab/conformance/hf_table.py`, generated by the previous run and checked against a fresh measurement. "
+        f"Result (`data/conformance/transformers-{table['transformers']}.json`): **{c['agree']} agree, "
+        f"{c['disagree']} disagree and {c['not covered']} not covered**, each with its reason:",
+        ""]
+    for reason, n in table["not_covered_by_reason"].items():
+        lines.append(f"- {reason}: {n}")
+    lines += ["",
+              f"`diagnose`, probing each covered family's real rotary as a black box, reads the spec's style, base, "
+              f"rotary_dim and scaling type for {d['match']} match of {d['match'] + d['mismatch']} model types "
+              f"probed; {d['mismatch']} do not (fields: {fields}; see \"where it cannot decide\" above), "
+              f"{d['not probed']} could not be probed. The sweep took {round(table['seconds'] / 60)} min wall "
+              f"({round(table['cpu_seconds'] / 60)} min of CPU) on one thread, on a machine shared with other jobs "
+              f"(load average {load}). A new transformers release: rerun `make conformance`; a model type the table "
+              "has never seen is not covered (\"not in ropelab's convention table\") until its measured entry, "
+              "written by that run, is reviewed and the model type rerun."]
+    return "\n".join(lines)
+
+
 def conventions_of(rows: dict) -> dict[str, dict]:
     """{model_type: its convention-table entry} measured on transformers' own rotation (default variant)."""
     return {mt: table_entry(row.get("convention")) for mt, row in sorted(rows.items())
@@ -790,7 +843,8 @@ def write_conventions(conventions: dict, version: str, path: pathlib.Path = TABL
              "``style``: ``half`` pairs (i, i + r/2), ``interleaved`` (2i, 2i + 1). ``rotary_fraction``: r / head_dim",
              "in the default config of that model type (``RopeSpec.per_layer`` uses it only when the config names",
              'no fraction). The other keys are described in ``ropelab.conformance``."""',
-             "", f"TRANSFORMERS_VERSION = {version!r}", "", "CONVENTIONS: dict[str, dict] = {"]
+             "", '__all__ = ["TRANSFORMERS_VERSION", "CONVENTIONS"]', "",
+             f"TRANSFORMERS_VERSION = {version!r}", "", "CONVENTIONS: dict[str, dict] = {"]
     for mt, c in sorted(conventions.items()):
         lines.append(f"    {mt!r}: {c!r},")
     lines.append("}")
