@@ -4,8 +4,8 @@ model type of the installed transformers.
 - ``sweep``: the sweep (``python -m ropelab.conformance``, ``make conformance``); it writes
   ``data/conformance/transformers-<version>.json`` and, from its measurements, ``hf_table``;
 - ``hf_table``: the generated convention table ``RopeSpec.per_layer`` reads (pairing, rotary slice, NoPE layer
-  types, key aliases, keys the code ignores, v4 rules per model type). Importing this package imports neither
-  torch nor transformers; only ``sweep`` does.
+  types, key aliases, keys the code ignores, v4 rules per model type). This ``__init__`` imports nothing, so
+  ``spec`` reads ``hf_table`` without loading transformers; only ``sweep`` imports it.
 
 For each model type:
 
