@@ -10,7 +10,7 @@ JOBS ?= 2
 # Extra arguments for JupyterLab, e.g. make lab LAB_ARGS="--no-browser --port=8899"
 LAB_ARGS ?=
 
-.PHONY: setup test lint figures figures-smoke lab bench lm cope clean
+.PHONY: setup test lint figures figures-smoke lab bench lm cope conformance clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,3 +63,10 @@ cope: setup
 
 clean:
 	rm -rf build .pytest_cache .hypothesis
+
+# The conformance sweep (ropelab.conformance): RopeSpec.per_layer against transformers' own modeling code for every
+# RoPE model type of the installed transformers; writes data/conformance/transformers-<version>.json and the
+# measured convention table ropelab/conformance/hf_table.py. Exits 1 on any disagreement, 2 when the measured
+# conventions differ from the committed table (then rerun the model types it names against the new table).
+conformance: setup
+	OMP_NUM_THREADS=1 $(PY) -m ropelab.conformance

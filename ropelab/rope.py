@@ -141,5 +141,7 @@ def apply_rope(x: torch.Tensor, positions: Any = None, *, layout: str, style: st
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}.")
     p, p_axes = resolve_positions(x, lay, positions, cu_seqlens=cu_seqlens, offset=offset)
+    if spec.is_nope:  # a layer without RoPE (RopeSpec.nope()): positions checked, x as it is
+        return x.clone()
     inv_freq, attention_factor = spec.frequencies(head_dim, seq_len=_current_length(spec, p, seq_len))
     return _rotate_on(backend, x, lay, p, p_axes, inv_freq, attention_factor, spec.style, angle_dtype)

@@ -36,13 +36,28 @@ import torch
 from .core import check_style
 from .scaling import ROPE_TYPES, SCALING_KEYS, check_base, check_rotary_dim, check_scaling, frequencies, parse_scaling
 
-__all__ = ["RopeSpec", "SCALING_KEYS", "INTERLEAVED_MODEL_TYPES", "head_dim_of"]
+__all__ = ["RopeSpec", "SCALING_KEYS", "HF_KEYS", "head_dim_of"]
 
 # Keys of a v5 rope_parameters dict that are not scaling keys: they become base and rotary_dim.
 _LIFTED = ("rope_theta", "partial_rotary_factor")
-# transformers model types whose attention pairs (2i, 2i + 1) ("rotate_every_two"); every other model with
-# RoPE in transformers applies rotate_half. DeepSeek-V3 says so in its config (rope_interleave).
-INTERLEAVED_MODEL_TYPES = frozenset({"gptj", "codegen"})
+# The top-level config keys per_layer reads (a config class may name them otherwise: its attribute_map, which
+# the conformance sweep records per model type in ropelab.conformance.hf_table).
+HF_KEYS = frozenset({"num_hidden_layers", "hidden_size", "num_attention_heads", "head_dim", "qk_rope_head_dim",
+                     "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters",
+                     "partial_rotary_factor", "rotary_dim", "rotary_pct", "layer_types", "no_rope_layers"})
+
+
+def __getattr__(name: str):
+    if name == "INTERLEAVED_MODEL_TYPES":  # the old hand-typed list; the pairing is measured now
+        import warnings
+
+        from .conformance.hf_table import CONVENTIONS
+
+        warnings.warn("ropelab.spec.INTERLEAVED_MODEL_TYPES is deprecated: the pairing of each model type is "
+                      "measured on transformers' code, see ropelab.conformance.hf_table.CONVENTIONS.",
+                      DeprecationWarning, stacklevel=2)
+        return frozenset(t for t, c in CONVENTIONS.items() if c.get("style") == "interleaved")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _lifted(rope_type: str) -> tuple[str, ...]:
@@ -92,7 +107,10 @@ class RopeSpec:
             raise ValueError(f"base must be a number > 1 (RoPE's rope_theta, usually 10000), got {self.base!r}.")
         check_base(self.base)
         object.__setattr__(self, "base", float(self.base))
-        if self.rotary_dim is not None:
+        if self.rotary_dim == 0 and not isinstance(self.rotary_dim, bool):  # a NoPE layer: nothing rotates
+            if self.scaling is not None:
+                raise ValueError("rotary_dim=0 (a layer without RoPE) takes no scaling; drop scaling=.")
+        elif self.rotary_dim is not None:
             check_rotary_dim(self.rotary_dim, self.rotary_dim)
         if self.max_position_embeddings is not None and (
             not isinstance(self.max_position_embeddings, int) or self.max_position_embeddings <= 0
@@ -116,6 +134,11 @@ class RopeSpec:
             object.__setattr__(self, "scaling", types.MappingProxyType(dict(self.scaling)))
 
     @property
+    def is_nope(self) -> bool:
+        """True for a layer without RoPE (``rotary_dim == 0``): ``apply_rope`` leaves x as it is."""
+        return self.rotary_dim == 0
+
+    @property
     def rope_type(self) -> str:
         """The scaling's type, ``"default"`` when there is none."""
         return "default" if self.scaling is None else parse_scaling(self.scaling).rope_type
@@ -123,7 +146,9 @@ class RopeSpec:
     def frequencies(self, head_dim: int, *, seq_len: int | None = None,
                     dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, float]:
         """``(inv_freq, attention_factor)`` for a head of ``head_dim`` dims at current length ``seq_len``
-        (``ropelab.frequencies`` with this spec's settings)."""
+        (``ropelab.frequencies`` with this spec's settings; no frequencies for a NoPE spec)."""
+        if self.is_nope:
+            return torch.zeros(0, dtype=dtype), 1.0
         return frequencies(head_dim, self.base, rotary_dim=self.rotary_dim, rope_scaling=self.scaling,
                            seq_len=seq_len, max_position_embeddings=self.max_position_embeddings, dtype=dtype)
 
@@ -183,12 +208,25 @@ class RopeSpec:
                    max_position_embeddings=max_position_embeddings)
 
     @classmethod
-    def per_layer(cls, config: Any) -> tuple[RopeSpec, ...]:
+    def nope(cls, max_position_embeddings: int | None = None) -> RopeSpec:
+        """The spec of a layer without RoPE (NoPE): ``rotary_dim=0``, so ``apply_rope`` returns x unchanged."""
+        return cls(rotary_dim=0, max_position_embeddings=max_position_embeddings)
+
+    @classmethod
+    def per_layer(cls, config: Any, *, style: str | None = None) -> tuple[RopeSpec, ...]:
         """One spec per decoder layer of a Hugging Face config (a ``PretrainedConfig`` or its ``to_dict()``),
-        v4 or v5 schema; see the module docstring for the keys read."""
+        v4 or v5 schema; see the module docstring for the keys read.
+
+        The config's ``model_type`` selects what transformers' modeling code fixes and the config does not say,
+        measured by ``python -m ropelab.conformance`` into ``ropelab.conformance.hf_table``: the pairing (unless the
+        config has ``rope_interleave``), a rotary fraction the code fixes, the layer types without RoPE, the
+        config class's key aliases, the rotary-slice keys the code does not read, and its v4 rule for
+        per-layer-type rope dicts (or the v4 keys it drops, which raise here). A model type the table does
+        not hold raises, unless ``style=`` is given (then no family-specific rule applies)."""
+        config, conv = _with_conventions(config, style)
         n_layers = _need(config, "num_hidden_layers")
         head_dim = head_dim_of(config)
-        style = _style_of(config)
+        style = _style_of(config, conv, style)
         max_pos = _need(config, "max_position_embeddings")
         layer_types = _get(config, "layer_types")
         pattern = _get(config, "sliding_window_pattern")
@@ -198,20 +236,27 @@ class RopeSpec:
             layer_types = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(n_layers)]
         if layer_types is not None and len(layer_types) != n_layers:
             raise ValueError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={n_layers}.")
-        by_type = _rope_dicts(config, layer_types)
+        nope_types = set(conv.get("nope_layer_types", ()))
+        by_type = _rope_dicts(config, layer_types, conv, skip=nope_types)
         types_ = layer_types if layer_types is not None else [None] * n_layers
-        specs = {t: cls.from_rope_dict(d, head_dim=head_dim, style=style, max_position_embeddings=max_pos)
+        specs = {t: cls.from_rope_dict(_with_partial(config, d, head_dim, conv), head_dim=head_dim, style=style,
+                                       max_position_embeddings=max_pos)
                  for t, d in by_type.items()}
+        nope = cls.nope(max_pos)
+        specs.update({t: nope for t in nope_types})
         missing = sorted({t for t in types_ if t not in specs}, key=str)
         if missing:
             raise ValueError(f"rope_parameters has no entry for layer type(s) {missing} (it has {sorted(specs)}).")
-        return tuple(specs[t] for t in types_)
+        uses_rope = _get(config, "no_rope_layers")  # transformers (Llama 4, SmolLM3): use_rope = no_rope_layers[i]
+        if uses_rope is not None and len(uses_rope) != n_layers:
+            raise ValueError(f"no_rope_layers has {len(uses_rope)} entries for num_hidden_layers={n_layers}.")
+        return tuple(nope if uses_rope is not None and not uses_rope[i] else specs[t] for i, t in enumerate(types_))
 
     @classmethod
-    def from_hf_config(cls, config: Any) -> RopeSpec:
+    def from_hf_config(cls, config: Any, *, style: str | None = None) -> RopeSpec:
         """The spec of a Hugging Face config whose layers all share one RoPE (Llama, Qwen2, Phi-3, GPT-NeoX,
         DeepSeek-V3, ...). A model with different RoPE per layer (Gemma 3) raises: use :meth:`per_layer`."""
-        specs = cls.per_layer(config)
+        specs = cls.per_layer(config, style=style)
         distinct = list(dict.fromkeys(specs))
         if len(distinct) != 1:
             raise ValueError(
@@ -235,22 +280,83 @@ def head_dim_of(config: Any) -> int:
     return int(_need(config, "hidden_size")) // int(_need(config, "num_attention_heads"))
 
 
-def _style_of(config: Any) -> str:
-    if _get(config, "rope_interleave") is not None:
+def _with_conventions(config: Any, style: str | None) -> tuple[Any, Mapping[str, Any]]:
+    """(config with its class's aliases resolved, the measured conventions of its model type)."""
+    from .conformance.hf_table import CONVENTIONS, TRANSFORMERS_VERSION
+
+    model_type = _get(config, "model_type")
+    conv = CONVENTIONS.get(model_type)
+    if conv is None:
+        if style is not None:
+            return config, {}
+        raise ValueError(
+            f"model type {model_type!r} is not in ropelab's convention table (measured on transformers "
+            f"{TRANSFORMERS_VERSION} by `make conformance`), so its pairing is unknown; rerun `make conformance` "
+            "with the transformers that has it, or pass style='half' / 'interleaved' explicitly."
+        )
+    if conv.get("style") not in ("half", "interleaved"):
+        raise ValueError(f"model type {model_type!r}: transformers' rotation pairs its dims as {conv.get('style')!r}, "
+                         "which RopeSpec cannot represent (it has style 'half' and 'interleaved').")
+    if "rotations" in conv and style is None:
+        listed = ", ".join(f"{fn}: {st}" for fn, st in conv["rotations"].items())
+        raise ValueError(f"model type {model_type!r}: its layers apply RoPE through functions that pair dims "
+                         f"differently ({listed}; in transformers a sparse-attention indexer and the main attention), "
+                         "and one RopeSpec per layer holds one pairing; pass style= for the rotation you mean.")
+    dropped = [k for k in conv.get("v4", {}).get("ignored_keys", ()) if _get(config, k) is not None
+               and _get(config, "rope_parameters") is None]
+    if dropped:
+        raise ValueError(f"model type {model_type!r}: the config has the v4 key(s) {dropped}, which transformers' "
+                         f"config class for it does not read (the model runs without them); write them into "
+                         "rope_parameters, or drop them to get what transformers runs.")
+    if conv.get("direction", 1) != 1:
+        raise ValueError(f"model type {model_type!r}: transformers rotates by -m*omega (rotate_half with flipped "
+                         "signs), which RopeSpec cannot represent (its rotation is counter-clockwise, Su et al.).")
+    aliases = conv.get("aliases", {})
+    if aliases and isinstance(config, Mapping):
+        config = {**config, **{k: config[v] for k, v in aliases.items() if v in config and k not in config}}
+    return config, conv
+
+
+def _style_of(config: Any, conv: Mapping[str, Any], style: str | None) -> str:
+    if style is not None:
+        check_style(style)
+        return style
+    if _get(config, "rope_interleave") is not None:  # a field transformers reads (DeepSeek-V3 and kin)
         return "interleaved" if _get(config, "rope_interleave") else "half"
-    return "interleaved" if _get(config, "model_type") in INTERLEAVED_MODEL_TYPES else "half"
+    return conv["style"]
 
 
-def _rope_dicts(config: Any, layer_types: Sequence[str] | None) -> dict[str | None, dict]:
+def _with_partial(config: Any, params: Mapping[str, Any], head_dim: int, conv: Mapping[str, Any]) -> dict:
+    """``params`` with ``partial_rotary_factor`` from wherever the config declares the rotary slice: the rope dict
+    or the top level (``partial_rotary_factor``), an absolute ``rotary_dim`` (GPT-J, CodeGen, MiniMax-M2), the
+    legacy fraction ``rotary_pct`` (GPT-NeoX), else the fraction transformers' modeling code fixes (measured)."""
+    params = dict(params)
+    if "partial_rotary_factor" in params or params.get("rope_type") == "proportional":
+        return params
+    ignored = set(conv.get("ignored_keys", ()))  # declared by the config class, never read by its modeling code
+    for key, value in (("partial_rotary_factor", _get(config, "partial_rotary_factor")),
+                       ("rotary_dim", _get(config, "rotary_dim")), ("rotary_pct", _get(config, "rotary_pct"))):
+        if value is None or key in ignored:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key} must be a number, got {type(value).__name__} {value!r}.")
+        params["partial_rotary_factor"] = value / head_dim if key == "rotary_dim" else float(value)
+        return params
+    if conv.get("rotary_fraction", 1.0) < 1.0:
+        params["partial_rotary_factor"] = conv["rotary_fraction"]
+    return params
+
+
+def _rope_dicts(config: Any, layer_types: Sequence[str] | None, conv: Mapping[str, Any] | None = None,
+                skip: set | frozenset = frozenset()) -> dict[str | None, dict]:
     """{layer type (None for all layers): v5-style rope dict with rope_theta} from either schema."""
     params = _get(config, "rope_parameters")
     if params is not None:  # v5
         if not isinstance(params, Mapping):
             raise ValueError(f"rope_parameters must be a dict, got {type(params).__name__}.")
-        if layer_types is not None and set(layer_types) <= set(params) and all(
-            isinstance(params[t], Mapping) for t in set(layer_types)
-        ):
-            return {t: dict(params[t]) for t in set(layer_types)}
+        wanted = set(layer_types or []) - set(skip)
+        if layer_types is not None and wanted <= set(params) and all(isinstance(params[t], Mapping) for t in wanted):
+            return {t: dict(params[t]) for t in wanted}
         if "rope_type" not in params and "type" not in params:
             raise ValueError(
                 f"rope_parameters has neither 'rope_type' nor an entry per layer type (keys {sorted(params)}, "
@@ -258,7 +364,10 @@ def _rope_dicts(config: Any, layer_types: Sequence[str] | None) -> dict[str | No
             )
         return {t: dict(params) for t in set(layer_types or [None])}
     # v4: rope_theta at the top, rope_scaling (may be None), partial_rotary_factor at the top.
-    theta = _need(config, "rope_theta")
+    theta = _get(config, "rope_theta")
+    if theta is None and (conv or {}).get("fixed_base") is not None:
+        theta = conv["fixed_base"]  # the config has no key for it: the modeling code fixes the base (measured)
+    theta = _need({"rope_theta": theta}, "rope_theta", "the config")
     top = {"rope_theta": theta}
     if _get(config, "partial_rotary_factor") is not None:
         top["partial_rotary_factor"] = _get(config, "partial_rotary_factor")
@@ -266,9 +375,16 @@ def _rope_dicts(config: Any, layer_types: Sequence[str] | None) -> dict[str | No
     global_dict = {**top, **(dict(scaling) if scaling is not None else {"rope_type": "default"})}
     if layer_types is None:
         return {None: global_dict}
-    out = {t: global_dict for t in set(layer_types)}
-    if "sliding_attention" in out and str(_get(config, "model_type")).startswith("gemma3"):
-        _need(config, "rope_local_base_freq")  # Gemma 3's sliding layers have their own base: never guess it
-        # Gemma 3: sliding-window layers use their own base and stay unscaled.
-        out["sliding_attention"] = {**top, "rope_theta": _get(config, "rope_local_base_freq"), "rope_type": "default"}
+    out = {t: global_dict for t in set(layer_types) - set(skip)}
+    rule = (conv or {}).get("v4")
+    if rule:
+        # The config class's own v4 conversion (measured): rope_scaling reaches only scaled_layer_types; a layer
+        # type in default_theta keeps its own base, Gemma 3's rope_local_base_freq when given, else the class's
+        # default (transformers' own fallback, e.g. Gemma 3's default_theta["local"] = 10000).
+        for t in out:
+            d = dict(global_dict) if t in rule["scaled_layer_types"] else {**top, "rope_type": "default"}
+            if t in rule["default_theta"]:
+                local = _get(config, "rope_local_base_freq")
+                d["rope_theta"] = local if local is not None else rule["default_theta"][t]
+            out[t] = d
     return out

@@ -142,14 +142,14 @@ def test_v4_gemma3_dict_with_a_sliding_window_pattern_instead_of_layer_types():
          "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
     bases = [s.base for s in RopeSpec.per_layer(d)]
     assert bases == [1e4] * 5 + [1e6] + [1e4] * 5 + [1e6]  # layers 6 and 12 are global, as in transformers
-    del d["rope_local_base_freq"]
-    with pytest.raises(ValueError, match="rope_local_base_freq"):
-        RopeSpec.per_layer(d)
+    del d["rope_local_base_freq"]  # transformers' own fallback (Gemma3TextConfig.default_theta["local"]), measured
+    assert [s.base for s in RopeSpec.per_layer(d)] == [1e4] * 5 + [1e6] + [1e4] * 5 + [1e6]
 
 
 def test_v4_llama_dict_legacy_type_key_and_partial_rotary():
-    d = {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 4096,
-         "rope_theta": 50000.0, "partial_rotary_factor": 0.5, "rope_scaling": {"type": "linear", "factor": 2.0}}
+    d = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+         "max_position_embeddings": 4096, "rope_theta": 50000.0, "partial_rotary_factor": 0.5,
+         "rope_scaling": {"type": "linear", "factor": 2.0}}
     spec = RopeSpec.from_hf_config(d)
     assert spec == RopeSpec(base=50000.0, rotary_dim=32, scaling={"type": "linear", "factor": 2.0},
                             max_position_embeddings=4096)
@@ -162,7 +162,7 @@ def test_deepseek_v3_is_interleaved_and_rotates_its_rope_slice():
     assert spec.style == "interleaved" and spec.rotary_dim is None
 
 
-BASE = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2}
+BASE = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2}
 
 
 @pytest.mark.parametrize(
@@ -170,15 +170,16 @@ BASE = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2}
     [
         ({**BASE, "max_position_embeddings": 8}, "rope_theta"),
         ({**BASE, "rope_theta": 1e4}, "max_position_embeddings"),
-        ({"num_hidden_layers": 2, "num_attention_heads": 2, "rope_theta": 1e4, "max_position_embeddings": 8},
+        ({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 2, "rope_theta": 1e4,
+          "max_position_embeddings": 8},
          "hidden_size"),
-        ({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": 8,
+        ({**BASE, "max_position_embeddings": 8,
           "rope_parameters": {"rope_type": "yarn"}}, "rope_theta"),
-        ({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": 8,
+        ({**BASE, "max_position_embeddings": 8,
           "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factr": 2.0}}, "factr"),
-        ({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": 8,
+        ({**BASE, "max_position_embeddings": 8,
           "rope_parameters": {"rope_type": "ntk", "rope_theta": 1e4}}, "ntk"),
-        ({"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 2, "max_position_embeddings": 8,
+        ({**BASE, "max_position_embeddings": 8,
           "layer_types": ["a", "b"], "rope_parameters": {"a": {"rope_type": "default", "rope_theta": 1e4}}},
          "layer type"),
     ],

@@ -1,0 +1,207 @@
+"""The conformance sweep (ropelab.conformance): the committed table, its convention table, and a CI subset that
+reruns one model type of every convention class the full sweep found against transformers' own code, and checks
+that a fresh measurement of its conventions equals the committed table."""
+
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+import re
+
+import pytest
+import torch
+
+from ropelab import apply_rope
+from ropelab.conformance.hf_table import CONVENTIONS, TRANSFORMERS_VERSION
+from ropelab.spec import RopeSpec
+
+transformers = pytest.importorskip("transformers")
+from ropelab.conformance import sweep as conformance  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DATA = ROOT / "data" / "conformance"
+TABLE = DATA / f"transformers-{TRANSFORMERS_VERSION}.json"
+
+
+@functools.cache
+def _table() -> dict:
+    return json.loads(TABLE.read_text())
+
+
+@functools.cache
+def _discovered() -> dict:
+    return conformance.discover()
+
+
+def test_committed_table_is_for_the_convention_table_and_has_no_disagreement():
+    table = _table()
+    assert table["transformers"] == TRANSFORMERS_VERSION
+    assert json.loads(json.dumps(CONVENTIONS)) == table["conventions"]  # generated together, kept in step
+    assert table["counts"]["disagree"] == 0
+    assert sum(table["counts"].values()) == len(table["models"]) == table["discovered"]
+    for mt, row in table["models"].items():
+        assert row["status"] == "agree" or row.get("reason"), mt  # every uncovered model type says why
+    # every row was compared against the table committed now (a row measured against an older one was rerun)
+    stale = table["convention_table"]
+    assert not stale["measured_differs_from_committed"] and not stale["absent_from_committed"], stale
+
+
+def test_counts_are_those_of_the_rows():
+    table = _table()
+    again = conformance.summarise(table["models"], dict.fromkeys(range(table["discovered"])), table["transformers"],
+                                  seconds=table["seconds"], cpu_seconds=table["cpu_seconds"])
+    for key in ("counts", "not_covered_by_reason", "convention_table", "diagnose"):
+        assert again[key] == table[key], key
+    assert sum(table["not_covered_by_reason"].values()) == table["counts"]["not covered"]
+
+
+def _convention_class(conv: dict) -> tuple:
+    v4 = conv.get("v4", {})
+    return (conv["style"], conv.get("rotary_fraction", 1.0) < 1, bool(conv.get("nope_layer_types")),
+            "output_permutation" in conv, "aliases" in conv, "scaled_layer_types" in v4, "ignored_keys" in v4,
+            "fixed_base" in conv, "ignored_keys" in conv, "rotations" in conv, conv.get("direction", 1))
+
+
+def _subset() -> list[str]:
+    """The quickest model type of each convention class of the committed table (the classes come from the data),
+    among the rows that agree and those ropelab refuses with a ValueError of its own."""
+    table = _table()
+    chosen: dict[tuple, tuple[float, str]] = {}
+    for mt, row in sorted(table["models"].items()):
+        refused = row["status"] == "not covered" and row["reason"].startswith("ropelab: ValueError")
+        if (row["status"] == "agree" or refused) and mt in CONVENTIONS:
+            nope_field = any(lay.get("transformers") for v in row["variants"].values() for lay in v.get("layers", []))
+            key = _convention_class(CONVENTIONS[mt]) + (nope_field, row["status"])
+            if key not in chosen or row.get("seconds", 1e9) < chosen[key][0]:
+                chosen[key] = (row.get("seconds", 1e9), mt)
+    return sorted(mt for _, mt in chosen.values())
+
+
+@pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
+                    reason="the committed table is for another transformers; rerun make conformance")
+@pytest.mark.parametrize("model_type", _subset() if TABLE.exists() else [])
+def test_subset_agrees_with_transformers(model_type):
+    torch.set_num_threads(1)
+    committed = _table()["models"][model_type]
+    refused = committed["status"] == "not covered"  # refused on the default config: the other variants add nothing
+    row = conformance.sweep_model_type(model_type, _discovered()[model_type], diagnose=False, only_default=refused)
+    if refused:
+        committed = {**committed, "variants": {"default": committed["variants"]["default"]}}
+    # the pairing check is independent: the comparison used the committed table, this is a fresh measurement
+    assert json.loads(json.dumps(conformance.table_entry(row["convention"]))) == CONVENTIONS[model_type]
+    assert row["table"] == "matches"
+    bad = {n: [lay for lay in v.get("layers", []) if lay["status"] == "disagree"] for n, v in row["variants"].items()}
+    assert row["status"] == committed["status"], {n: b[:2] for n, b in bad.items() if b}
+    assert row.get("reason") == committed.get("reason")
+    assert {n: v["status"] for n, v in row["variants"].items()} == \
+        {n: v["status"] for n, v in committed["variants"].items()}
+
+
+def test_readme_states_the_counts_and_the_time_of_the_committed_table():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Conformance with transformers"):]
+    section = section[:section.index("\n#")]
+    table = _table()
+    load = re.search(r"\(load average ([^)]+)\)", section)
+    assert load, "the README's conformance paragraph says how loaded the machine was"
+    assert conformance.readme_paragraph(table, load.group(1)) in section  # counts and time from the JSON
+
+
+def test_nope_spec_is_identity_through_apply_rope():
+    spec = RopeSpec.nope(4096)
+    assert spec.is_nope and spec.rotary_dim == 0
+    x = torch.randn(1, 5, 2, 8, dtype=torch.float64)
+    assert torch.equal(apply_rope(x, layout="b s h d", spec=spec), x)
+    inv, af = spec.frequencies(8)
+    assert inv.numel() == 0 and af == 1.0
+    with pytest.raises(ValueError, match="no scaling"):
+        RopeSpec(rotary_dim=0, scaling={"rope_type": "linear", "factor": 2.0})
+
+
+BASE = {"num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 2, "max_position_embeddings": 64,
+        "rope_theta": 1e4}
+
+
+def test_unknown_or_missing_model_type_raises_naming_it_unless_style_is_given():
+    with pytest.raises(ValueError, match="'not_a_model'.*convention table"):
+        RopeSpec.per_layer({**BASE, "model_type": "not_a_model"})
+    with pytest.raises(ValueError, match="None.*convention table"):
+        RopeSpec.per_layer(BASE)
+    assert RopeSpec.from_hf_config(BASE, style="interleaved").style == "interleaved"
+
+
+def test_families_ropelab_cannot_represent_raise_naming_the_model_type():
+    unrepresentable = [mt for mt, c in CONVENTIONS.items()
+                       if c.get("direction", 1) != 1 or c["style"] not in ("half", "interleaved")]
+    for mt in unrepresentable:
+        with pytest.raises(ValueError, match=repr(mt)):
+            RopeSpec.per_layer({**BASE, "model_type": mt})
+
+
+def test_no_rope_layers_and_measured_nope_layer_types_give_identity_layers():
+    specs = RopeSpec.per_layer({**BASE, "model_type": "llama", "no_rope_layers": [1, 1, 1, 0]})
+    assert [s.is_nope for s in specs] == [False, False, False, True]
+    nope_types = {mt: c["nope_layer_types"] for mt, c in CONVENTIONS.items() if c.get("nope_layer_types")}
+    for mt, types in list(nope_types.items())[:3]:
+        layer_types = ["sliding_attention", *types, "sliding_attention", *types][:4]
+        try:
+            specs = RopeSpec.per_layer({**BASE, "model_type": mt, "layer_types": layer_types})
+        except ValueError:
+            continue  # a family whose config needs more keys than this sketch has
+        assert all(s.is_nope == (t in types) for s, t in zip(specs, layer_types)), mt
+
+
+def test_deprecated_interleaved_list_warns_and_is_measured():
+    import ropelab.spec
+
+    with pytest.warns(DeprecationWarning):
+        interleaved = ropelab.spec.INTERLEAVED_MODEL_TYPES
+    assert interleaved == {mt for mt, c in CONVENTIONS.items() if c["style"] == "interleaved"}
+
+
+def test_families_with_two_pairings_in_a_layer_raise_unless_style_is_given():
+    mixed = [mt for mt, c in CONVENTIONS.items() if "rotations" in c]
+    assert mixed, "the committed table has no model type with two rotation functions that pair differently"
+    for mt in mixed:
+        config = {**BASE, "model_type": mt}
+        with pytest.raises(ValueError, match=rf"{mt!r}.*pair dims differently.*style="):
+            RopeSpec.per_layer(config)
+        for style in set(CONVENTIONS[mt]["rotations"].values()):
+            try:
+                specs = RopeSpec.per_layer(config, style=style)
+            except ValueError as e:
+                assert "pair dims differently" not in str(e)
+                continue
+            assert {s.style for s in specs if not s.is_nope} <= {style}
+
+
+def test_v4_keys_a_config_class_drops_raise_naming_them():
+    dropping = {mt: c["v4"]["ignored_keys"] for mt, c in CONVENTIONS.items() if "ignored_keys" in c.get("v4", {})}
+    assert dropping, "the committed table has no config class that drops a v4 key"
+    for mt, keys in dropping.items():
+        config = {**BASE, "model_type": mt, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+        if "rope_scaling" in keys:
+            with pytest.raises(ValueError, match=rf"{mt!r}.*'rope_scaling'.*does not read"):
+                RopeSpec.per_layer(config)
+        # the v5 form of the same setting is read as transformers reads it
+        v5 = {**BASE, "model_type": mt, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}
+        v5.pop("rope_theta")
+        try:
+            specs = RopeSpec.per_layer(v5)
+        except ValueError as e:
+            assert "does not read" not in str(e)
+        else:
+            assert all(s.is_nope or s.rope_type == "linear" for s in specs)
+
+
+def test_slice_keys_the_modeling_code_ignores_are_not_read():
+    ignoring = {mt: c["ignored_keys"] for mt, c in CONVENTIONS.items() if c.get("ignored_keys")}
+    assert ignoring, "the committed table has no model type whose code ignores a rotary-slice key"
+    for mt, keys in ignoring.items():
+        if "rotary_dim" in keys:
+            cfg = {**BASE, "model_type": mt, "rotary_dim": 16}
+            assert all(s.rotary_dim is None or s.is_nope for s in RopeSpec.per_layer(cfg)), mt
+    with pytest.raises(ValueError):  # the same key is read where the code reads it (GPT-J's rotary_dim)
+        RopeSpec.per_layer({**BASE, "model_type": "gptj", "rotary_dim": True})
+    assert RopeSpec.per_layer({**BASE, "model_type": "gptj", "rotary_dim": 16})[0].rotary_dim == 16
