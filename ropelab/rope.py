@@ -65,8 +65,13 @@ def _current_length(spec: RopeSpec, p: torch.Tensor, seq_len: int | None) -> int
 
 
 def _rotate_on(backend: str, x: torch.Tensor, lay: Layout, p: torch.Tensor, p_axes: tuple[str, ...],
-               inv_freq: torch.Tensor, attention_factor: float, style: str, angle_dtype: torch.dtype) -> torch.Tensor:
-    """x rotated at the resolved positions ``p`` by one backend (the kernels are imported on first use)."""
+               spec: RopeSpec, seq_len: int | None, angle_dtype: torch.dtype) -> torch.Tensor:
+    """x rotated by ``spec`` at the resolved positions ``p`` on one backend (the kernels are imported on first
+    use); a layer without RoPE (:meth:`RopeSpec.nope`) returns x as it is, its positions checked."""
+    if spec.is_nope:
+        return x.clone()
+    inv_freq, attention_factor = spec.frequencies(x.shape[lay.index("d")], seq_len=_current_length(spec, p, seq_len))
+    style = spec.style
     if backend == "triton":
         from .kernels.fused_rope import rope_positions
 
@@ -141,7 +146,4 @@ def apply_rope(x: torch.Tensor, positions: Any = None, *, layout: str, style: st
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}.")
     p, p_axes = resolve_positions(x, lay, positions, cu_seqlens=cu_seqlens, offset=offset)
-    if spec.is_nope:  # a layer without RoPE (RopeSpec.nope()): positions checked, x as it is
-        return x.clone()
-    inv_freq, attention_factor = spec.frequencies(head_dim, seq_len=_current_length(spec, p, seq_len))
-    return _rotate_on(backend, x, lay, p, p_axes, inv_freq, attention_factor, spec.style, angle_dtype)
+    return _rotate_on(backend, x, lay, p, p_axes, spec, seq_len, angle_dtype)
