@@ -118,13 +118,13 @@ class MultiAxis:
         return torch.cat([frequencies(2 * s, base)[0].to(torch.float64) for s in self.sections if s])
 
 
-def _positions(positions: Any, spec: MultiAxis, sizes: dict[str, int]) -> torch.Tensor:
+def _positions(positions: Any, sections: MultiAxis, sizes: dict[str, int]) -> torch.Tensor:
     p = check_positions(positions)
-    a, s, b = spec.n_axes, sizes["s"], sizes.get("b")
+    a, s, b = sections.n_axes, sizes["s"], sizes.get("b")
     fits = p.ndim == 2 and p.shape == (a, s) or p.ndim == 3 and b is not None and p.shape == (a, b, s)
     if p.ndim in (2, 3) and p.shape[0] != a:
         raise ValueError(
-            f"positions have {p.shape[0]} axes (dim 0) but the sections {spec.sections} name {a}; give one "
+            f"positions have {p.shape[0]} axes (dim 0) but the sections {sections.sections} name {a}; give one "
             f"row of positions per axis, shape ({a}, s) or ({a}, b, s)."
         )
     if not fits:
@@ -133,15 +133,15 @@ def _positions(positions: Any, spec: MultiAxis, sizes: dict[str, int]) -> torch.
     return p
 
 
-def axis_angles(positions: torch.Tensor, spec: MultiAxis, inv_freq: torch.Tensor, *,
+def axis_angles(positions: torch.Tensor, sections: MultiAxis, inv_freq: torch.Tensor, *,
                 angle_dtype: torch.dtype = torch.float64) -> torch.Tensor:
     r"""Angles :math:`p_{a(i)}\,\omega_i`, shape ``positions.shape[1:] + [r/2]``, in ``angle_dtype``."""
-    if inv_freq.numel() != spec.n_pairs:
+    if inv_freq.numel() != sections.n_pairs:
         raise ValueError(
-            f"the sections {spec.sections} sum to {spec.n_pairs} pairs but RoPE rotates {inv_freq.numel()} "
+            f"the sections {sections.sections} sum to {sections.n_pairs} pairs but RoPE rotates {inv_freq.numel()} "
             f"pairs here (rotary_dim / 2); make the sections sum to {inv_freq.numel()}."
         )
-    picked = positions.to(angle_dtype)[spec.axis_of_pair()].movedim(0, -1)  # [..., s, r/2]
+    picked = positions.to(angle_dtype)[sections.axis_of_pair()].movedim(0, -1)  # [..., s, r/2]
     return picked * inv_freq.to(device=positions.device, dtype=angle_dtype)
 
 
@@ -189,7 +189,7 @@ def multiaxis_rope(
 def apply_multiaxis_rope(
     x: torch.Tensor,
     positions: Any,
-    spec: MultiAxis,
+    sections: MultiAxis,
     *,
     layout: str,
     style: str = "half",
@@ -200,18 +200,18 @@ def apply_multiaxis_rope(
 ) -> torch.Tensor:
     r"""RoPE with multi-axis positions: pair i of x rotates by :math:`p_{a(i)}\,\omega_i`.
 
-    ``positions`` is [A, s] or [A, b, s] (A = ``spec.n_axes``); ``layout`` names x's axes and must have an
+    ``positions`` is [A, s] or [A, b, s] (A = ``sections.n_axes``); ``layout`` names x's axes and must have an
     ``s`` axis. The ladder is the head's (``base``, ``rotary_dim``, ``rope_scaling`` as in
-    :func:`ropelab.apply_rope`) for M-RoPE, or ``spec.inv_freq(base)`` for an axial spec (then
-    ``rotary_dim`` defaults to 2 * spec.n_pairs). The sections must sum to the rotary pairs.
-    The keyword form of :func:`multiaxis_rope`; ``apply_rope(..., sections=spec)`` is the same call.
+    :func:`ropelab.apply_rope`) for M-RoPE, or ``sections.inv_freq(base)`` for axial sections (then
+    ``rotary_dim`` defaults to 2 * sections.n_pairs). The sections must sum to the rotary pairs.
+    The keyword form of :func:`multiaxis_rope`; ``apply_rope(..., sections=sections)`` is the same call.
     """
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
         raise ValueError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}.")
     lay = parse_layout(layout, x.ndim)
     rope = RopeSpec.from_keywords(x.shape[lay.index("d")], style=style, base=base, rotary_dim=rotary_dim,
                                   rope_scaling=rope_scaling)
-    return multiaxis_rope(x, lay, positions, spec, rope, angle_dtype=angle_dtype)
+    return multiaxis_rope(x, lay, positions, sections, rope, angle_dtype=angle_dtype)
 
 
 def grid_positions(*sizes: int, start: int = 0) -> torch.Tensor:
@@ -259,18 +259,19 @@ def _palette(n: int) -> list:
     return colors[:n]
 
 
-def plot_axis_of_pair(ax, spec: MultiAxis, names: Sequence[str], title: str = "") -> None:
-    """A strip of which axis drives each pair of ``spec``, one cell per pair, in the colour-blind palette that
+def plot_axis_of_pair(ax, sections: MultiAxis, names: Sequence[str], title: str = "") -> None:
+    """A strip of which axis drives each pair of ``sections``, one cell per pair, in the colour-blind palette that
     ``figures.setup()`` sets, with the axis name written in every cell (colour is never the only cue)."""
     from matplotlib.colors import ListedColormap
 
-    if len(names) != spec.n_axes:
-        raise ValueError(f"names has {len(names)} entries for {spec.n_axes} axes; give one name per axis.")
-    axes = spec.axis_of_pair()
-    ax.imshow(axes[None], cmap=ListedColormap(_palette(spec.n_axes)), aspect="auto", vmin=0, vmax=spec.n_axes - 1)
+    if len(names) != sections.n_axes:
+        raise ValueError(f"names has {len(names)} entries for {sections.n_axes} axes; give one name per axis.")
+    axes = sections.axis_of_pair()
+    ax.imshow(axes[None], cmap=ListedColormap(_palette(sections.n_axes)), aspect="auto", vmin=0,
+              vmax=sections.n_axes - 1)
     for i, a in enumerate(axes.tolist()):
         ax.text(i, 0, names[a], ha="center", va="center", color="white", fontweight="bold",
-                fontsize=7 if spec.n_pairs > 40 else 9)
+                fontsize=7 if sections.n_pairs > 40 else 9)
     ax.grid(False)
     ax.set_yticks([])
     ax.set_title(title, fontsize=9)

@@ -17,12 +17,12 @@ def test_reads_contiguous_interleaved_and_axial_specs():
              (MultiAxis.axial_dims((32, 32)), "interleaved"), (MultiAxis.axial_dims((16, 24, 24)), "half"))
     for spec, style in cases:
         rep = diagnose_axes(_fn(spec, style), n_axes=spec.n_axes, head_dim=64)
-        assert rep.spec == spec and rep.style == style, (spec, rep)
+        assert rep.sections == spec and rep.style == style, (spec, rep)
 
 
 def test_not_multiaxis_rope():
     rep = diagnose_axes(lambda x, pos: x.flip(-1), n_axes=2, head_dim=16)
-    assert rep.spec is None and "not multi-axis RoPE" in rep.verdict
+    assert rep.sections is None and "not multi-axis RoPE" in rep.verdict
 
 
 def test_flattened_2d_rope_is_not_single_axis_and_gets_no_wrong_fix():
@@ -51,7 +51,7 @@ def test_reads_transformers_qwen3_vl_rotary_with_float32_tables():
         return apply_rotary_pos_emb(x[None, None], x[None, None], cos.double(), sin.double())[0][0, 0]
 
     rep = diagnose_axes(fn, n_axes=3, head_dim=128)
-    assert rep.spec == MultiAxis((24, 20, 20), interleaved=True) and rep.style == "half"
+    assert rep.sections == MultiAxis((24, 20, 20), interleaved=True) and rep.style == "half"
 
 
 def test_mrope_with_low_frequency_extra_axes_is_not_single_axis_not_a_precision_fault():

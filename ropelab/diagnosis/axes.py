@@ -54,6 +54,7 @@ check reads: reported OK, or as the pairing the short probe saw. Probe such a fu
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -193,17 +194,25 @@ def single_axis_deviation(fn: Callable, *, layout: str, sizes: dict[str, int]) -
 
 @dataclass
 class AxisReport:
-    """What :func:`diagnose_axes` read: style, the axis of each pair, frequencies, and the matching spec."""
+    """What :func:`diagnose_axes` read: style, the axis of each pair, frequencies, and the matching sections
+    (a :class:`~ropelab.multiaxis.MultiAxis`, or None)."""
 
     style: str | None
     axis_of_pair: list[int | None]
     inv_freq: torch.Tensor
-    spec: MultiAxis | None
+    sections: MultiAxis | None
     verdict: str
+
+    @property
+    def spec(self) -> MultiAxis | None:
+        """Deprecated name of :attr:`sections` (a ``spec`` in ropelab is a ``RopeSpec``)."""
+        warnings.warn("AxisReport.spec is renamed AxisReport.sections.", DeprecationWarning, stacklevel=2)
+        return self.sections
 
     def __str__(self) -> str:
         counts = {k: self.axis_of_pair.count(k) for k in sorted({a for a in self.axis_of_pair if a is not None})}
-        return (f"multi-axis RoPE: style {self.style}, pairs per axis {counts}, spec {self.spec}\n  {self.verdict}")
+        return (f"multi-axis RoPE: style {self.style}, pairs per axis {counts}, sections {self.sections}\n"
+                f"  {self.verdict}")
 
 
 def _pair_angles(fn, x, positions, a_idx, b_idx) -> torch.Tensor:
