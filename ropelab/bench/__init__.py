@@ -41,6 +41,13 @@ __all__ = ["machine_info", "time_methods", "bench_cpu", "bench_decode", "print_t
            "step_distribution", "iqr_overlap", "EXPLORER_MOVES", "bench_explorers", "print_explorers", "main"]
 
 
+def _write_json(result: dict, path: str) -> None:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m ropelab.bench cpu | gpu | decode | explorers``."""
     parser = argparse.ArgumentParser(prog="python -m ropelab.bench", description=__doc__.split("\n")[0])
@@ -75,10 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.which == "explorers":
         result = bench_explorers(args.repeats, args.threads)
         print_explorers(result)
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {out}")
+        _write_json(result, args.out)
         return 0
     if args.which == "gpu":
         from . import gpu as bench_gpu
@@ -94,15 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         result = bench_decode(tuple(args.lengths), tuple(args.batches), tuple(args.heads), args.head_dim,
                               args.repeats, args.threads, l0=min(4096, min(args.lengths)))
         print_decode(result)
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {out}")
+        _write_json(result, args.out)
     if args.which == "cpu":
         result = bench_cpu(tuple(args.shape), args.repeats, args.threads, compile=not args.no_compile)
         print_table(result)
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {out}")
+        _write_json(result, args.out)
     return 0

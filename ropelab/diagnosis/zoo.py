@@ -118,6 +118,11 @@ DEEPSEEK_V3 = {
     "mscale": 1.0,
     "mscale_all_dim": 1.0,
 }
+# Gemma 3's per-layer-type rope_parameters (v5 schema): local layers at base 1e4, global ones linear x8 at 1e6.
+GEMMA3_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+}
 _DS = {"qk_rope_head_dim": 16, "qk_nope_head_dim": 32, "v_head_dim": 32, "max_position_embeddings": 163840}
 _HF64 = {"h": 4, "d": 64}
 _HF32 = {"h": 4, "d": 32}
@@ -282,10 +287,7 @@ ROWS: list[Row] = [
             32,
             layer_type="sliding_attention",
             num_hidden_layers=6,
-            rope_parameters={
-                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-            },
+            rope_parameters=GEMMA3_ROPE,
         ),
         "b h s d",
         None,
@@ -302,10 +304,7 @@ ROWS: list[Row] = [
             32,
             layer_type="full_attention",
             num_hidden_layers=6,
-            rope_parameters={
-                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-            },
+            rope_parameters=GEMMA3_ROPE,
         ),
         "b h s d",
         None,

@@ -10,7 +10,7 @@ are measured against (the benchmarks themselves are in :mod:`ropelab.bench`).
 - :mod:`ropelab.kernels.traffic`: the bytes each implementation moves, counted op by op (a model);
 - :mod:`ropelab.kernels.decode_attention`: flash-decoding attention for one query token per sequence that
   rotates pre-RoPE cached keys as it loads them (modes ``post_rope`` and ``rope_on_load``), with a PyTorch
-  path and a float64 oracle;
+  launcher (its checks, PyTorch path, float64 oracle and error bound in :mod:`ropelab.kernels.decode_reference`);
 - :mod:`ropelab.kernels.decode_policy`: the ``kernel_rope_on_load`` policy of :mod:`ropelab.kvcache`
   built on it (registered when this package is imported).
 
