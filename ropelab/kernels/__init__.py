@@ -9,8 +9,9 @@ are measured against (the benchmarks themselves are in :mod:`ropelab.bench`).
   (the CPU path at the memory floor);
 - :mod:`ropelab.kernels.traffic`: the bytes each implementation moves, counted op by op (a model);
 - :mod:`ropelab.kernels.decode_attention`: flash-decoding attention for one query token per sequence that
-  rotates pre-RoPE cached keys as it loads them (modes ``post_rope`` and ``rope_on_load``), with a PyTorch
-  launcher (its checks, PyTorch path, float64 oracle and error bound in :mod:`ropelab.kernels.decode_reference`);
+  rotates pre-RoPE cached keys as it loads them (modes ``post_rope`` and ``rope_on_load``): the Triton programs
+  and their launcher; :mod:`ropelab.kernels.decode_reference` holds its checks, PyTorch path, float64 oracle
+  and error bound;
 - :mod:`ropelab.kernels.decode_policy`: the ``kernel_rope_on_load`` policy of :mod:`ropelab.kvcache`
   built on it (registered when this package is imported).
 
