@@ -48,7 +48,8 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
 - ``extension``: notebook 07's context-extension study (the retrieval probe, the same fine-tune at 2 L0 per
   method, a small LongRoPE search; ``extend``'s table at this study's L0);
 - ``paths``: where the repository, data, build and figure directories are (works from an installed package);
-- ``figures``: the notebook runner, the ``setup`` / ``save`` helpers notebooks call, and the figure manifest;
+- ``figures``: the notebook runner, the ``setup`` / ``save`` / ``answer`` helpers notebooks call, and the run record;
+- ``manifest``: the notebooks and their figures: order, source hashes, footers, the figure manifest;
 - ``explorers``: the notebooks' interactive explorers (ipywidgets over pure compute functions);
 - ``nbclean``: keeps notebook outputs out of git (Jupyter pre-save hook, nbstripout filter);
 - ``kernels``: a fused Triton RoPE (forward and backward), ``backend="compile"`` for the CPU, the decode kernel

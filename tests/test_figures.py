@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import nbformat  # noqa: E402
 import pytest  # noqa: E402
 
-from ropelab import figures  # noqa: E402
+from ropelab import figures, manifest  # noqa: E402
 
 
 def _digest(path):
@@ -64,7 +64,7 @@ def test_runner_prints_progress_and_no_kernel_transport_warning(tmp_path, monkey
             nbformat.v4.new_code_cell("from pathlib import Path\nassert SMOKE and Path(RESULTS_DIR).name == 'results'"),
         ])
         nbformat.write(nb, nb_dir / f"{name}.ipynb")
-    monkeypatch.setattr(figures, "NOTEBOOK_DIR", nb_dir)
+    monkeypatch.setattr(manifest, "NOTEBOOK_DIR", nb_dir)  # notebooks() reads it there
     monkeypatch.setattr(figures, "BUILD_DIR", tmp_path / "build")
     assert figures.main(["--smoke"]) == 0
     out, err = capfd.readouterr()
@@ -95,6 +95,8 @@ def test_headline_is_recorded_with_the_time_and_rendered_into_the_map_and_readme
     for name, value in (("NOTEBOOK_DIR", nb_dir), ("RUNS", runs), ("MAP", nb_dir / "index.ipynb"), ("README", readme),
                         ("REPO", tmp_path)):
         monkeypatch.setattr(figures, name, value)
+        if hasattr(manifest, name):
+            monkeypatch.setattr(manifest, name, value)
     assert "not recorded" in figures.render_map({})
     record = figures.record_run(src, 123.4, tmp_path / "run.ipynb")["01_one"]
     assert record["seconds"] == 123.4 and record["headline"] == "2 | 3"

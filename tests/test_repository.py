@@ -12,7 +12,7 @@ import pytest
 import tomllib
 import yaml
 
-from ropelab import figures, nbclean
+from ropelab import figures, manifest, nbclean
 
 REPO = figures.REPO
 
@@ -186,9 +186,9 @@ def test_notebook_hash_ignores_outputs_and_counts_but_not_sources(tmp_path, monk
     fig_dir = tmp_path / "figures"
     fig_dir.mkdir()
     (fig_dir / "01_plot.png").write_bytes(b"png")
-    monkeypatch.setattr(figures, "REPO", tmp_path)
-    monkeypatch.setattr(figures, "FIGURES_DIR", fig_dir)
-    monkeypatch.setattr(figures, "MANIFEST", fig_dir / "manifest.json")
+    monkeypatch.setattr(manifest, "REPO", tmp_path)
+    monkeypatch.setattr(manifest, "FIGURES_DIR", fig_dir)
+    monkeypatch.setattr(manifest, "MANIFEST", fig_dir / "manifest.json")
     assert any("not in manifest.json" in p for p in figures.stale_figures())
     figures.write_manifest([a])
     assert figures.stale_figures() == []

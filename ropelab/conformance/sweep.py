@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from ..core import apply_rope, pair_indices
+from ..core import pair_indices
+from ..rope import apply_rope
 from ..spec import HF_KEYS, RopeSpec, head_dim_of
 
 __all__ = ["discover", "tiny_kwargs", "variants", "positions_for", "run_transformers", "bound", "compare_call",
