@@ -64,8 +64,6 @@ __all__ = [
     "save_scheme_losses",
     "load_or_evaluate_schemes",
     "summarize",
-    "smooth_windows",
-    "plot_loss_vs_position",
     "plot_attention_drift",
     "plot_decode_cost",
     "main",
@@ -393,41 +391,6 @@ def plot_band_panels(window_loss: dict, reference: str, *, L0: int = L0, ncol: i
 
 
 # ---------------------------------------------------------------- notebook 05's figures
-
-def smooth_windows(w: torch.Tensor, width: int = 32, stride: int = 8) -> torch.Tensor:
-    """``width``-token means of per-window losses [n, T], every ``stride`` tokens: [n, (T - width) // stride + 1]."""
-    return torch.nn.functional.avg_pool1d(torch.as_tensor(w, dtype=torch.float32)[:, None], width, stride)[:, 0]
-
-
-def plot_loss_vs_position(per_window: dict, reference: str, n_windows: int):
-    """One panel per scheme: the 32-token mean loss against position with its 95 % bootstrap band over windows,
-    and the ``reference`` scheme's mean as a grey line in every other panel. The y range holds every band's
-    upper end (notebook 05, section 5). Returns the figure."""
-    import matplotlib.pyplot as plt
-
-    bands = {name: bootstrap_means(smooth_windows(w)) for name, w in per_window.items()}
-    x = torch.arange(next(iter(bands.values()))[0].shape[0]) * 8 + 16
-    ncol = 3
-    nrow = math.ceil(len(bands) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(12, 2.6 * nrow), sharex=True, sharey=True, squeeze=False)
-    for ax, (name, (mean, lo, hi)) in zip(axes.flat, bands.items()):
-        if name != reference:
-            ax.plot(x, bands[reference][0], color="0.6", lw=1, ls="--", label=f"{reference.split(', ')[-1]} "
-                    "(consistent)")
-        ax.fill_between(x, lo, hi, color="C0", alpha=0.3, lw=0)
-        ax.plot(x, mean, color="C0", lw=1.3, label="this scheme, 95 % CI")
-        ax.axvline(L0, color="0.5", ls=":")
-        ax.set_title(name, fontsize=9)
-    for ax in axes.flat[len(bands):]:
-        ax.set_visible(False)
-    axes[0, 0].set_ylim(0.8, float(max(hi.max() for _, _, hi in bands.values())) + 0.2)
-    axes[0, 0].legend(fontsize=7, loc="upper left")
-    fig.supxlabel("position")
-    fig.supylabel("loss (nats/byte), 32-token mean")
-    fig.suptitle(f"loss against position, trained at {L0}; {n_windows} windows", fontsize=10)
-    fig.tight_layout()
-    return fig
-
 
 def plot_attention_drift(axes, kl: torch.Tensor, contribution: torch.Tensor, length: int) -> None:
     """KL(consistent || post_rope) per layer against the current length, and the energy-weighted phase error
