@@ -195,7 +195,11 @@ class RopeSpec:
         ``rope_scaling`` is read as :func:`ropelab.frequencies` reads it, a Hugging Face dict as it is: its
         ``rope_theta`` replaces ``base``, and its ``partial_rotary_factor`` gives ``rotary_dim =
         int(head_dim * factor)`` unless ``rotary_dim`` is given (proportional keeps the key: it reads
-        exponents over the full head dim). The spec then computes the same ``frequencies`` as the keywords."""
+        exponents over the full head dim). The spec then computes the same ``frequencies`` as the keywords.
+        ``rotary_dim=0`` is refused here: a layer without RoPE is said explicitly, with :meth:`nope`."""
+        if isinstance(rotary_dim, int) and not isinstance(rotary_dim, bool) and rotary_dim <= 0:
+            raise ValueError(f"rotary_dim must be a positive int, got {rotary_dim}; for a layer without RoPE pass "
+                             "spec=RopeSpec.nope() instead.")
         if rope_scaling is not None:
             lifted = _lifted(parse_scaling(rope_scaling).rope_type)  # a non-dict or unknown type: ValueError
             if rope_scaling.get("rope_theta") is not None:
