@@ -187,3 +187,35 @@ def test_multi_axis_past_the_probe_is_out_of_reach():
                             max_position=256).ok
     wide = ropelab.diagnose(zoo.qwen2vl_image_behind_1d(300), layout="b s h d", sizes={"d": 128}, max_position=256)
     assert "not_single_axis" not in wide.codes
+
+
+def test_axial_and_mrope_readings_check_each_axis_frequencies():
+    """Pairs that turn one axis each are no axial or M-RoPE reading unless their frequencies are its ladder:
+    axis 1 at base 100 next to axis 0 at base 10000 (axial), or every frequency of an M-RoPE ladder off by 1e-3
+    past pair 8, fits neither; the verdict says which pair and by how much. Correct ones keep their base."""
+    from ropelab.core import rotate
+    from ropelab.diagnosis.axes import _axis_rtol
+    from ropelab.multiaxis import axis_angles
+
+    def custom(spec, inv_freq):
+        def fn(x, pos):
+            th = axis_angles(pos, spec, inv_freq)
+            return rotate(x, th.cos(), th.sin(), style="half")
+        return fn
+
+    axial = MultiAxis.axial_dims((32, 32))
+    good = diagnose_axes(custom(axial, axial.inv_freq(10000.0)), n_axes=2, head_dim=64)
+    assert good.sections == axial and good.base == 10000.0
+    two_bases = torch.cat([MultiAxis.axial_dims((32,)).inv_freq(10000.0), MultiAxis.axial_dims((32,)).inv_freq(100.0)])
+    rep = diagnose_axes(custom(axial, two_bases), n_axes=2, head_dim=64)
+    assert rep.sections is None and rep.verdict.startswith("unmatched")
+    assert "no axial reading: pair 31 (axis 1)" in rep.verdict  # the worst pair, the slowest of axis 1
+
+    mrope = MultiAxis.mrope((8, 12, 12))
+    ladder = ropelab.frequencies(64, 10000.0)[0].double()
+    ok = diagnose_axes(custom(mrope, ladder), n_axes=3, head_dim=64)
+    assert ok.sections == mrope and ok.base == 10000.0
+    bent = ladder * torch.where(torch.arange(32) >= 8, 1 + 1e-3, 1.0)  # still decreasing, off its ladder
+    assert 1e-3 > 10 * _axis_rtol(10000.0)
+    rep = diagnose_axes(custom(mrope, bent), n_axes=3, head_dim=64)
+    assert rep.sections is None and "no M-RoPE reading" in rep.verdict, rep.verdict

@@ -81,3 +81,23 @@ def test_compare_flags_a_difference_the_probes_miss():
     c = compare(good, odd, layout="b s h d", max_position=64)
     assert not c.same and "more than rounding allows" in c.differences[-1]
     assert compare(good, good, layout="b s h d", max_position=64).same
+
+
+def test_compare_measures_a_ladder_difference_when_one_side_is_unrecognised():
+    """A longrope ladder (random per-pair factors: "unrecognised") against the default one: no base or scaling
+    to name, so the difference is the measured per-pair ratio, which equals longrope's 1 / short_factor."""
+    params = zoo.longrope_params(32)
+    long_side = zoo.ropelab_rope("b s h d", rope_scaling=params)
+    c = compare(zoo.ropelab_rope("b s h d"), long_side, layout="b s h d", max_position=256, names=("plain", "long"))
+    assert c.b.scaling.startswith("unrecognised") and not c.same
+    text = next(t for t in c.differences if t.startswith("the frequency ladders differ"))
+    assert "long: no known ladder" in text
+    # The measured ratio plain / long is short_factor_i (positions <= 256 < original_max_position_embeddings).
+    ratio = c.a.inv_freq / c.b.inv_freq
+    want = torch.tensor(params["short_factor"], dtype=torch.float64)
+    assert float((ratio / want - 1).abs().max()) <= 2.0**-16
+    lo, hi = float(want.min()), float(want.max())
+    assert f"from {lo:.4g} to {hi:.4g}" in text
+    # Two identical unrecognised ladders: no such sentence.
+    same = compare(long_side, zoo.ropelab_rope("b s h d", rope_scaling=params), layout="b s h d", max_position=256)
+    assert same.same, same.differences

@@ -305,3 +305,22 @@ def test_expect_dynamic_takes_max_position_embeddings():
 def test_expect_pairing_is_renamed_style():
     with pytest.raises(ValueError, match="'style'"):
         diagnose(zoo.ropelab_rope("b s h d"), layout="b s h d", expect={"pairing": "half"})
+
+
+def test_a_step_ladder_is_llama3_or_yarn_by_the_measured_norm_scale():
+    """A llama3 ladder with equal low and high frequency factors is a step (no band), which yarn with adjacent
+    correction dims reproduces too: the norm scale decides (llama3: 1; yarn: 0.1 ln s + 1 folded in)."""
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 2.0,
+              "original_max_position_embeddings": 8192}
+    yarn = {"rope_type": "yarn", "factor": 8.0, "beta_fast": 1.0, "beta_slow": 1.0,
+            "original_max_position_embeddings": 4096}
+    ladders = [frequencies(64, 5e5, rope_scaling=sc)[0] for sc in (llama3, yarn)]
+    assert torch.allclose(ladders[0], ladders[1], rtol=2.0**-50, atol=0)  # one step; the attention factors differ
+    for sc in (llama3, yarn):
+        fn = lambda x, sc=sc: apply_rope(x, layout="b s h d", base=5e5, rope_scaling=sc)
+        dg = diagnose(fn, layout="b s h d", sizes={"d": 64}, max_position=MAXPOS)
+        assert dg.ok and dg.rope_scaling["rope_type"] == sc["rope_type"], str(dg)
+        read = frequencies(64, dg.base, rope_scaling=dg.rope_scaling)
+        want = frequencies(64, 5e5, rope_scaling=sc)
+        assert torch.allclose(read[0], want[0], rtol=2.0**-50, atol=0) and read[1] == pytest.approx(want[1])
+        assert any("is not the measured norm scale" in n for n in dg.notes)

@@ -2,7 +2,12 @@ r"""Conformance with transformers: ``RopeSpec.per_layer`` against transformers' 
 model type of the installed transformers.
 
 - ``sweep``: the sweep (``python -m ropelab.conformance``, ``make conformance``); it writes
-  ``data/conformance/transformers-<version>.json`` and, from its measurements, ``hf_table``;
+  ``data/conformance/transformers-<version>.json`` and, from its measurements, ``hf_table``. It runs the modules
+  of each job and re-exports their names: ``discovery`` (the model types, their tiny configs and variants),
+  ``running`` (one recorded forward of transformers' code), ``compare`` (``apply_rope`` against a recorded call,
+  the bound), ``convention`` (the conventions measured on transformers' rotation, the table writer), ``probe``
+  (``diagnose`` on the real rotary), ``records`` (one model type's record) and ``report`` (counts, reasons, the
+  README paragraph);
 - ``hf_table``: the generated convention table ``RopeSpec.per_layer`` reads (pairing, rotary slice, NoPE layer
   types, key aliases, keys the code ignores, v4 rules per model type). This ``__init__`` imports nothing, so
   ``spec`` reads ``hf_table`` without loading transformers; only ``sweep`` imports it.

@@ -63,6 +63,7 @@ import torch
 from ..core import Layout, pair_indices
 from ..multiaxis import MultiAxis
 from ..precision import UNIT_ROUNDOFF
+from .ladder import fit_ladder
 from .probes import STRUCT_TOL, NotATensor, call, sanity_checks
 
 __all__ = [
@@ -202,6 +203,7 @@ class AxisReport:
     inv_freq: torch.Tensor
     sections: MultiAxis | None
     verdict: str
+    base: float | None = None  # the ladder's base the frequencies were checked against (None: no reading)
 
     @property
     def spec(self) -> MultiAxis | None:
@@ -263,23 +265,70 @@ def diagnose_axes(fn: Callable, *, n_axes: int, head_dim: int, seq: int = 8) -> 
     axis = [int(turns[:, i].nonzero()[0]) if bool(turns[:, i].any()) else None for i in range(turns.shape[1])]
     inv_freq = omega.abs().amax(0)
     counts = tuple(axis.count(k) for k in range(n_axes))
-    spec = None
+    spec, base, refused = None, None, []
     if None not in axis:
         for kw in ({}, {"interleaved": True}, {"axial": True}):
             try:
                 cand = MultiAxis(counts, **kw)
             except ValueError:  # interleaving cannot realise these counts
                 continue
-            same_axes = cand.axis_of_pair().tolist() == axis
-            if same_axes and not cand.axial:
-                # M-RoPE shares one ladder: strictly decreasing across all pairs; axial restarts per axis
-                if bool((inv_freq[1:] < inv_freq[:-1]).all()):
-                    spec = cand
-                    break
-            elif same_axes and cand.axial:
-                spec = cand
+            if cand.axis_of_pair().tolist() != axis:
+                continue
+            # M-RoPE shares one ladder: strictly decreasing across all pairs; axial restarts per axis
+            if not cand.axial and not bool((inv_freq[1:] < inv_freq[:-1]).all()):
+                continue
+            got, why = _ladder_check(cand, inv_freq)
+            if got is None:
+                refused.append(why)
+                continue
+            spec, base = cand, got
+            if not cand.axial:
+                break
     kind = "unmatched" if spec is None else ("axial" if spec.axial else
                                               "interleaved M-RoPE" if spec.interleaved else "contiguous M-RoPE")
     verdict = f"{kind}: {style} pairs, sections {counts}" + ("" if None not in axis else
                                                              f"; {axis.count(None)} pairs never turn")
-    return AxisReport(style, axis, inv_freq, spec, verdict)
+    if spec is None and refused:
+        verdict += "; " + "; ".join(refused)
+    return AxisReport(style, axis, inv_freq, spec, verdict, base)
+
+
+def _axis_rtol(base: float) -> float:
+    r"""How far a measured frequency may sit from its ladder, relative. ``fn`` may form ``inv_freq`` in float32
+    (:math:`b^{-2j/r}`: the exponent's rounding amplified by :math:`\ln b`, a few roundings more:
+    :math:`(\ln b + 8)u`), the angle :math:`m\omega` one more u, and cos/sin one each, which move ``atan2``'s
+    angle by at most :math:`2u|\theta|` (:math:`u = 2^{-24}`); the read-out is float64. Twice
+    :math:`(\ln b + 11)u` covers it; a wrong base or another ladder is off by a fraction of the frequency."""
+    return 2 * (math.log(base) + 11) * UNIT_ROUNDOFF[torch.float32]
+
+
+def _ladder_check(cand: MultiAxis, inv_freq: torch.Tensor) -> tuple[float | None, str]:
+    r"""(the base, "") when the measured ``inv_freq`` is the candidate's ladder within :func:`_axis_rtol`, else
+    (None, what differs). Axial: each axis's own default ladder :math:`b^{-2j/(2 s_k)}`, one base b for all
+    (``MultiAxis.inv_freq``); M-RoPE: one known ladder across the head (``ropelab.diagnosis.ladder``, any
+    scaling it recognises). The base is read by ``fit_ladder`` (from the leading pairs)."""
+    kind = "axial" if cand.axial else "M-RoPE"
+    if cand.axial:
+        ends = [0]
+        for n in cand.sections:
+            ends.append(ends[-1] + n)
+        fits = [fit_ladder(inv_freq[a:b], 2 * (b - a), 2 * (b - a)) if b - a >= 2 else None
+                for a, b in zip(ends[:-1], ends[1:])]
+        bases = [f.base for f in fits if f is not None and f.name == "default"]
+        if not bases:
+            return None, f"no {kind} reading: no axis's frequencies follow a default ladder b^(-2j/(2 s_k))"
+        base = bases[0]
+        ideal = cand.inv_freq(base)
+    else:
+        fit = fit_ladder(inv_freq, 2 * cand.n_pairs, 2 * cand.n_pairs)
+        if fit is None:
+            return None, f"no {kind} reading: its frequencies follow no known ladder across the head"
+        base, ideal = fit.base, fit.inv_freq
+    rel = (inv_freq / ideal - 1).abs()
+    tol = _axis_rtol(base)
+    if float(rel.max()) > tol:
+        i = int(rel.argmax())
+        return None, (f"no {kind} reading: pair {i} (axis {int(cand.axis_of_pair()[i])}) turns at "
+                      f"{float(inv_freq[i]):.6g} rad/position, the {kind} ladder at base {base:.6g} at "
+                      f"{float(ideal[i]):.6g} (relative {float(rel[i]):.2g} > {tol:.1e})")
+    return base, ""

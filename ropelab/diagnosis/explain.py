@@ -8,6 +8,7 @@ import torch
 
 from ..core import AXIS_NAMES, STYLES, Layout
 from ..precision import phase_tolerance
+from .ladder import LADDER_RTOL
 from .measure import check_args, diagnose
 from .probes import STRUCT_TOL, call, one_thread, probe_sizes
 from .report import Comparison, Diagnosis
@@ -124,6 +125,7 @@ def _explain(A: Diagnosis, B: Diagnosis, names, sz, lay: Layout) -> list[str]:
         out.append(f"{names[0]} uses base {A.base:.6g}, {names[1]} base {B.base:.6g}.")
     if A.scaling and B.scaling and A.scaling != B.scaling and (A.base and B.base and abs(A.base / B.base - 1) <= 1e-3):
         out.append(f"{names[0]} uses the {A.scaling} frequency ladder, {names[1]} {B.scaling}.")
+    out += _unrecognised_ladders(A, B, names)
     if A.direction and B.direction and A.direction != B.direction:
         rev = names[0] if A.direction < 0 else names[1]
         out.append(f"{rev} rotates the other way (-m*theta): the sin term has the opposite sign.")
@@ -152,4 +154,30 @@ def _explain(A: Diagnosis, B: Diagnosis, names, sz, lay: Layout) -> list[str]:
             uniq.append(t)
     return uniq
 
+
+def _unrecognised_ladders(A: Diagnosis, B: Diagnosis, names) -> list[str]:
+    r"""The ladder difference measured directly where a side's ladder is "unrecognised" (no base or scaling to
+    name): the per-pair ratio :math:`\omega^A_i / \omega^B_i` of the measured frequencies, and the pairs where it
+    leaves 1 by more than ``LADDER_RTOL`` (each measured ladder is known to ~2**-20 relative in float32 probes,
+    ``ladder.py``). Two recognised ladders are named by the base and scaling sentences instead."""
+    if not any((D.scaling or "").startswith("unrecognised") for D in (A, B)):
+        return []
+    if A.inv_freq is None or B.inv_freq is None or A.inv_freq.shape != B.inv_freq.shape:
+        return []  # a different rotary_dim or pairing is said on its own
+    wa, wb = A.inv_freq.double(), B.inv_freq.double()
+    both = (wa > 0) & (wb > 0)
+    if bool(((wa > 0) != (wb > 0)).any()):
+        zero = [i for i in range(wa.numel()) if bool((wa[i] > 0) != (wb[i] > 0))]
+        return [f"{names[0]} and {names[1]} leave different pairs unrotated (zero frequency): pairs {zero[:8]}."]
+    ratio = torch.where(both, wa / wb.where(both, torch.ones_like(wb)), torch.ones_like(wa))
+    off = [i for i in range(ratio.numel()) if abs(float(ratio[i]) - 1) > LADDER_RTOL]
+    if not off:
+        return []
+    which = " and ".join(nm for D, nm in ((A, names[0]), (B, names[1])) if (D.scaling or "").startswith("unrec"))
+    shown = ", ".join(f"{v:.4g}" for v in ratio.tolist()[:6]) + (", ..." if ratio.numel() > 6 else "")
+    return [
+        f"the frequency ladders differ ({which}: no known ladder, so no base or scaling to compare): per pair "
+        f"inv_freq {names[0]} / {names[1]} = [{shown}] (from {float(ratio.min()):.4g} to {float(ratio.max()):.4g}), "
+        f"{len(off)} of {ratio.numel()} pairs differ by more than {LADDER_RTOL:.1e} relative (first pair {off[0]})."
+    ]
 

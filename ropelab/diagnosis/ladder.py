@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..scaling import default_inv_freq, frequencies
+from .probes import STRUCT_TOL
 
 __all__ = ["Ladder", "fit_ladder", "head_base", "rel_err", "LADDER_RTOL", "LADDER_RESEMBLES", "fmt", "snap"]
 
@@ -83,7 +84,9 @@ def _candidate(name, head_dim, rotary_dim, base, rope_scaling, omega) -> Ladder 
     return Ladder(name, base, rope_scaling, ideal, af, rel_err(omega, ideal))
 
 
-def fit_ladder(omega: torch.Tensor, rotary_dim: int, head_dim: int) -> Ladder | None:
+def fit_ladder(
+    omega: torch.Tensor, rotary_dim: int, head_dim: int, *, norm_scale: float | None = None
+) -> Ladder | None:
     r"""The known ladder of the measured ``omega`` (float64, pair order) with fitted parameters, or None.
 
     1. The base b from the unscaled high-frequency end: every scaling keeps :math:`\omega_i/\omega_{i+1}
@@ -97,6 +100,10 @@ def fit_ladder(omega: torch.Tensor, rotary_dim: int, head_dim: int) -> Ladder | 
        llama3's wavelength band, and from them the config values (``ramp_params``).
     3. Every candidate is rebuilt with ``ropelab.frequencies`` and compared with ``omega``: the roundest
        exact one wins (within ``LADDER_RTOL``); else the closest that resembles it (``LADDER_RESEMBLES``).
+       Where ladders of different types reproduce it and ``norm_scale`` (the measured norm scale) is given,
+       those whose attention factor is that scale come first: a step (llama3 with equal low and high
+       frequency factors, or yarn with adjacent correction dims) is llama3 at norm scale 1, yarn at
+       :math:`0.1\ln s + 1`.
 
     proportional (zero frequencies past the first pairs, exponents over the head dim) is a line fit.
     """
@@ -122,7 +129,7 @@ def fit_ladder(omega: torch.Tensor, rotary_dim: int, head_dim: int) -> Ladder | 
             for b in _roundings(math.exp(-slope))
             for s in _roundings(math.exp(-icpt), one=True)
         ]
-        return _choose([c for c in simple if c])
+        return _choose([c for c in simple if c], norm_scale)
     head = head_base(omega, rotary_dim)
     cands: list[Ladder] = []
     for b in _roundings(head[0], rtol=2.0**-10) if head else []:
@@ -151,7 +158,7 @@ def fit_ladder(omega: torch.Tensor, rotary_dim: int, head_dim: int) -> Ladder | 
                     sc = None if s == 1.0 else {"rope_type": "linear", "factor": s}
                     c = _candidate("default" if sc is None else "linear", rotary_dim, rotary_dim, b, sc, omega)
                     cands += [c] if c else []
-    return _choose(cands)
+    return _choose(cands, norm_scale)
 
 
 def head_base(omega: torch.Tensor, rotary_dim: int) -> tuple[float, int] | None:
@@ -286,6 +293,8 @@ def _llama3_configs(g, w0, mid, i0, i1, s) -> list[tuple[str, dict, str]]:
         lo, hi = 4 * float(lam[i0]), float(lam[i1])
         if lo < hi:
             cands += [(L0, 4.0) for L0 in _roundest_in(lo, hi)]
+        # or a step: low = high (= 1), no band at all, any L0 with lambda_i0 < L0 < lambda_i1
+        cands += [(L0, 1.0) for L0 in _roundest_in(float(lam[i0]), float(lam[i1]))]
     out = []
     for L0_raw, hf_raw in cands:
         for L0 in _roundings(L0_raw, rtol=2.0**-8):
@@ -350,13 +359,24 @@ def _roundness(c: Ladder) -> int:
     return _digits(c.base) + sum(_digits(v) for v in (c.rope_scaling or {}).values())
 
 
-def _choose(cands: list[Ladder]) -> Ladder | None:
+def _choose(cands: list[Ladder], norm_scale: float | None = None) -> Ladder | None:
     """Among the candidates within float32 rounding of the ladder (2**-20), else within ``LADDER_RTOL``,
     the one with the roundest parameters (fewest significant digits in all); else the roundest within twice
     the smallest error, if it resembles the ladder (a ladder held in bf16). When two types reproduce it,
-    the choice is noted: the ladder cannot tell them."""
+    the choice is noted: the ladder cannot tell them, unless only some of them have the measured
+    ``norm_scale`` as their attention factor (within ``STRUCT_TOL``, the norm probe's tolerance): those are kept."""
     for tol in (2.0**-20, LADDER_RTOL):
         fits = [c for c in cands if c.rel_err <= tol]
+        if fits and norm_scale is not None:
+            agree = [c for c in fits if abs(c.attention_factor - norm_scale) <= STRUCT_TOL * max(1.0, norm_scale)]
+            if agree and len({c.name for c in agree}) < len({c.name for c in fits}):
+                pick = min(agree, key=_roundness)
+                for other in sorted({c.name for c in fits} - {c.name for c in agree}):
+                    alt = min((c for c in fits if c.name == other), key=_roundness)
+                    pick.note = "; ".join(filter(None, [
+                        pick.note, f"{alt.describe()} reproduces this ladder too, but its attention factor "
+                        f"{alt.attention_factor:.6g} is not the measured norm scale {norm_scale:.6g}: {pick.name}"]))
+                fits = [c for c in agree if c.name == pick.name]
         if fits:
             pick = min(fits, key=_roundness)
             others = sorted({c.name for c in fits} - {pick.name})

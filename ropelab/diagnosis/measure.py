@@ -199,7 +199,7 @@ def _frequencies(st: Structure, dg: Diagnosis) -> None:
         )
     if dg.style not in STYLES:
         return
-    lad = fit_ladder(omega, dg.rotary_dim, d)
+    lad = fit_ladder(omega, dg.rotary_dim, d, norm_scale=dg.norm_scale)
     twice = lad is None or (lad.name == "linear" and lad.rope_scaling["factor"] == 0.5)
     if twice:  # doubled angles read as a linear factor 0.5, or (on a yarn / llama3 ladder) as nothing known
         half = fit_ladder(omega / 2, dg.rotary_dim, d)

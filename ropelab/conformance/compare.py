@@ -1,0 +1,56 @@
+r"""ropelab's ``apply_rope`` against one recorded call of transformers' rotation, element by element within the
+float32 rounding bound of ``ropelab.conformance``'s docstring."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..core import pair_indices
+from ..rope import apply_rope
+from ..spec import RopeSpec
+from .running import layout_of, rotated_pairs
+
+__all__ = ["U32", "U64", "bound", "compare_call"]
+
+U32, U64 = 2.0**-24, 2.0**-53
+
+
+def bound(x: torch.Tensor, layout: str, positions: list[int], spec: RopeSpec) -> torch.Tensor:
+    """The per-element bound of the module docstring, for ropelab's ``spec`` on input ``x``."""
+    d_axis = layout.split().index("d")
+    s_axis = layout.split().index("s")
+    xd = x.movedim(d_axis, -1).movedim(s_axis if s_axis < d_axis else s_axis - 1, -2)  # [..., s, d]
+    tol = 16 * (U64 if x.dtype == torch.float64 else U32) * xd.double().abs()
+    xd = xd.double()
+    if not spec.is_nope:
+        d = xd.shape[-1]
+        r = spec.rotary_dim or d
+        inv, af = spec.frequencies(d, seq_len=max(positions) + 1)
+        theta = torch.tensor(positions, dtype=torch.float64)[:, None] * inv[None, :]
+        a, b = pair_indices(r, spec.style)
+        rho = torch.hypot(xd[..., a], xd[..., b])
+        const = 4 if x.dtype == torch.float64 else 12  # float32 models round the products and the sum too
+        pair_tol = abs(af) * rho * (theta.abs() * (math.log(spec.base) + 9) + const) * U32 + 16 * U64 * rho
+        tol[..., a] = pair_tol
+        tol[..., b] = pair_tol
+    return tol.movedim(-2, s_axis if s_axis < d_axis else s_axis - 1).movedim(-1, d_axis)
+
+
+def compare_call(call, positions, spec: RopeSpec, perm: list[int] | None = None) -> dict:
+    """Worst error and worst error / bound of ropelab's ``spec`` against one recorded call; ``perm`` is the
+    measured output permutation of transformers' function (undone before comparing)."""
+    worst_err, worst_ratio = 0.0, 0.0
+    for x, y in rotated_pairs(call):
+        if perm is not None and len(perm) == y.shape[-1]:
+            y = y[..., torch.tensor(perm)]  # undo transformers' output order: (R x)[a] = y[perm[a]]
+        layout = layout_of(tuple(x.shape), len(positions))
+        pos = torch.tensor(positions)
+        x64 = x.double()
+        ours = x64.clone() if spec.is_nope else apply_rope(x64, pos, layout=layout, spec=spec)
+        err = (ours - y.double()).abs()
+        tol = bound(x, layout, positions, spec)
+        worst_err = max(worst_err, float(err.max()))
+        worst_ratio = max(worst_ratio, float((err / tol.clamp_min(1e-300)).max()))
+    return {"max_error": worst_err, "error_over_bound": worst_ratio}

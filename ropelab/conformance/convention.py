@@ -1,0 +1,186 @@
+r"""The conventions of transformers' rotation, measured from its own code (pairing, rotary slice, direction,
+output order, NoPE layer types, aliases, v4 rules), and the generated table ``hf_table`` that holds them."""
+
+from __future__ import annotations
+
+import math
+import pathlib
+from typing import Any
+
+import torch
+
+from ..core import pair_indices
+from ..spec import HF_KEYS
+from .running import layout_of, rotated_pairs
+
+__all__ = ["TABLE_PATH", "measure_convention", "measure_calls", "config_conventions", "ignored_slice_keys",
+           "table_entry", "conventions_of", "write_conventions"]
+
+TABLE_PATH = pathlib.Path(__file__).with_name("hf_table.py")
+
+
+def _matrices(call, positions) -> torch.Tensor:
+    """[s, d_out, d_in]: transformers' rotation at each recorded position, column a its output for e_a."""
+    x, _ = rotated_pairs(call)[0]
+    layout = layout_of(tuple(x.shape), len(positions)).split()
+    d = x.shape[-1]
+    tensor_args = [i for i, a in enumerate(call["args"]) if isinstance(a, torch.Tensor)]
+    n_rot = len(rotated_pairs(call))
+    cols = []
+    for a in range(d):
+        args = list(call["args"])
+        for i in tensor_args[:n_rot]:
+            e = torch.zeros_like(args[i])
+            e[..., a] = 1.0
+            args[i] = e
+        out = call["fn"](*args, **call["kwargs"])
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        idx = [0 if ax != "s" else slice(None) for ax in layout[:-1]] + [slice(None)]
+        cols.append(out[tuple(idx)].double())  # [s, d]
+    return torch.stack(cols, dim=-1)
+
+
+def measure_convention(call, positions) -> dict:
+    """Pairing, rotary slice, direction and output order of transformers' rotation function, from its matrices
+    at the recorded tables (position 0 must be among the positions)."""
+    M = _matrices(call, positions)
+    d = M.shape[-1]
+    out: dict[str, Any] = {"call_dim": d}
+    P = M[positions.index(0)]
+    perm = P.abs().argmax(dim=0)  # output dim of each input dim at angle 0
+    if sorted(perm.tolist()) == list(range(d)) and perm.tolist() != list(range(d)):
+        out["output_permutation"] = perm.tolist()  # the same for q and k: q.k unchanged
+        M = M[:, perm, :]  # (R x)[a] = y[perm[a]]
+    eye = torch.eye(d, dtype=M.dtype)
+    moving = [a for a in range(d) if float((M[..., a] - eye[a]).abs().max()) > 1e-9]
+    r = len(moving)
+    out["rotating_dims"] = r
+    if r == 0:
+        return {**out, "style": None}
+    last = int(torch.tensor(positions).argmax())
+    partner = {}
+    for a in moving:
+        col = M[last, :, a].abs().clone()
+        col[a] = 0
+        partner[a] = int(col.argmax())
+    if moving != list(range(r)):
+        return {**out, "style": f"other: rotating dims {moving[:4]}... of {d}"}
+    if all(partner[a] == (a + r // 2) % r for a in moving):
+        style = "half"
+    elif all(partner[a] == a ^ 1 for a in moving):
+        style = "interleaved"
+    else:
+        return {**out, "style": "other: pairs " + str([(a, partner[a]) for a in moving[:4]])}
+    # y_b = x_a sin(m w) + x_b cos(m w) for a counter-clockwise RoPE (Su et al.): M[b, a] > 0 at small m w.
+    a, b = (0, r // 2) if style == "half" else (0, 1)
+    m1 = positions.index(1)
+    out["direction"] = 1 if float(M[m1, b, a]) > 0 else -1
+    # The base, for configs that carry none (the modeling code fixes it): the ladder w_i = b^(-2i/r) read at
+    # position 1, log w_i fitted linearly in i; kept to 5 significant digits (float32 tables resolve ~1e-6).
+    pa, pb = pair_indices(r, style)
+    w = torch.atan2(M[m1, pb, pa] - M[m1, pa, pb], M[m1, pa, pa] + M[m1, pb, pb]).abs()
+    i = torch.arange(r // 2, dtype=torch.float64)
+    if bool((w > 0).all()) and r >= 4:
+        slope = float(((i - i.mean()) * (w.log() - w.log().mean())).sum() / ((i - i.mean()) ** 2).sum())
+        base = math.exp(-slope * r / 2)
+        out["measured_base"] = float(f"{base:.5g}")
+    return {**out, "style": style}
+
+
+
+def table_entry(conv: dict | None) -> dict | None:
+    """The convention-table entry of a measured convention (None where nothing was measured)."""
+    if not conv or "style" not in conv:
+        return None
+    return {k: v for k, v in conv.items() if k != "call_dim"}
+
+
+def config_conventions(config_cls, kw: dict) -> dict:
+    """What the config class itself does with the keys ropelab reads: its aliases (``attribute_map``), and how a
+    v4 ``rope_theta`` / ``rope_scaling`` reaches each layer type of a nested ``rope_parameters``, or whether the
+    class drops them (Cohere2-MoE declares ``rope_scaling`` as a field of its own and never converts it)."""
+    out: dict[str, Any] = {}
+    aliases = {k: v for k, v in (getattr(config_cls, "attribute_map", None) or {}).items() if k in HF_KEYS}
+    if aliases:
+        out["aliases"] = dict(sorted(aliases.items()))
+    theta = 12345.0  # a base no config defaults to: the layer types that carry it took the top-level rope_theta
+    try:
+        cfg = config_cls(**{**kw, "rope_theta": theta, "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    except Exception:  # noqa: BLE001 - a class without the v4 keys has no v4 rule
+        return out
+    params = getattr(cfg, "rope_parameters", None) or {}
+    nested = {t: p for t, p in params.items() if isinstance(p, dict)}
+    if nested and set(nested) <= set(getattr(cfg, "layer_types", None) or []) | set(nested):
+        out["v4"] = {"scaled_layer_types": sorted(t for t, p in nested.items() if p.get("rope_type") == "linear"),
+                     "default_theta": {t: p.get("rope_theta") for t, p in sorted(nested.items())
+                                       if p.get("rope_theta") != theta}}
+    elif params and not nested:
+        # A key is dropped when the class's rope dict holds something else in its place (a dict without
+        # rope_theta at all says nothing: the modeling code may still read the attribute).
+        ignored = [k for k, read in (("rope_theta", params.get("rope_theta", theta) == theta),
+                                     ("rope_scaling", params.get("rope_type") == "linear")) if not read]
+        if ignored:
+            out["v4"] = {"ignored_keys": ignored}
+    return out
+
+
+
+def measure_calls(calls, positions) -> dict:
+    """The convention of each rotation function the layers called (first call of each, in call order): the
+    first one's, plus ``rotations`` {function: style} where functions of one layer pair differently (the
+    DeepSeek-V3.2 indexer: half; its main attention: interleaved)."""
+    by_fn: dict[str, dict] = {}
+    for c in calls:
+        name = c["fn"].__name__
+        if name not in by_fn:
+            by_fn[name] = measure_convention(c, positions)
+    first = dict(next(iter(by_fn.values())))
+    kinds = {(m.get("style"), m.get("rotating_dims"), tuple(m.get("output_permutation") or ())) for m in by_fn.values()}
+    if len(kinds) > 1:
+        first["rotations"] = {n: m.get("style") for n, m in by_fn.items()}
+    return first
+
+
+_SLICE_KEYS = ("rotary_dim", "rotary_pct", "partial_rotary_factor")
+
+
+def ignored_slice_keys(d: dict, conv: dict, head_dim: int, sliced: bool) -> list[str]:
+    """Top-level rotary-slice keys of the config dict that transformers' code does not read: the slice it rotates
+    (measured) is not the one the key says (MiniMax-M3 declares ``rotary_dim`` and rotates by its rope dict)."""
+    params = d.get("rope_parameters") or {}
+    if not isinstance(params, dict) or "partial_rotary_factor" in params or "rotating_dims" not in conv:
+        return []
+    r = conv["rotating_dims"] if not sliced else conv["call_dim"]
+    out = []
+    for key in _SLICE_KEYS:
+        v = d.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        says = int(v) if key == "rotary_dim" else int(head_dim * float(v))
+        if says != r:
+            out.append(key)
+    return out
+
+
+
+def conventions_of(rows: dict) -> dict[str, dict]:
+    """{model_type: its convention-table entry} measured on transformers' own rotation (default variant)."""
+    return {mt: table_entry(row.get("convention")) for mt, row in sorted(rows.items())
+            if table_entry(row.get("convention")) is not None}
+
+
+def write_conventions(conventions: dict, version: str, path: pathlib.Path = TABLE_PATH) -> None:
+    """Write ``ropelab/conformance/hf_table.py``, the table ``RopeSpec.per_layer`` reads."""
+    lines = ["# ruff: noqa: E501",
+             f'"""The conventions of every model type, measured on transformers {version}\'s own rotation',
+             "functions by ``python -m ropelab.conformance`` (generated: do not edit; rerun ``make conformance``).",
+             "",
+             "``style``: ``half`` pairs (i, i + r/2), ``interleaved`` (2i, 2i + 1). ``rotary_fraction``: r / head_dim",
+             "in the default config of that model type (``RopeSpec.per_layer`` uses it only when the config names",
+             'no fraction). The other keys are described in ``ropelab.conformance``."""',
+             "", '__all__ = ["TRANSFORMERS_VERSION", "CONVENTIONS"]', "",
+             f"TRANSFORMERS_VERSION = {version!r}", "", "CONVENTIONS: dict[str, dict] = {"]
+    for mt, c in sorted(conventions.items()):
+        lines.append(f"    {mt!r}: {c!r},")
+    lines.append("}")
+    path.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,117 @@
+r"""Finding the model types by reading the installed transformers, and a tiny config of each from its own
+config class (the design: ``ropelab.conformance``'s docstring)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from typing import Any
+
+__all__ = ["N_LAYERS", "N_HEADS", "discover", "tiny_kwargs", "variants"]
+
+N_LAYERS = 8  # enough for the layer patterns of transformers' configs (every 4th, 6th layer ...)
+N_HEADS = 2
+
+_ROT_FN = re.compile(r"^def (\w*(?:rotary|rope)\w*)\(", re.M)
+_ROT_CLS = re.compile(r"^class (\w*Rotary\w*)\(", re.M)
+
+
+def discover() -> dict[str, dict]:
+    """{model_type: {"module", "rotary_classes", "rotation_functions", "config_mentions_rope"}} for every model
+    type of the installed transformers whose sources show rotary embeddings."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
+
+    root = pathlib.Path(transformers.__file__).parent / "models"
+    found = {}
+    for model_type in CONFIG_MAPPING_NAMES:
+        module = model_type_to_module_name(model_type)
+        folder = root / module
+        if not folder.is_dir():
+            continue
+        modeling = "".join(p.read_text() for p in sorted(folder.glob("modeling_*.py")))
+        configuration = "".join(p.read_text() for p in sorted(folder.glob("configuration_*.py")))
+        classes, functions = _ROT_CLS.findall(modeling), _ROT_FN.findall(modeling)
+        mentions = "rope_parameters" in configuration or "rope_theta" in configuration
+        if classes or functions or mentions:
+            found[model_type] = {"module": module, "rotary_classes": sorted(set(classes)),
+                                 "rotation_functions": sorted(set(functions)), "config_mentions_rope": mentions}
+    return found
+
+
+# --------------------------------------------------------------------------------------------------
+# A tiny config from the model type's own config class
+# --------------------------------------------------------------------------------------------------
+
+_SMALL_INTS = {"vocab_size": 128, "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4,
+               "num_experts_per_tok": 2, "moe_topk": 2, "n_shared_experts": 1, "num_shared_experts": 1,
+               "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "kv_lora_rank": 16, "q_lora_rank": 16}
+
+
+def tiny_kwargs(config_cls) -> dict[str, Any]:
+    """Keyword arguments that shrink ``config_cls()``: N_LAYERS layers, N_HEADS heads of the default head size,
+    small MLPs, experts and vocabulary. RoPE fields (theta, scaling, partial rotary, layer patterns) untouched."""
+    d = config_cls()
+    kw: dict[str, Any] = {}
+    heads = getattr(d, "num_attention_heads", None)
+    hidden = getattr(d, "hidden_size", None)
+    if isinstance(getattr(d, "num_hidden_layers", None), int):
+        kw["num_hidden_layers"] = min(d.num_hidden_layers, N_LAYERS)
+    if isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+        head_dim = getattr(d, "head_dim", None) or hidden // heads
+        kw["num_attention_heads"] = N_HEADS
+        kw["hidden_size"] = N_HEADS * head_dim
+        if isinstance(getattr(d, "num_key_value_heads", None), int):
+            kw["num_key_value_heads"] = 1 if d.num_key_value_heads == 1 else N_HEADS
+    for key in ("pad_token_id", "padding_idx"):
+        if isinstance(getattr(d, key, None), int) and getattr(d, key) >= _SMALL_INTS["vocab_size"]:
+            kw[key] = 0  # an embedding of 128 rows needs its padding row inside
+    for key, value in vars(d).items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if "intermediate_size" in key or key in ("ffn_hidden_size", "n_inner", "ffn_dim"):
+            kw[key] = 32
+        elif key in _SMALL_INTS and value > _SMALL_INTS[key]:
+            kw[key] = _SMALL_INTS[key]
+    # transformers rebuilds per-layer lists (layer_types, no_rope_layers, ...) from num_hidden_layers when they
+    # are not given: drop the defaults' lists so the class derives them for the tiny depth, as it would.
+    return kw
+
+
+def _main_rope_dict(params: dict) -> tuple[dict, str | None]:
+    """The rope dict a scaling variant replaces: the flat dict, or the full-attention entry of a nested one."""
+    if "rope_type" in params or "rope_theta" in params:
+        return params, None
+    key = "full_attention" if "full_attention" in params else sorted(params)[0]
+    return params[key], key
+
+
+def variants(config_cls, kw: dict) -> dict[str, dict]:
+    """{name: kwargs}: the default config and, where it has rope_parameters, linear / yarn scalings (v5 schema)
+    and the linear one in the v4 schema (rope_theta, rope_scaling at the top)."""
+    out = {"default": dict(kw)}
+    base = config_cls(**kw)
+    params = getattr(base, "rope_parameters", None)
+    if not isinstance(params, dict) or not params:
+        return out
+    params = json.loads(json.dumps(params))
+    main, key = _main_rope_dict(params)
+    if not isinstance(main, dict) or main.get("rope_type", "default") != "default":
+        return out
+    max_pos = getattr(base, "max_position_embeddings", None) or 4096
+    keep = {k: v for k, v in main.items() if k in ("rope_theta", "partial_rotary_factor")}
+    for name, scaling in [("linear", {"rope_type": "linear", "factor": 2.0}),
+                          ("yarn", {"rope_type": "yarn", "factor": 4.0,
+                                    "original_max_position_embeddings": max(max_pos // 4, 16)})]:
+        new = json.loads(json.dumps(params))
+        if key is None:
+            new = {**keep, **scaling}
+        else:
+            new[key] = {**keep, **scaling}
+        out[name] = {**kw, "rope_parameters": new}
+    v4 = {**kw, "rope_theta": main.get("rope_theta"), "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+    if "partial_rotary_factor" in main:
+        v4["partial_rotary_factor"] = main["partial_rotary_factor"]
+    out["linear (v4 schema)"] = v4
+    return out

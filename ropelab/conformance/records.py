@@ -1,0 +1,186 @@
+r"""The conformance record of one model type: each config variant, each layer, transformers' calls against
+``RopeSpec.per_layer`` (the design: ``ropelab.conformance``'s docstring)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from typing import Any
+
+from ..spec import RopeSpec, head_dim_of
+from .compare import compare_call
+from .convention import config_conventions, ignored_slice_keys, measure_calls, table_entry
+from .discovery import tiny_kwargs, variants
+from .probe import diagnose_probe
+from .running import error_text, rotated_pairs, run_transformers
+
+__all__ = ["sweep_model_type"]
+
+
+def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False, diagnose: bool = True) -> dict:
+    """The conformance record of one model type (see ``ropelab.conformance``); ``diagnose=False`` skips the
+    diagnose probes (the v4 variant, the same rotary as the v5 linear one, is never probed)."""
+    from transformers import CONFIG_MAPPING
+
+    row: dict[str, Any] = {"module": info["module"]}
+    config_cls = CONFIG_MAPPING[model_type]
+    subs = getattr(config_cls, "sub_configs", None) or {}
+    if subs:
+        row["status"] = "not covered"
+        row["reason"] = ("composite config (sub-configs " + ", ".join(sorted(subs)) + "): its RoPE lives in a "
+                         "sub-config, whose model type is swept on its own")
+        return row
+    try:
+        module = importlib.import_module(f"transformers.models.{info['module']}.modeling_{info['module']}")
+    except Exception as e:  # noqa: BLE001 - the reason goes into the table
+        return {**row, "status": "not covered", "reason": f"modeling module does not import: {error_text(e)}"}
+    try:
+        kw = tiny_kwargs(config_cls)
+        runs = variants(config_cls, kw)
+    except Exception as e:  # noqa: BLE001
+        return {**row, "status": "not covered", "reason": f"tiny config cannot be built: {error_text(e)}"}
+    if only_default:
+        runs = {"default": runs["default"]}
+    row["variants"] = {}
+    measured = config_conventions(config_cls, kw)
+    for name, kwargs in runs.items():
+        row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs,
+                                               measured if name == "default" else None,
+                                               probe=diagnose and "v4" not in name)
+    default = row["variants"]["default"]
+    for v in list(row["variants"].values())[1:]:
+        v.pop("convention", None)
+    if "convention" in default:
+        row["convention"] = default.pop("convention")
+    statuses = [v["status"] for v in row["variants"].values()]
+    if default["status"] == "not covered":
+        row["status"], row["reason"] = "not covered", default["reason"]
+    elif "disagree" in statuses:
+        row["status"] = "disagree"
+    else:
+        row["status"] = "agree"
+    from .hf_table import CONVENTIONS
+
+    entry = table_entry(row.get("convention"))
+    if entry is not None:  # this run's measurement against the committed table the comparison used
+        committed = CONVENTIONS.get(model_type)
+        row["table"] = ("absent" if committed is None else
+                        "matches" if json.loads(json.dumps(committed)) == json.loads(json.dumps(entry)) else "differs")
+    probes = [pr for v in row["variants"].values() for pr in (v.get("diagnose") or {}).get("probes", [])]
+    if probes:
+        probed = [pr for pr in probes if pr["status"] != "not probed"]
+        fields = sorted({f for pr in probed for f, ok in pr["fields"].items() if not ok})
+        row["diagnose"] = ("not probed" if not probed else "mismatch: " + ", ".join(fields) if fields else "match")
+    return row
+
+
+
+def _config_dict(config_cls, kwargs: dict, v4: bool) -> tuple[Any, dict]:
+    """(the transformers config, the dict ropelab reads): ``to_dict()``, or for the v4 variant the v4 keys as an
+    old config.json holds them (transformers converts them itself)."""
+    config = config_cls(**json.loads(json.dumps(kwargs)))
+    d = config.to_dict()
+    if v4:
+        d.pop("rope_parameters", None)
+        d["rope_theta"], d["rope_scaling"] = kwargs["rope_theta"], dict(kwargs["rope_scaling"])
+        if "partial_rotary_factor" in kwargs:
+            d["partial_rotary_factor"] = kwargs["partial_rotary_factor"]
+    return config, d
+
+
+
+def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None, probe: bool = True) -> dict:
+    """One config variant: transformers' calls per layer against ``RopeSpec.per_layer`` of its dict.
+
+    ``per_layer`` reads the committed convention table (a previous run's measurement); this run's measurement
+    (``measure`` is not None for the default variant) is only recorded, never used in the comparison."""
+    from .hf_table import CONVENTIONS
+
+    v4 = "rope_scaling" in kwargs
+    try:
+        config, d = _config_dict(config_cls, kwargs, v4)
+    except Exception as e:  # noqa: BLE001
+        return {"status": "not covered", "reason": f"transformers rejects the config: {error_text(e)}"}
+    try:
+        run = run_transformers(config, module)
+    except Exception as e:  # noqa: BLE001
+        return {"status": "not covered", "reason": f"transformers' model cannot run on tokens: {error_text(e)}"}
+    if not run["calls"]:
+        return {"status": "not covered", "reason": "the forward made no call to a rotation function: RoPE is "
+                f"applied elsewhere (functions wrapped: apply_* in {module.__name__})"}
+    if any(c["layer"] is None for c in run["calls"]):
+        return {"status": "not covered", "reason": "a rotation call outside the decoder layers (e.g. a vision "
+                "tower or an encoder); the sweep attributes calls to decoder layers only"}
+    out: dict[str, Any] = {"positions": run["positions"], "dtype": run["dtype"]}
+    try:
+        head_dim = head_dim_of({**d, **{k: d[v] for k, v in getattr(config_cls, "attribute_map", {}).items()
+                                        if v in d and k not in d}})
+    except Exception as e:  # noqa: BLE001
+        return {**out, "status": "not covered", "reason": f"ropelab: {error_text(e)}"}
+    call_dim = rotated_pairs(run["calls"][0])[0][0].shape[-1]
+    sliced = call_dim < head_dim  # the attention hands the function only the rotary slice (GPT-J)
+    if measure is not None:
+        try:
+            conv = measure_calls(run["calls"], run["positions"])
+        except Exception as e:  # noqa: BLE001
+            conv = {"error": error_text(e)}
+        types = list(getattr(config, "layer_types", None) or [])
+        called = {c["layer"] for c in run["calls"]}
+        if len(types) == config.num_hidden_layers:
+            silent = [i in run["ran"] and i not in called for i in range(len(types))]
+            conv["nope_layer_types"] = sorted(t for t in set(types)
+                                              if all(s for s, u in zip(silent, types) if u == t))
+        if "style" in conv:
+            conv.update(measure)
+            if d.get("rope_theta") is None and not d.get("rope_parameters") and "measured_base" in conv:
+                conv["fixed_base"] = conv["measured_base"]  # no key holds it: the modeling code fixes it
+            if "rotating_dims" in conv:
+                conv["rotary_fraction"] = conv["rotating_dims"] / head_dim
+            ignored = ignored_slice_keys(d, conv, head_dim, sliced)
+            if ignored:
+                conv["ignored_keys"] = ignored
+        out["convention"] = conv
+    committed = CONVENTIONS.get(model_type) or {}
+    perm = committed.get("output_permutation")  # transformers' output order, from the committed table
+    try:
+        specs = RopeSpec.per_layer(d)
+    except Exception as e:  # noqa: BLE001
+        out.update(status="not covered", reason=f"ropelab: {error_text(e)}")
+        return out
+    layers = []
+    for i in range(config.num_hidden_layers):
+        spec = specs[i] if i < len(specs) else None
+        calls = [c for c in run["calls"] if c["layer"] == i]
+        entry: dict[str, Any] = {"layer": i, "spec": None if spec is None else spec.to_dict()}
+        if spec is None:
+            entry.update(status="disagree", reason=f"ropelab gave {len(specs)} specs for {len(run['ran'])} layers")
+        elif i not in run["ran"]:
+            entry.update(status="not covered", reason="the layer did not run")
+        elif not calls:
+            entry["transformers"] = "no rotation call (the layer applies no RoPE)"
+            entry["status"] = "agree" if spec.is_nope else "disagree"
+        else:
+            if sliced and (spec.rotary_dim or head_dim) != call_dim:
+                entry.update(status="disagree", reason=f"transformers rotates {call_dim} of {head_dim} dims, ropelab "
+                             f"{spec.rotary_dim or head_dim}")
+                layers.append(entry)
+                continue
+            use = dataclasses.replace(spec, rotary_dim=None) if sliced else spec
+            try:
+                res = [compare_call(c, run["positions"], use, perm) for c in calls]
+            except Exception as e:  # noqa: BLE001
+                entry.update(status="not covered", reason=f"cannot compare: {error_text(e)}")
+            else:
+                entry["max_error"] = max(r["max_error"] for r in res)
+                entry["error_over_bound"] = max(r["error_over_bound"] for r in res)
+                entry["status"] = "agree" if entry["error_over_bound"] <= 1.0 else "disagree"
+        layers.append(entry)
+    out["layers"] = layers
+    st = [e["status"] for e in layers]
+    out["status"] = "disagree" if "disagree" in st else ("agree" if "agree" in st else "not covered")
+    if out["status"] == "not covered":
+        out["reason"] = layers[0].get("reason", "no layer compared")
+    elif out["status"] == "agree" and probe:
+        out["diagnose"] = diagnose_probe(run, specs, layers, sliced, head_dim)
+    return out

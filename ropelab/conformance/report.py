@@ -1,0 +1,92 @@
+r"""The sweep's table: counts, the classes of not-covered reasons, and the README paragraph on it."""
+
+from __future__ import annotations
+
+import torch
+
+from .convention import conventions_of
+
+__all__ = ["REASON_CLASSES", "reason_class", "summarise", "readme_paragraph"]
+
+
+# The classes of not-covered reasons the counts use: (a phrase of the reason, the class), first match wins.
+REASON_CLASSES = (
+    ("composite config", "composite config: the RoPE lives in a sub-config, swept as its own model type"),
+    ("no module-level rotation function", "rotation inlined in the attention (no module-level apply function)"),
+    ("made no call to a rotation function", "rotation inlined in the attention (no module-level apply function)"),
+    ("no AutoModel and no *Model class", "no model class runs on this config class alone (a component)"),
+    ("pair dims differently", "ropelab refuses: two pairings in one layer (a sparse-attention indexer)"),
+    ("RopeSpec cannot represent", "ropelab refuses: a rotation RopeSpec cannot represent"),
+    ("are not read by rope_type", "ropelab refuses: a RoPE variant ropelab does not have (multimodal, llama4 keys)"),
+    ("ropelab:", "ropelab refuses the config it reads (ValueError)"),
+    ("missing", "the model needs inputs other than tokens"),
+    ("pixel_values", "the model needs inputs other than tokens"),
+    ("input_features", "the model needs inputs other than tokens"),
+    ("cannot run on tokens", "transformers' model fails on the sweep's tiny config"),
+    ("tiny config cannot be built", "the config class rejects the sweep's tiny sizes"),
+    ("does not import", "the modeling module needs a package not installed"),
+)
+
+
+def reason_class(reason: str) -> str:
+    """The class of a not-covered reason, for the counts (``REASON_CLASSES``; else the text before its colon)."""
+    return next((c for phrase, c in REASON_CLASSES if phrase in reason), reason.split(":")[0])
+
+
+def summarise(rows: dict, found: dict, version: str, *, seconds: float, cpu_seconds: float) -> dict:
+    """The JSON table: counts (status, not-covered reasons, convention table check, diagnose), and the rows."""
+    counts = {k: sum(r["status"] == k for r in rows.values()) for k in ("agree", "disagree", "not covered")}
+    reasons: dict[str, int] = {}
+    for r in rows.values():
+        if r["status"] == "not covered":
+            reasons[reason_class(r["reason"])] = reasons.get(reason_class(r["reason"]), 0) + 1
+    table = {k: sorted(mt for mt, r in rows.items() if r.get("table") == k) for k in ("differs", "absent")}
+    diag = {"match": 0, "mismatch": 0, "not probed": 0}
+    fields: dict[str, int] = {}
+    for r in rows.values():
+        v = r.get("diagnose")
+        if v is None:
+            continue
+        key = v.split(":")[0]
+        diag[key] += 1
+        for f in v.split(":")[1].split(",") if ":" in v else []:
+            fields[f.strip()] = fields.get(f.strip(), 0) + 1
+    return {"transformers": version, "torch": torch.__version__,
+            "generated_by": "python -m ropelab.conformance", "seconds": round(seconds, 1),
+            "cpu_seconds": round(cpu_seconds, 1),
+            "tolerance": "per element: a*rho*(|m w|(ln b + 9) + 4)*2**-24 on rotated pairs, 16*2**-53*|x| elsewhere",
+            "counts": counts, "not_covered_by_reason": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+            "convention_table": {"measured_differs_from_committed": table["differs"],
+                                 "absent_from_committed": table["absent"]},
+            "diagnose": {"model_types": diag, "mismatched_fields": dict(sorted(fields.items()))},
+            "discovered": len(found), "conventions": conventions_of(rows), "models": dict(sorted(rows.items()))}
+
+
+def readme_paragraph(table: dict, load: str = "about 7") -> str:
+    """The README's paragraph on the committed table (``tests/test_conformance.py`` requires it there verbatim)."""
+    c, d = table["counts"], table["diagnose"]["model_types"]
+    fields = ", ".join(f"{f} {n}" for f, n in table["diagnose"]["mismatched_fields"].items()) or "none"
+    lines = [
+        f"`make conformance` (`python -m ropelab.conformance`) runs transformers' own modeling code for every model "
+        f"type of the installed transformers that uses rotary embeddings, found by reading the library "
+        f"({table['discovered']} in transformers {table['transformers']}), on a tiny config of its own config class "
+        "(default; linear and yarn in the v5 schema; linear in the v4 schema), and compares each layer's rotated "
+        "queries and keys with `apply_rope(x, spec=RopeSpec.per_layer(config)[layer])` in float64, element by "
+        "element within a float32 rounding bound. `per_layer` takes what the config does not say (pairing, a fixed "
+        "rotary fraction, NoPE layer types, aliases, ignored keys, v4 rules) from the convention table "
+        "`ropelab/conformance/hf_table.py`, generated by the previous run and checked against a fresh measurement. "
+        f"Result (`data/conformance/transformers-{table['transformers']}.json`): **{c['agree']} agree, "
+        f"{c['disagree']} disagree and {c['not covered']} not covered**, each with its reason:",
+        ""]
+    for reason, n in table["not_covered_by_reason"].items():
+        lines.append(f"- {reason}: {n}")
+    lines += ["",
+              f"`diagnose`, probing each covered family's real rotary as a black box, reads the spec's style, base, "
+              f"rotary_dim and scaling type for {d['match']} of the {d['match'] + d['mismatch']} model types "
+              f"probed; for {d['mismatch']} it does not (fields: {fields}; see \"where it cannot decide\" above); "
+              f"{d['not probed']} could not be probed. The sweep took {round(table['seconds'] / 60)} min wall "
+              f"({round(table['cpu_seconds'] / 60)} min of CPU) on one thread, on a machine shared with other jobs "
+              f"(load average {load}). A new transformers release: rerun `make conformance`; a model type the table "
+              "has never seen is not covered (\"not in ropelab's convention table\") until its measured entry, "
+              "written by that run, is reviewed and the model type rerun."]
+    return "\n".join(lines)

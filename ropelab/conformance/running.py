@@ -1,0 +1,155 @@
+r"""Running transformers' own code on a tiny model, recording each call of its module-level rotation functions
+and of its rotary modules (the design: ``ropelab.conformance``'s docstring)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import torch
+
+__all__ = ["error_text", "positions_for", "run_transformers", "rotated_pairs", "layout_of"]
+
+
+def error_text(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg}"[:300]
+
+
+class _Recorder:
+    def __init__(self):
+        self.layer: int | None = None
+        self.calls: list[dict] = []
+        self.ran: list[int] = []
+
+    def wrap(self, fn):
+        def recorded(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            self.calls.append({"layer": self.layer, "fn": fn, "args": args, "kwargs": kwargs, "out": out})
+            return out
+
+        return recorded
+
+
+def _layer_list(model, n_layers: int):
+    for _, m in model.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers:
+            return m
+    return None
+
+
+def positions_for(max_pos: int | None) -> list[int]:
+    """9 distinct positions: small ones (every pair's angle resolved) and large ones up to the context."""
+    top = min(max_pos or 4096, 4096)
+    pos = sorted({0, 1, 2, 3, 5, 17, top // 4, top // 2, top - 1})
+    k = 6
+    while len(pos) < 9:
+        pos = sorted(set(pos) | {k})
+        k += 1
+    return pos[:9]
+
+
+def _base_model(config, module):
+    """The base model of ``config``: AutoModel's, else the module's model class built on exactly this config class
+    (the text half of a multimodal family has no AutoModel entry)."""
+    from transformers import AutoModel, PreTrainedModel
+
+    try:
+        return AutoModel.from_config(config)
+    except ValueError:
+        pass
+    for name, cls in sorted(vars(module).items()):
+        if (inspect.isclass(cls) and issubclass(cls, PreTrainedModel) and getattr(cls, "config_class", None)
+                is type(config) and name.endswith("Model") and not name.endswith("PreTrainedModel")):
+            return cls(config)
+    raise LookupError(f"no AutoModel and no *Model class for {type(config).__name__} in {module.__name__}")
+
+
+def run_transformers(config, module) -> dict:
+    """:func:`_run` in float64, or in float32 where the model's kernels refuse float64 (grouped MoE matmuls)."""
+    try:
+        return _run(config, module, torch.float64)
+    except RuntimeError as e:
+        if "Float" not in str(e) and "Double" not in str(e) and "dtype" not in str(e):
+            raise
+        return _run(config, module, torch.float32)
+
+
+def _run(config, module, dtype) -> dict:
+    """One float64 forward of a tiny model of ``config`` with every module-level rotation function of ``module``
+    recorded. Returns {"calls", "ran", "positions"} or raises with the reason."""
+    rec = _Recorder()
+    names = [n for n, f in vars(module).items()
+             if inspect.isfunction(f) and re.search(r"rotary|rope", n) and n.startswith("apply")]
+    if not names:
+        raise LookupError(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in {module.__name__}; "
+                          "the rotation is inlined")
+    torch.manual_seed(0)
+    model = _base_model(config, module).to(dtype).eval()
+    layers = _layer_list(model, config.num_hidden_layers)
+    if layers is None:
+        raise LookupError(f"no ModuleList of num_hidden_layers={config.num_hidden_layers} layers in "
+                          f"{type(model).__name__}")
+    hooks = []
+    for i, layer in enumerate(layers):
+        def pre(_m, _a, i=i):
+            rec.layer = i
+            rec.ran.append(i)
+        hooks.append(layer.register_forward_pre_hook(pre))
+    rotary = []  # (module, position_ids, output) of every call of a *Rotary* module: the positions it really saw
+
+    def seen(m, args, kwargs, out):
+        p = args[1] if len(args) > 1 else kwargs.get("position_ids")
+        rotary.append((m, args, kwargs, out, p))
+
+    for m in model.modules():
+        if "Rotary" in type(m).__name__:
+            hooks.append(m.register_forward_hook(seen, with_kwargs=True))
+    saved = {n: getattr(module, n) for n in names}
+    positions = positions_for(getattr(config, "max_position_embeddings", None))
+    ids = torch.randint(0, min(getattr(config, "vocab_size", 128) or 128, 100), (1, len(positions)))
+    pos = torch.tensor([positions])
+    try:
+        for n in names:
+            setattr(module, n, rec.wrap(saved[n]))
+        with torch.no_grad():
+            try:
+                model(input_ids=ids, position_ids=pos, use_cache=False)
+            except TypeError as e:
+                if "position_ids" not in str(e) and "use_cache" not in str(e):
+                    raise
+                positions = list(range(len(positions)))
+                pos = torch.tensor([positions])
+                model(input_ids=ids)
+    finally:
+        for n in names:
+            setattr(module, n, saved[n])
+        for h in hooks:
+            h.remove()
+    # A model may replace the positions it is given (CSM's depth decoder numbers its codebooks 0, 1, 2, ... and
+    # ignores position_ids): compare at the positions its rotary module was called with.
+    used = {tuple(p.reshape(-1, p.shape[-1])[0].tolist()) for *_, p in rotary
+            if isinstance(p, torch.Tensor) and p.dim() in (1, 2) and p.shape[-1] == len(positions)}
+    if len(used) == 1 and list(next(iter(used))) != positions:
+        positions = list(next(iter(used)))
+    return {"calls": rec.calls, "ran": sorted(set(rec.ran)), "positions": positions, "dtype": str(dtype),
+            "rotary": rotary}
+
+
+def rotated_pairs(call) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(input, output) tensor pairs of one rotation call: the leading tensor arguments matched to the outputs."""
+    out = call["out"]
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    ins = [a for a in call["args"] if isinstance(a, torch.Tensor)]
+    return [(i, o) for i, o in zip(ins, outs) if isinstance(o, torch.Tensor) and o.shape == i.shape]
+
+
+def layout_of(shape: tuple[int, ...], s: int) -> str:
+    if shape[-1] == s or list(shape).count(s) != 1:
+        raise LookupError(f"cannot tell the sequence axis of a tensor of shape {list(shape)} ({s} tokens)")
+    names = []
+    for i, n in enumerate(shape[:-1]):
+        names.append("s" if n == s else ("b" if i == 0 else "h"))
+    if names.count("h") > 1:
+        raise LookupError(f"tensor of shape {list(shape)} has more than one heads-like axis")
+    return " ".join(names + ["d"])
