@@ -409,20 +409,22 @@ def plot_attention_drift(axes, kl: torch.Tensor, contribution: torch.Tensor, len
 
 def plot_decode_cost(axes, bench: dict) -> None:
     """``python -m ropelab.bench decode``'s medians per policy against the cached length, one panel per batch,
-    with the interquartile range as error bars where the file has one, and ``bucketed``'s boundary step."""
+    with the interquartile range as error bars where the file has one, and the boundary step of every policy
+    that has one (a bucketed schedule)."""
     rows = bench["rows"]
+    policies = list(dict.fromkeys(r["policy"] for r in rows))  # the file's policies, in its order
     for ax, b in zip(axes, sorted({r["batch"] for r in rows})):
-        for j, policy in enumerate(("post_rope", "bucketed", "recompute", "rope_on_load")):
+        for j, policy in enumerate(policies):
             pts = sorted((r for r in rows if r["batch"] == b and r["policy"] == policy),
                          key=lambda r: r["cached_tokens"])
             n, med = [r["cached_tokens"] for r in pts], [r["median_ms"] for r in pts]
             err = ([[r["median_ms"] - r["q25_ms"] for r in pts], [r["q75_ms"] - r["median_ms"] for r in pts]]
                    if all("q25_ms" in r for r in pts) else None)
-            line = ax.errorbar(n, med, yerr=err, marker="os^D"[j], ls=["-", "--", "-.", ":"][j], capsize=2,
+            line = ax.errorbar(n, med, yerr=err, marker="os^Dpx"[j % 6], ls=["-", "--", "-.", ":"][j % 4], capsize=2,
                                label=f"{policy}, median" + (" and IQR" if err else ""))[0]
-            if policy == "bucketed":
+            if any(r.get("boundary_ms") for r in pts):  # a policy with a boundary step (a bucketed schedule)
                 top = [r.get("boundary_ms") or r["max_ms"] for r in pts]
-                ax.plot(n, top, marker="v", ls="none", color=line.get_color(), label="bucketed, boundary step")
+                ax.plot(n, top, marker="v", ls="none", color=line.get_color(), label=f"{policy}, boundary step")
         ax.set(xscale="log", yscale="log", xlabel="cached tokens", title=f"batch {b}")
     axes[0].set_ylabel("ms per decoding step (one layer)")
     axes[0].legend(fontsize=7)
