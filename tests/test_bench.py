@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ropelab import bench
 
 
@@ -84,3 +86,21 @@ def test_bench_explorers_times_every_move_of_every_explorer(tmp_path):
         (name, move) for name, moves in bench.EXPLORER_MOVES.items() for move in moves]
     assert all(r["cpu_ms_min"] <= r["cpu_ms_median"] <= r["cpu_ms_max"] for r in result["rows"])
     assert result["machine"]["cpu"] == bench.machine_info()["cpu"] and result["repeats"] == 1
+
+
+def test_the_readme_benchmark_block_is_rendered_from_the_committed_json():
+    """The README quotes only what data/bench/cpu.json and decode.json hold: its block is their rendering
+    (`python -m ropelab.bench readme` rewrites it)."""
+    from ropelab.bench import report
+    from ropelab.paths import REPO
+
+    text = (REPO / "README.md").read_text()
+    block = text[text.index(report.BEGIN): text.index(report.END) + len(report.END)]
+    assert block == report.render(), "the README's benchmark block is stale: python -m ropelab.bench readme"
+
+
+def test_the_readme_block_needs_its_markers():
+    from ropelab.bench import report
+
+    with pytest.raises(ValueError, match="no benchmark block"):
+        report.readme_with("no markers here\n", "x")
