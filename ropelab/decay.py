@@ -30,6 +30,8 @@ r up to the context length, which sets a smallest base. For independent Gaussian
 arXiv 2410.06205).
 
 Frequencies: :math:`\theta_i = b^{-2i/d}` from :func:`ropelab.frequencies`. Everything is float64.
+
+``plot_logits_vs_distance`` and ``plot_base_scan`` draw notebook 03's figures of these quantities.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ __all__ = [
     "smallest_nonnegative_base",
     "decay_view",
     "first_negative",
+    "plot_logits_vs_distance",
+    "plot_base_scan",
 ]
 
 
@@ -263,3 +267,60 @@ def first_negative(base: float, head_dim: int, distance: int, chunk: int = 4096)
         if neg.numel():
             return start + int(neg[0, 0])
     return None
+
+
+def plot_logits_vs_distance(axes, dist: torch.Tensor, l_ones: torch.Tensor, l_gauss: torch.Tensor,
+                            l_sim: torch.Tensor, B: torch.Tensor) -> None:
+    r"""The logit :math:`\langle R_r q, k\rangle` against distance ``dist`` for all-ones q = k (``l_ones``),
+    independent Gaussian pairs (``l_gauss`` [pairs, distances]: mean, ±1 std and one pair) and similar keys
+    (``l_sim``, with :math:`2B_r` from ``B``), on a symlog distance axis (notebook 03, section 2; three axes)."""
+    n_pairs = l_gauss.shape[0]
+    axes[0].plot(dist, l_ones, lw=1)
+    axes[0].set(title=r"all-ones q = k: $\ell(r) = 2B_r$", ylabel=r"logit $\langle R_r q, k\rangle$")
+    m, s = l_gauss.mean(0), l_gauss.std(0)
+    axes[1].fill_between(dist, m - s, m + s, alpha=0.3, label="mean ± 1 std")
+    axes[1].plot(dist, m, lw=1, label=f"mean of {n_pairs} pairs")
+    axes[1].plot(dist, l_gauss[0], lw=0.5, color="gray", ls=":", label="one pair")
+    axes[1].set(title="independent Gaussian q, k: no decay")
+    axes[1].legend(fontsize=7)
+    m2, s2 = l_sim.mean(0), l_sim.std(0)
+    axes[2].fill_between(dist, m2 - s2, m2 + s2, alpha=0.3)
+    axes[2].plot(dist, m2, lw=1.2, label="mean")
+    axes[2].plot(dist, 2 * B, "k--", lw=0.8, label=r"$2B_r$")
+    axes[2].set(title="similar key k = q + 0.5 noise")
+    axes[2].legend(fontsize=7)
+    for ax in axes:
+        ax.set(xscale="symlog", xlabel="relative distance r")
+        ax.axhline(0, color="k", lw=0.5)
+
+
+def plot_base_scan(axes, scans: dict, refined: dict, contexts: list[int]) -> None:
+    r"""Left: :func:`base_scan`'s passing and failing grid bases per context length (``scans``: L -> its result,
+    for L in ``contexts``), with the base from which every grid base passes and the refined smallest passing
+    base (``refined``: L -> :func:`smallest_nonnegative_base`); right: :math:`\min_{r \le L} B_r` against
+    the base at L = 4096 (or the longest context) (notebook 03, section 3; two axes)."""
+    import numpy as np
+
+    for row, s in enumerate(scans.values()):
+        b, ok = s["bases"].numpy(), s["passes"].numpy()
+        axes[0].scatter(b[ok], np.full(ok.sum(), row), marker="|", s=90, color="C0",
+                        label="passes" if row == 0 else None)
+        axes[0].scatter(b[~ok], np.full((~ok).sum(), row), marker="x", s=14, color="C1", lw=0.8,
+                        label="fails" if row == 0 else None)
+        axes[0].plot([s["all_pass_above"]], [row + 0.32], "v", color="k", ms=6,
+                     label="every base passes from here" if row == 0 else None)
+        axes[0].plot([refined[contexts[row]]], [row - 0.32], "^", color="C2", ms=6,
+                     label="smallest passing base" if row == 0 else None)
+    axes[0].set_yticks(range(len(scans)), [f"L = {L}" for L in scans])
+    axes[0].set(xscale="log", xlabel="RoPE base b (grid of 50 per decade)", ylim=(-0.6, len(scans) - 0.2),
+                title=r"$B_r \geq 0$ for every $r \leq L$? (d = 128)")
+    axes[0].legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=4, frameon=False)
+    L0 = 4096 if 4096 in scans else contexts[-1]
+    s0 = scans[L0]
+    axes[1].plot(s0["bases"], s0["min_bound"], lw=1, marker=".", ms=3)
+    axes[1].axhline(0, color="k", lw=0.6)
+    axes[1].axvline(refined[L0], color="C2", ls="--", lw=1, label=f"smallest passing {refined[L0]:.3g}")
+    axes[1].axvline(s0["all_pass_above"], color="C4", ls=":", lw=1.2, label=f"all pass from {s0['all_pass_above']:.3g}")
+    axes[1].set(xscale="log", xlabel="RoPE base b", ylabel=r"$\min_{r \leq L} B_r$", ylim=(-12, 12),
+                title=f"L = {L0}: the minimum over distances")
+    axes[1].legend(fontsize=8, loc="lower right")

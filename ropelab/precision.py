@@ -19,6 +19,8 @@ Cos and sin are periodic, so only this wrapped error reaches the attention score
 
 ``rotary_phase_error`` measures a real rotary module (Hugging Face's ``LlamaRotaryEmbedding``, or anything
 with its ``forward(x, position_ids) -> (cos, sin)``) the same way, from the tables it returns.
+
+``plot_threshold_table`` and ``plot_cast_pitfall`` draw notebook 01's figures of these measurements.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ __all__ = [
     "first_index_past",
     "LADDER_DTYPES",
     "ladder",
+    "plot_threshold_table",
+    "plot_cast_pitfall",
 ]
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -255,3 +259,36 @@ def ladder(base: float = 10000.0, head_dim: int = 64, position: int = 100, dtype
         "phase_error": err.numpy(),
         "turned": (angle >= 2 * math.pi).numpy(),
     }
+
+
+def plot_threshold_table(ax, first, scan: int, title: str) -> None:
+    """``first`` (a DataFrame, dtype name x ingredient held in it -> the first position whose phase error passes
+    the threshold, NaN where none up to ``scan``) as a heat map coloured by log10 position, each cell labelled
+    with its position (notebook 01, section 4)."""
+    import numpy as np
+    import pandas as pd
+    import seaborn as sns
+
+    shown = np.log10(first.astype(float).fillna(scan).to_numpy())
+    labels = first.map(lambda v: f"> {scan:,}" if pd.isna(v) else f"{int(v):,}")
+    sns.heatmap(shown, annot=labels.to_numpy(), fmt="", cmap="viridis_r", cbar_kws={"label": "log10 position"},
+                xticklabels=first.columns, yticklabels=first.index, ax=ax)
+    ax.set(title=title, xlabel="held in the dtype")
+
+
+def plot_cast_pitfall(axes, positions: torch.Tensor, err32: torch.Tensor, err_bf: torch.Tensor, threshold: float,
+                      rel_hf: dict) -> None:
+    """Left: the worst pair's phase error of a float32 and a bf16-cast rotary module against position
+    (``err32``, ``err_bf`` [len(positions)]), with the ``threshold``; right: the relative logit error per query
+    position of scores rotated with each (``rel_hf``: ``"fp32"``/``"bf16"`` -> [s]) against float64; log-log,
+    position 0 left out (notebook 01, section 5)."""
+    s_hf = rel_hf["fp32"].shape[0]  # the query positions scored
+    axes[0].loglog(positions[1:], err32[1:], label="float32 module", color="C0")
+    axes[0].loglog(positions[1:], err_bf[1:], label="module.to(torch.bfloat16)", color="C1", ls="--")
+    axes[0].axhline(threshold, color="k", ls=":", lw=1)
+    axes[0].set(xlabel="position m", ylabel="worst pair's phase error (rad)", title="LlamaRotaryEmbedding vs float64")
+    axes[0].legend()
+    for name, color, ls in [("fp32", "C0", "-"), ("bf16", "C1", "--")]:
+        axes[1].loglog(torch.arange(1, s_hf), rel_hf[name][1:], color=color, ls=ls, label=name)
+    axes[1].set(xlabel="query position m", ylabel="relative logit error", title="scores of random q, k vs float64")
+    axes[1].legend()

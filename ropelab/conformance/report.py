@@ -1,4 +1,5 @@
-r"""The sweep's table: counts, the classes of not-covered reasons, and the README paragraph on it."""
+r"""The sweep's table: counts, the classes of not-covered reasons, the README paragraph on it, and notebook 09's
+figure of the convention classes."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import torch
 
 from .convention import conventions_of
 
-__all__ = ["REASON_CLASSES", "reason_class", "summarise", "readme_paragraph"]
+__all__ = ["REASON_CLASSES", "reason_class", "summarise", "readme_paragraph", "plot_convention_classes"]
 
 
 # The classes of not-covered reasons the counts use: (a phrase of the reason, the class), first match wins.
@@ -90,3 +91,20 @@ def readme_paragraph(table: dict, load: str = "about 7") -> str:
               "has never seen is not covered (\"not in ropelab's convention table\") until its measured entry, "
               "written by that run, is reviewed and the model type rerun."]
     return "\n".join(lines)
+
+
+def plot_convention_classes(n_class: dict, n_covered: int, version: str):
+    """One horizontal bar per convention class (``n_class``: class -> the covered model types in it), labelled
+    with its count, out of ``n_covered`` covered model types measured on transformers ``version``. Returns the
+    figure (notebook 09)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    names = list(n_class)[::-1]
+    ax.barh(names, [len(n_class[n]) for n in names], color="#4c72b0")
+    for y, n in enumerate(names):
+        ax.text(len(n_class[n]) + 0.5, y, str(len(n_class[n])), va="center", fontsize=8)
+    ax.set_xlabel(f"model types (of {n_covered} covered), measured on transformers {version}")
+    ax.set_title("RoPE conventions the config does not state, across model families")
+    fig.tight_layout()
+    return fig

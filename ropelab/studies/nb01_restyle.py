@@ -8,11 +8,13 @@ same model in the other style, since :math:`R^{\text{half}}_m = P R^{\text{int}}
 ``rotated_qk`` returns one block's rotated q and k as its attention forms them, to compare the logits of
 the same inputs under each.
 
-Notebook 01, section 3, measures what mixing costs with these.
+Notebook 01, section 3, measures what mixing costs with these; ``plot_mixing_cost`` and ``plot_loss_restored``
+draw its two figures from what it measured.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
@@ -22,7 +24,7 @@ from ..core import STYLES
 from ..models import TinyLM, masked_loss
 from ..rope import apply_rope
 
-__all__ = ["lag_copy", "restyled", "permuted", "rotated_qk", "loss_in_dtype"]
+__all__ = ["lag_copy", "restyled", "permuted", "rotated_qk", "loss_in_dtype", "plot_mixing_cost", "plot_loss_restored"]
 
 
 def _check(model: TinyLM, style: str) -> None:
@@ -95,3 +97,51 @@ def lag_copy(gen: torch.Generator, batch: int, seq_len: int, vocab: int, lag: in
     y = torch.roll(x, lag, dims=1)
     mask = (torch.arange(seq_len) >= lag).expand(batch, seq_len)
     return x, y, mask
+
+
+def plot_mixing_cost(rel: dict, kl: dict):
+    """Layer 0's relative logit error (``rel``) and |KL| of the attention rows (``kl``) against the trained model,
+    per query position, for the ``"mixed"`` and ``"converted"`` models, on symlog axes that show round-off
+    (1e-16) and order-one errors together. Returns the figure (notebook 01, section 3)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for name, color, ls in [("mixed", "C1", "-"), ("converted", "C0", "--")]:
+        axes[0].plot(rel[name], color=color, ls=ls, label=name)
+        axes[1].plot(kl[name].abs(), color=color, ls=ls, label=name)
+    for ax, ylabel, title in [(axes[0], "relative logit error", "layer-0 logits vs trained"),
+                              (axes[1], "|KL(trained || other)|, nats", "layer-0 attention rows")]:
+        ax.set(xlabel="query position m", ylabel=ylabel, title=title)
+        ax.set_yscale("symlog", linthresh=1e-16)
+        ax.set_ylim(0, 20)
+        ax.set_yticks([0, 1e-16, 1e-12, 1e-8, 1e-4, 1])
+    axes[0].legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_loss_restored(history: list[dict], l32: dict, keys: list, vocab: int):
+    """The training loss of the interleaved model against step (``history``: ``train``'s log), and the held-out
+    float32 loss ``l32`` of the trained, mixed and converted models (``keys``, in that order) as labelled dots on
+    a log axis, both against chance ln ``vocab``. Returns the figure (notebook 01, section 3)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    steps_logged = [h["step"] for h in history]
+    axes[0].semilogy(steps_logged, [h["loss"] for h in history])
+    axes[0].axhline(math.log(vocab), color="0.5", ls=":", label=f"chance, ln {vocab} = {math.log(vocab):.2f}")
+    axes[0].set(xlabel="step", ylabel="training loss", title="trained in the interleaved style")
+    axes[0].legend()
+    # Dots on a log axis (bars would start from an arbitrary floor), each labelled with its value.
+    labels = ["trained", "mixed", "converted"]
+    for j, (k, mk) in enumerate(zip(keys, "os^")):
+        axes[1].semilogy([j], [l32[k]], marker=mk, ms=10, ls="none", color=f"C{j}")
+        axes[1].annotate(f"{l32[k]:.3g}", (j, l32[k]), textcoords="offset points", xytext=(12, -4), fontsize=9)
+    axes[1].axhline(math.log(vocab), color="0.5", ls=":", label=f"chance, ln {vocab} = {math.log(vocab):.2f}")
+    axes[1].set(xticks=range(3), xticklabels=labels, xlim=(-0.5, 2.8), ylabel="held-out loss (nats)",
+                title="held-out loss, float32")
+    axes[1].legend(loc="center right", fontsize=8)
+    axes[1].yaxis.set_minor_formatter(plt.NullFormatter())   # labels on the decades only
+    axes[0].xaxis.get_major_locator().set_params(integer=True)
+    fig.tight_layout()
+    return fig

@@ -1,11 +1,16 @@
 """Notebook 04's figures: the learning-rate sweep, the test errors per split, the training curves and CoPE's
-gates. Each helper draws into the axes it is given; the notebook saves the figure."""
+gates; and the two figures notebook 03 draws from notebook 04's results file (``nb04_results``): CoPE's learned
+position logits and the measured positions of the sources. Each helper draws into the axes it is given; the
+notebook saves the figure."""
 
 from __future__ import annotations
 
 from .nb04_selective_copy import BLANK, SelectiveCopy
 
-__all__ = ["plot_lr_sweep", "plot_selective_copy_errors", "plot_training_curves", "plot_cope_gates"]
+__all__ = ["plot_lr_sweep", "plot_selective_copy_errors", "plot_training_curves", "plot_cope_gates",
+           "plot_cope_position_logits", "plot_cope_source_positions"]
+
+_STYLES, _HEAD_C = ["-", "--", "-.", ":"], ["C0", "C1", "C2", "C4"]  # per CoPE head; colorblind palette, no red
 
 
 def plot_lr_sweep(ax, selected: dict, lrs, labels: dict, style: dict, n_seeds: int, steps: int) -> None:
@@ -90,3 +95,49 @@ def plot_cope_gates(fig, axes, gates: dict, task: SelectiveCopy, seeds) -> None:
                 ylim=(-0.02, 1.02))
     axes[1].set_title("layer 0: one dot per\n(sequence, head, query)", fontsize=10)
     axes[1].legend(fontsize=8, markerscale=3, loc="lower right")
+
+
+def plot_cope_position_logits(axes, cope_models: list[dict], n_sym: int) -> None:
+    r"""Every CoPE model's learned position logits :math:`q_i \cdot e[n]` (``cope_models``: the results file's
+    ``rec["cope"]["models"]``), one panel per (layer, seed) in ``axes`` [layers, seeds], one line per head, the
+    source's count ``n_sym + 1`` dotted (notebook 03, section 4)."""
+    from matplotlib.ticker import MaxNLocator
+
+    n_layers = len(cope_models[0]["position_logits"])
+    for col, m in enumerate(cope_models):
+        for layer, heads in enumerate(m["position_logits"]):
+            ax = axes[layer, col]
+            for head, logit in enumerate(heads):
+                ax.plot(range(len(logit)), logit, lw=1.2, ls=_STYLES[head % 4], color=_HEAD_C[head % 4],
+                        label=f"head {head}")
+            ax.axvline(n_sym + 1, color="k", ls=":", lw=0.8)
+            ax.set(xlim=(0, 40), title=f"seed {m['seed']}, layer {layer}")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes[-1, col].set_xlabel("contextual position n")
+    for layer in range(n_layers):
+        axes[layer, 0].set_ylabel(r"$q_i\cdot e[n]$")
+    axes[0, -1].legend(fontsize=7, loc="upper right")
+
+
+def plot_cope_source_positions(axes, cope_models: list[dict], n_sym: int, centers) -> None:
+    """Per seed (``axes`` [1, seeds]), layer 0's histogram of the measured position p at the source key, one step
+    line per head (bins centred at ``centers``), each head's position-logit peak a triangle above it, the
+    source's count ``n_sym + 1`` dotted (notebook 03, section 4)."""
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
+
+    for col, m in enumerate(cope_models):
+        ax = axes[0, col]
+        counts0 = np.array(m["source_positions"]["counts"][0])  # layer 0: [head, bin]
+        logits0 = m["position_logits"][0]
+        for head, cnt in enumerate(counts0):
+            frac = cnt / cnt.sum()
+            ax.step(centers, frac, where="mid", lw=1.2, ls=_STYLES[head % 4], color=_HEAD_C[head % 4],
+                    label=f"head {head}")
+            peak = int(np.argmax(logits0[head]))
+            ax.plot([peak], [frac.max() * 1.08], "v", color=_HEAD_C[head % 4], ms=6)
+        ax.axvline(n_sym + 1, color="k", ls=":", lw=0.8)
+        ax.set(xlim=(0, 40), xlabel="measured p at the source key", title=f"seed {m['seed']}, layer 0")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[0, 0].set_ylabel("share of (sequence, answer) pairs")
+    axes[0, -1].legend(fontsize=7)
