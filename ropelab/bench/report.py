@@ -59,7 +59,8 @@ def decode_markdown(r: dict) -> str:
     hq, hkv = r["heads_q_kv"]
     lines = [f"`python -m ropelab.bench decode` (`data/bench/decode.json`, {r['date_utc']}): one decoding step of one "
              f"attention layer ({hq} query heads, {hkv} key/value heads, d = {r['head_dim']}), dynamic NTK "
-             f"(factor {r['rope_scaling']['factor']:g}, L0 = {r['l0']}), {r['repeats']} timed ordinary steps per policy, "
+             f"(factor {r['rope_scaling']['factor']:g}, L0 = {r['l0']}), {r['repeats']} timed ordinary steps per "
+             "policy, "
              f"on {_machine(r)}. At {longest} cached tokens:", "",
              "| batch | policy | median ms | IQR ms | p99 ms | x post_rope | equal to post_rope within noise |",
              "|---|---|---|---|---|---|---|"]
