@@ -40,8 +40,9 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
 - ``adapters``: decoders driven layer by layer for ``kvcache`` (the ``DecoderAdapter`` protocol, ``TinyLMAdapter``,
   ``HFLlamaAdapter``);
 - ``studies``: one module per notebook study, named for its notebook: ``nb01_restyle`` (a trained TinyLM in another
-  RoPE style), ``nb02_layouts`` (notebook 02's figures), ``nb04_selective_copy`` (the CoPE paper's Selective Copy and notebook 04's sweep), ``nb08_gridtask``
-  (notebook 08's 2D task, axial vs flattened RoPE);
+  RoPE style), ``nb02_layouts`` (notebook 02's figures), ``nb04_selective_copy`` (the CoPE paper's Selective Copy
+  and notebook 04's sweep; ``nb04_results``, ``nb04_plots``), ``nb08_gridtask`` (notebook 08's 2D task, axial vs
+  flattened RoPE);
 - ``extend``: the one table of context-extension methods (name -> ``RopeSpec``) and what each does per pair;
   pure (no training; L0 and the base passed in);
 - ``lm``: the byte-level LM trained for notebook 05 (corpus, training, evaluation of schemes);
