@@ -412,7 +412,8 @@ def plot_decode_cost(axes, bench: dict) -> None:
     with the interquartile range as error bars where the file has one, and the boundary step of every policy
     that has one (a bucketed schedule)."""
     rows = bench["rows"]
-    policies = list(dict.fromkeys(r["policy"] for r in rows))  # the file's policies, in its order
+    # the file's policies with a step-time distribution, in its order (amortised rows carry none)
+    policies = list(dict.fromkeys(r["policy"] for r in rows if "median_ms" in r))
     for ax, b in zip(axes, sorted({r["batch"] for r in rows})):
         for j, policy in enumerate(policies):
             pts = sorted((r for r in rows if r["batch"] == b and r["policy"] == policy),
