@@ -479,7 +479,8 @@ def load_or_run_selective_copy(protocol: dict, path: str | os.PathLike, *, split
                                  "file was made on another kind of CPU; retrain the sweep with `make cope`.")
         models.update(again_models)
     seconds = sum(r["train_seconds"] for r in results)
-    return SelectiveCopySweep(results, models, seconds, {"cpus": sorted({r.get("cpu", "a CPU the earlier runs did not record") for r in results})},
+    cpus = sorted({r.get("cpu", "a CPU the earlier runs did not record") for r in results})
+    return SelectiveCopySweep(results, models, seconds, {"cpus": cpus},
                               source if not missing and not need else f"{source}, {len(missing) + len(need)} trained")
 
 
