@@ -270,7 +270,7 @@ def test_list_prints_the_finetuned_methods(capsys):
     assert capsys.readouterr().out.splitlines() == list(ext.FINETUNED)
 
 
-@pytest.mark.parametrize("path", sorted(lm.LM_DIR.glob("*.pt")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(lm.LM_DIR.glob("tinylm_*.pt")), ids=lambda p: p.stem)  # the model checkpoints
 def test_committed_checkpoints_load_bit_identically_through_the_one_reader(path):
     """models.load_checkpoint gives exactly the tensors the two readers it replaced gave (their code, kept here):
     lm.load_lm's (float32 as stored) and extension.load_model's (float16 cast to float32)."""
