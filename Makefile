@@ -43,10 +43,12 @@ lab: setup
 bench: setup
 	$(PY) -m ropelab.bench cpu
 	$(PY) -m ropelab.bench decode
+	$(PY) -m ropelab.bench explorers
+	$(PY) -m ropelab.bench readme
 
 # Retrain notebook 05's language model (about 20 minutes on 2 cores) and re-evaluate it; then notebook 07's
 # siblings (ropelab.extension): the retrieval-probe model, one fine-tune at 2 L0 per method (the methods come from
-# `python -m ropelab.extension list`), the LongRoPE search.
+# `python -m ropelab.extension list`), the LongRoPE search, YaRN's temperature sweep on the 45 windows.
 lm: setup
 	$(PY) -m ropelab.lm corpus
 	$(PY) -m ropelab.lm train --threads 2
@@ -55,6 +57,7 @@ lm: setup
 	methods="$$($(PY) -m ropelab.extension list)" && printf '%s\n' "$$methods" | while IFS= read -r m; do \
 		$(PY) -m ropelab.extension finetune "$$m" --threads 2 </dev/null || exit 1; done
 	$(PY) -m ropelab.extension longrope --threads 2
+	$(PY) -m ropelab.extension temperature --threads 2
 
 # Retrain notebook 04's Selective Copy sweep from scratch (60 runs of one thread each) and rewrite its data files.
 cope: setup
