@@ -57,26 +57,18 @@ def test_usage_errors_exit_2_with_one_line(my_rope, capsys, argv, words):
     assert words in err and len(err.splitlines()) == 1
 
 
-def test_runs_as_a_module(tmp_path):
+def _run_module(tmp_path, module: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` in a fresh interpreter, from a folder holding CLI_MODULE as my_rope.py."""
     (tmp_path / "my_rope.py").write_text(CLI_MODULE)
     env_root = str(Path(ropelab.__file__).parents[1])
-    r = subprocess.run(
-        [sys.executable, "-m", "ropelab.diagnosis", "my_rope:bad", "--layout", "b s h d", "--max-position", "64"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PYTHONPATH": env_root, "PATH": "/usr/bin:/bin"},
-    )
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={"PYTHONPATH": env_root, "PATH": "/usr/bin:/bin"})
+
+
+def test_runs_as_a_module(tmp_path):
+    r = _run_module(tmp_path, "ropelab.diagnosis", "my_rope:bad", "--layout", "b s h d", "--max-position", "64")
     assert r.returncode == 1 and "NOT OK" in r.stdout, r.stderr
-    r = subprocess.run(
-        [sys.executable, "-m", "ropelab.diagnosis", "my_rope:typo", "--layout", "b s h d"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PYTHONPATH": env_root, "PATH": "/usr/bin:/bin"},
-    )
+    r = _run_module(tmp_path, "ropelab.diagnosis", "my_rope:typo", "--layout", "b s h d")
     assert r.returncode == 2 and "has no attribute" in r.stderr
 
 
@@ -94,16 +86,7 @@ def test_console_script_entry_and_plain_function():
 
 
 def test_old_module_name_runs_the_same_command_with_a_deprecation_warning(tmp_path):
-    (tmp_path / "my_rope.py").write_text(CLI_MODULE)
-    env_root = str(Path(ropelab.__file__).parents[1])
-    r = subprocess.run(
-        [sys.executable, "-m", "ropelab.diagnose", "my_rope:bad", "--layout", "b s h d", "--max-position", "64"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PYTHONPATH": env_root, "PATH": "/usr/bin:/bin"},
-    )
+    r = _run_module(tmp_path, "ropelab.diagnose", "my_rope:bad", "--layout", "b s h d", "--max-position", "64")
     assert r.returncode == 1 and "NOT OK" in r.stdout, r.stderr
     assert "DeprecationWarning" in r.stderr and "ropelab.diagnosis" in r.stderr
 

@@ -486,7 +486,8 @@ def load_or_run_selective_copy(protocol: dict, path: str | os.PathLike, *, split
 
 def selective_copy_claims(splits) -> dict:
     """Notebook 04's claims, each a test of a :func:`summarize_runs` summary. They are thresholds with room,
-    chosen to hold on both CPU families measured (AMD EPYC and Intel Xeon), not the digits of one run."""
+    chosen to hold on both CPU families measured (AMD EPYC and Intel Xeon, in the earlier three-seed sweep),
+    not the digits of one run."""
     token_count = ("learned", "rope")
     return {
         "CoPE: in-distribution error < 10 % for every seed": lambda s: max(s["cope"]["in_dist"]["per_seed"]) < 10,
