@@ -21,6 +21,8 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
   (torch, compile, triton, multi-axis), above the modules it dispatches to;
 - ``conformance``: the conformance sweep against transformers' own modeling code, a package (``sweep``, and
   ``hf_table``, the convention table it generates and ``spec`` reads; ``python -m ropelab.conformance``);
+- ``engines``: a model's RoPE as each engine reads it (transformers configs, GGUF as llama.cpp reads it, MLX and
+  mlx-lm), one ``Reading`` per source, compared layer by layer (the ``ropelab-check`` command);
 - ``convert``: the permutation between the two styles, for vectors and q/k weights;
 - ``multiaxis``: multi-axis positions: M-RoPE (contiguous and interleaved sections) and 2D/3D axial RoPE;
 - ``mla``: MLA's decoupled RoPE: absorption, KV-cache bytes, DeepSeek-V3's rotary part;

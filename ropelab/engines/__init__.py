@@ -1,0 +1,12 @@
+"""RoPE across engines: read a model's RoPE from each format it crosses, per layer, and compare.
+
+- :mod:`ropelab.engines.reading`: :class:`Reading`, one source's per-layer specs; :class:`ReadError`.
+- :mod:`ropelab.engines.hf`: transformers ``config.json`` (v4 and v5 schema), both directions.
+- :mod:`ropelab.engines.gguf`: GGUF files as llama.cpp reads them (the ``gguf`` package), both directions.
+- :mod:`ropelab.engines.mlx`: ``mlx.core.fast.rope`` and mlx-lm's rope classes.
+- :mod:`ropelab.engines.check`: the ``ropelab-check`` console script.
+"""
+
+from .reading import FORMATS, ReadError, Reading
+
+__all__ = ["FORMATS", "ReadError", "Reading"]
