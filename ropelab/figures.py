@@ -7,7 +7,7 @@ modified)::
     python -m ropelab.figures --smoke    # tiny sizes: writes only under build/smoke/
     python -m ropelab.figures --only 01_rotate_half_vs_interleaved
     python -m ropelab.figures --manifest # rewrite figures/manifest.json for the committed figures
-    python -m ropelab.figures --readme   # re-render the map's and the README's generated blocks from figures/runs.json
+    python -m ropelab.figures --readme   # re-render the map's, the README's and docs/guides/running.md's blocks
     python -m ropelab.figures --nav      # rewrite every notebook's Previous/Map/Next footer (cell tagged "nav")
 
 Each notebook has one cell tagged ``parameters`` that sets ``SMOKE = False``,
@@ -17,9 +17,10 @@ writes a tracked file. The runner inserts a cell after it that overrides all thr
 ``figures/`` and ``data/`` (results such as notebook 04's JSON), a smoke run ``build/smoke/figures`` and
 ``build/smoke/results``. A full run also records in ``figures/manifest.json`` which notebook and package
 sources every figure came from (see :func:`stale_figures`), and in ``figures/runs.json`` each notebook's wall time,
-the machine and its load, and its headline (the text of its :func:`headline` call); the notebook map's and the
-README's run-time blocks are rendered from that file (:func:`write_pages`), and a notebook's :func:`runtime_note`
-shows its own last time at run time. Inside a notebook::
+the machine and its load, and its headline (the text of its :func:`headline` call); the notebook map's cell, the
+README's notebook table (question and headline) and the run-time block of ``docs/guides/running.md`` are rendered
+from that file (:func:`write_pages`), and a notebook's :func:`runtime_note` shows its own last time at run time.
+Inside a notebook::
 
     from ropelab.figures import setup, save
     setup()                       # seeds, a fixed thread count, deterministic matplotlib output
@@ -34,6 +35,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
@@ -44,6 +46,7 @@ from .manifest import (
     notebook_hash,
     notebooks,
     package_hash,
+    questions,
     stale_figures,
     write_manifest,
     write_navigation,
@@ -56,10 +59,15 @@ THREADS = 2  # default torch thread count; the environment variable ROPELAB_THRE
 # REPO, DATA_DIR, FIGURES_DIR and BUILD_DIR are ropelab.paths' (re-exported: notebooks import them from here).
 RUNS = FIGURES_DIR / "runs.json"  # per notebook: the last full run's seconds, machine, load and headline
 MAP = NOTEBOOK_DIR / "index.ipynb"
-README = REPO / "README.md"
+README = REPO / "README.md"  # the front page: its notebook table is rendered from MAP and RUNS
+RUNS_PAGE = REPO / "docs" / "guides" / "running.md"  # the guide whose run-time block is rendered from RUNS
 MAP_CELL_ID = "map-runs"  # the index cell rendered from RUNS
-README_BEGIN = "<!-- runs:begin (generated from figures/runs.json by python -m ropelab.figures --readme) -->"
-README_END = "<!-- runs:end -->"
+RUNS_BEGIN = "<!-- runs:begin (generated from figures/runs.json by python -m ropelab.figures --readme) -->"
+RUNS_END = "<!-- runs:end -->"
+README_BEGIN, README_END = RUNS_BEGIN, RUNS_END  # the old names of the run-time block's markers (it left the README)
+TABLE_BEGIN = ("<!-- notebooks:begin (generated from notebooks/index.ipynb and figures/runs.json by "
+               "python -m ropelab.figures --readme) -->")
+TABLE_END = "<!-- notebooks:end -->"
 
 __all__ = [
     "setup",
@@ -86,6 +94,8 @@ __all__ = [
     "load_runs",
     "record_run",
     "render_map",
+    "render_runs",
+    "render_notebook_table",
     "render_readme",
     "write_pages",
     "pages_in_step",
@@ -121,7 +131,7 @@ def setup(seed: int | None = None, threads: int | None = None) -> None:
     """Make a notebook deterministic: seed python, numpy and torch (``seed``, else ``ROPELAB_SEED`` or 0), fix the
     thread count (``threads``, else ``ROPELAB_THREADS`` or 2), and set matplotlib to write byte-stable files (no
     dates, a fixed SVG id salt). A rerun on the same machine with the same thread count gives the same bytes; another
-    CPU or thread count changes float results in the last bits (the README says by how much)."""
+    CPU or thread count changes float results in the last bits (``docs/guides/running.md`` says by how much)."""
     import matplotlib
     import numpy as np
     import torch
@@ -271,8 +281,9 @@ def render_map(runs: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def render_readme(runs: dict | None = None) -> str:
-    """The README's generated block: each notebook's last full-run time, the total and the machine."""
+def render_runs(runs: dict | None = None) -> str:
+    """The run-time block of ``docs/guides/running.md``: each notebook's last full-run time, the total and the
+    machine."""
     runs = load_runs() if runs is None else runs
     stems = [nb.stem for nb in notebooks()]
     recorded = {k: runs[k] for k in stems if k in runs}
@@ -286,6 +297,36 @@ def render_readme(runs: dict | None = None) -> str:
     if missing:
         text += " Not recorded yet: " + ", ".join(missing) + "."
     return text
+
+
+def render_readme(runs: dict | None = None) -> str:
+    """Deprecated: the old name of :func:`render_runs` (the run-time block moved from the README to
+    ``docs/guides/running.md``)."""
+    warnings.warn("ropelab.figures.render_readme is now render_runs (the run-time block moved to "
+                  "docs/guides/running.md); the old name is a deprecated alias.", DeprecationWarning, stacklevel=2)
+    return render_runs(runs)
+
+
+def render_notebook_table(runs: dict | None = None) -> str:
+    """The README's notebook table, one line per notebook: its title and question as the map
+    (``notebooks/index.ipynb``) gives them, and its headline from its last full run (``figures/runs.json``)."""
+    runs = load_runs() if runs is None else runs
+    asked = questions()
+    lines = ["| notebook | its question | what its last full run found |", "|---|---|---|"]
+    for nb in notebooks():
+        title, question = asked.get(nb.name, (nb.stem, "not in the map"))
+        headline = (runs.get(nb.stem) or {}).get("headline") or "no full run recorded"
+        lines.append(f"| [{title}](notebooks/{nb.name}) | {question.replace('|', '/')} | "
+                     f"{headline.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def _block_with(text: str, block: str, begin: str, end: str, where: str) -> str:
+    if begin not in text or end not in text:
+        raise ValueError(f"{where} has no block between {begin!r} and {end!r}; add the two lines.")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return head + begin + "\n" + block + "\n" + end + tail
 
 
 def _map_with(nb, text: str):
@@ -302,27 +343,32 @@ def _map_with(nb, text: str):
 
 
 def _readme_with(text: str, block: str) -> str:
-    if README_BEGIN not in text or README_END not in text:
-        raise ValueError(f"README.md has no block between {README_BEGIN!r} and {README_END!r}; add the two lines.")
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
-    return head + README_BEGIN + "\n" + block + "\n" + README_END + tail
+    """``text`` (the README) with its notebook table replaced by ``block``."""
+    return _block_with(text, block, TABLE_BEGIN, TABLE_END, "README.md")
+
+
+def _runs_page_with(text: str, block: str) -> str:
+    """``text`` (``docs/guides/running.md``) with its run-time block replaced by ``block``."""
+    return _block_with(text, block, RUNS_BEGIN, RUNS_END, "docs/guides/running.md")
 
 
 def write_pages() -> None:
-    """Re-render the map's generated cell and the README's generated block from ``figures/runs.json`` (the runner
-    does it at the end of a full run; ``python -m ropelab.figures --readme`` does it alone)."""
+    """Re-render the map's generated cell, the README's notebook table and the run-time block of
+    ``docs/guides/running.md`` from ``figures/runs.json`` (the runner does it at the end of a full run;
+    ``python -m ropelab.figures --readme`` does it alone)."""
     import nbformat
 
     runs = load_runs()
     nb = nbformat.read(MAP, as_version=4)
     nbformat.write(_map_with(nb, render_map(runs)), MAP)
-    README.write_text(_readme_with(README.read_text(), render_readme(runs)))
+    README.write_text(_readme_with(README.read_text(), render_notebook_table(runs)))
+    RUNS_PAGE.write_text(_runs_page_with(RUNS_PAGE.read_text(), render_runs(runs)))
 
 
 def pages_in_step() -> list[str]:
     """What is out of step with ``figures/runs.json``, one line each (empty when nothing): the map's generated
-    cell, the README's block, and a recorded run whose notebook changed since."""
+    cell, the README's notebook table, the run-time block of ``docs/guides/running.md``, and a recorded run whose
+    notebook changed since."""
     import nbformat
 
     runs, problems = load_runs(), []
@@ -331,9 +377,13 @@ def pages_in_step() -> list[str]:
     if cell is None or cell.source != render_map(runs):
         problems.append(f"notebooks/index.ipynb: cell {MAP_CELL_ID!r} is not figures/runs.json's; run "
                         "python -m ropelab.figures --readme")
-    text = README.read_text()
-    if README_BEGIN not in text or _readme_with(text, render_readme(runs)) != text:
-        problems.append("README.md: the runs block is not figures/runs.json's; run python -m ropelab.figures --readme")
+    for path, begin, render, stale in ((README, TABLE_BEGIN, render_notebook_table, "notebook table"),
+                                       (RUNS_PAGE, RUNS_BEGIN, render_runs, "runs block")):
+        text = path.read_text() if path.exists() else ""
+        end = TABLE_END if begin == TABLE_BEGIN else RUNS_END
+        if begin not in text or end not in text or _block_with(text, render(runs), begin, end, path.name) != text:
+            problems.append(f"{path.relative_to(REPO).as_posix()}: the {stale} is not figures/runs.json's; run "
+                            "python -m ropelab.figures --readme")
     for stem, r in runs.items():
         path = NOTEBOOK_DIR / f"{stem}.ipynb"
         if not path.exists():
@@ -458,13 +508,15 @@ def main(argv: list[str] | None = None) -> int:
         "--manifest", action="store_true", help="only rewrite figures/manifest.json for the committed figures"
     )
     parser.add_argument(
-        "--readme", action="store_true", help="only re-render the map's and README's run blocks from figures/runs.json"
+        "--readme", action="store_true",
+        help="only re-render the map's cell, the README's notebook table and docs/guides/running.md's run block"
     )
     parser.add_argument("--nav", action="store_true", help="only rewrite the notebooks' Previous/Map/Next footers")
     args = parser.parse_args(argv)
     if args.readme:
         write_pages()
-        print(f"rendered {MAP.relative_to(REPO)} and {README.relative_to(REPO)} from {RUNS.relative_to(REPO)}")
+        print(f"rendered {MAP.relative_to(REPO)}, {README.relative_to(REPO)} and {RUNS_PAGE.relative_to(REPO)} "
+              f"from {RUNS.relative_to(REPO)}")
         return 0
     paths = notebooks(args.only)
     if args.nav:
@@ -506,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     previous.update({r["notebook"]: r["seconds"] for r in results if "seconds" in r})
     timings.write_text(json.dumps(previous, indent=1, sort_keys=True) + "\n")
     if not args.smoke and len(failed) < len(results):
-        write_pages()  # the map and the README show the times and headlines just recorded
+        write_pages()  # the map, the README and the running guide show the times and headlines just recorded
     return 1 if failed else 0
 
 

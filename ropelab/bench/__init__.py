@@ -4,7 +4,7 @@
     python -m ropelab.bench gpu [--out-dir data/bench] [--quick]   (ropelab.bench.gpu)
     python -m ropelab.bench decode [--lengths 1024 4096 16384 32768] [--batches 1 8] [--out data/bench/decode.json]
     python -m ropelab.bench explorers [--repeats 7] [--out data/bench/explorers.json]
-    python -m ropelab.bench readme      (the README's benchmark block, from the committed JSON: ``report``)
+    python -m ropelab.bench readme      (docs/guides/benchmarks.md's block, from the committed JSON: ``report``)
 
 ``cpu`` times, on the same q and k ([b, h, s, d] float32 by default, the issue's Llama-7B-like head
 shape): a copy of q and k into preallocated buffers (``out.copy_(q)``: the memory-traffic reference, no
@@ -36,7 +36,7 @@ from ..paths import DATA_DIR
 from .cpu import COPY, bench_cpu, print_table
 from .decode import bench_decode, print_decode, step_distribution
 from .explorers import EXPLORER_MOVES, bench_explorers, print_explorers
-from .report import write_readme
+from .report import write_page
 from .timing import iqr_overlap, time_methods
 
 __all__ = ["machine_info", "time_methods", "bench_cpu", "bench_decode", "print_table", "print_decode", "COPY",
@@ -76,14 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     dec.add_argument("--gpu-out-dir", default=str(DATA_DIR / "bench"),
                      help="where the GPU rows go (decode-gpu-<device>.json; ropelab.bench.gpu_decode)")
     dec.add_argument("--gpu-only", action="store_true", help="measure the GPU rows only, not the CPU policies")
-    sub.add_parser("readme", help="rewrite the README's benchmark block from data/bench/cpu.json and decode.json")
+    sub.add_parser("readme", help="rewrite docs/guides/benchmarks.md's benchmark block from data/bench/cpu.json "
+                   "and decode.json")
     exp = sub.add_parser("explorers", help="CPU time of one update of each notebook explorer")
     exp.add_argument("--repeats", type=int, default=7)
     exp.add_argument("--threads", type=int, default=2)
     exp.add_argument("--out", default=str(DATA_DIR / "bench" / "explorers.json"))
     args = parser.parse_args(argv)
     if args.which == "readme":
-        print(f"wrote the benchmark block of {write_readme()}")
+        print(f"wrote the benchmark block of {write_page()}")
         return 0
     if args.which == "explorers":
         result = bench_explorers(args.repeats, args.threads)

@@ -1,20 +1,24 @@
-"""The README's benchmark block, rendered from the committed JSON (``data/bench/cpu.json``, ``decode.json``), so
-the README quotes no speed that the files do not hold. ``python -m ropelab.bench readme`` rewrites the block
-between :data:`BEGIN` and :data:`END`; a test checks that the committed block is the rendering of the committed
-files. Two measurements are called equal within noise when their interquartile ranges overlap."""
+"""The benchmark block of ``docs/guides/benchmarks.md`` (:data:`PAGE`), rendered from the committed JSON
+(``data/bench/cpu.json``, ``decode.json``), so the guide quotes no speed that the files do not hold.
+``python -m ropelab.bench readme`` rewrites the block between :data:`BEGIN` and :data:`END`; a test checks that the
+committed block is the rendering of the committed files. Two measurements are called equal within noise when their
+interquartile ranges overlap."""
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 from ..paths import DATA_DIR, REPO
 
-__all__ = ["BEGIN", "END", "cpu_markdown", "decode_markdown", "render", "readme_with", "write_readme"]
+__all__ = ["BEGIN", "END", "PAGE", "cpu_markdown", "decode_markdown", "render", "page_with", "write_page",
+           "readme_with", "write_readme"]
 
 BEGIN = "<!-- bench:begin (generated from data/bench/*.json by python -m ropelab.bench readme) -->"
 END = "<!-- bench:end -->"
+PAGE = REPO / "docs" / "guides" / "benchmarks.md"  # the guide that holds the block (it was in the README)
 
 
 def _machine(r: dict) -> str:
@@ -88,16 +92,34 @@ def render(cpu: dict | None = None, decode: dict | None = None) -> str:
     return "\n".join([BEGIN, cpu_markdown(cpu), "", decode_markdown(decode), END])
 
 
-def readme_with(text: str, block: str) -> str:
+def page_with(text: str, block: str) -> str:
     """``text`` with its benchmark block replaced by ``block`` (ValueError when the markers are missing)."""
     if BEGIN not in text or END not in text:
-        raise ValueError(f"the README has no benchmark block; put the lines {BEGIN!r} and {END!r} where it goes.")
+        raise ValueError(f"the page has no benchmark block; put the lines {BEGIN!r} and {END!r} where it goes.")
     head, rest = text.split(BEGIN, 1)
     return head + block + rest.split(END, 1)[1]
 
 
-def write_readme(path: str | os.PathLike | None = None) -> Path:
-    """Rewrite the README's benchmark block from the committed JSON files. Returns the path."""
-    path = Path(path) if path is not None else REPO / "README.md"
-    path.write_text(readme_with(path.read_text(), render()))
+def write_page(path: str | os.PathLike | None = None) -> Path:
+    """Rewrite the benchmark block of ``path`` (default :data:`PAGE`) from the committed JSON files. Returns the
+    path."""
+    path = Path(path) if path is not None else PAGE
+    path.write_text(page_with(path.read_text(), render()))
     return path
+
+
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(f"ropelab.bench.report.{old} is now {new} (the block moved from the README to "
+                  "docs/guides/benchmarks.md); the old name is a deprecated alias.", DeprecationWarning, stacklevel=3)
+
+
+def readme_with(text: str, block: str) -> str:
+    """Deprecated: the old name of :func:`page_with`."""
+    _renamed("readme_with", "page_with")
+    return page_with(text, block)
+
+
+def write_readme(path: str | os.PathLike | None = None) -> Path:
+    """Deprecated: the old name of :func:`write_page` (its default is now :data:`PAGE`, no longer the README)."""
+    _renamed("write_readme", "write_page")
+    return write_page(path)

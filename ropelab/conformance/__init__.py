@@ -7,7 +7,7 @@ model type of the installed transformers.
   ``running`` (one recorded forward of transformers' code), ``compare`` (``apply_rope`` against a recorded call,
   the bound), ``convention`` (the conventions measured on transformers' rotation, the table writer), ``probe``
   (``diagnose`` on the real rotary), ``records`` (one model type's record) and ``report`` (counts, reasons, the
-  README paragraph);
+  paragraph of ``docs/guides/conformance.md``);
 - ``hf_table``: the generated convention table ``RopeSpec.per_layer`` reads (pairing, rotary slice, NoPE layer
   types, key aliases, keys the code ignores, v4 rules per model type). This ``__init__`` imports nothing, so
   ``spec`` reads ``hf_table`` without loading transformers; only ``sweep`` imports it.

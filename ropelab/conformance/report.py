@@ -1,5 +1,5 @@
-r"""The sweep's table: counts, the classes of not-covered reasons, the README paragraph on it, and notebook 09's
-figure of the convention classes."""
+r"""The sweep's table: counts, the classes of not-covered reasons, the paragraph of ``docs/guides/conformance.md``
+on it, and notebook 09's figure of the convention classes."""
 
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ def summarise(rows: dict, found: dict, version: str, *, seconds: float, cpu_seco
 
 
 def readme_paragraph(table: dict, load: str = "about 7") -> str:
-    """The README's paragraph on the committed table (``tests/test_conformance.py`` requires it there verbatim)."""
+    """The paragraph of ``docs/guides/conformance.md`` on the committed table (``tests/test_conformance.py``
+    requires it there verbatim; the name is from when it was the README's)."""
     c, d = table["counts"], table["diagnose"]["model_types"]
     fields = ", ".join(f"{f} {n}" for f, n in table["diagnose"]["mismatched_fields"].items()) or "none"
     lines = [
