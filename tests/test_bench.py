@@ -89,18 +89,32 @@ def test_bench_explorers_times_every_move_of_every_explorer(tmp_path):
 
 
 def test_the_readme_benchmark_block_is_rendered_from_the_committed_json():
-    """The README quotes only what data/bench/cpu.json and decode.json hold: its block is their rendering
-    (`python -m ropelab.bench readme` rewrites it)."""
+    """The benchmarks guide quotes only what data/bench/cpu.json and decode.json hold: its block is their rendering
+    (`python -m ropelab.bench readme` rewrites it); the README holds no copy of it."""
     from ropelab.bench import report
     from ropelab.paths import REPO
 
-    text = (REPO / "README.md").read_text()
+    assert report.PAGE == REPO / "docs" / "guides" / "benchmarks.md"
+    text = report.PAGE.read_text()
     block = text[text.index(report.BEGIN): text.index(report.END) + len(report.END)]
-    assert block == report.render(), "the README's benchmark block is stale: python -m ropelab.bench readme"
+    assert block == report.render(), "docs/guides/benchmarks.md's block is stale: python -m ropelab.bench readme"
+    assert report.BEGIN not in (REPO / "README.md").read_text()
 
 
 def test_the_readme_block_needs_its_markers():
     from ropelab.bench import report
 
     with pytest.raises(ValueError, match="no benchmark block"):
-        report.readme_with("no markers here\n", "x")
+        report.page_with("no markers here\n", "x")
+
+
+def test_the_old_names_of_the_page_writers_warn_and_still_work(tmp_path):
+    from ropelab.bench import report
+
+    page = tmp_path / "page.md"
+    page.write_text(f"a\n{report.BEGIN}\nold\n{report.END}\nb\n")
+    with pytest.warns(DeprecationWarning, match="page_with"):
+        assert report.readme_with("x" + report.BEGIN + "y" + report.END, "B") == "xB"
+    with pytest.warns(DeprecationWarning, match="write_page"):
+        assert report.write_readme(page) == page
+    assert page.read_text() == f"a\n{report.render()}\nb\n"

@@ -1,10 +1,12 @@
-"""pyproject.toml is the single source of dependencies; environment.yml must mirror it."""
+"""pyproject.toml is the single source of dependencies; environment.yml must mirror it; the README's and the
+package guide's examples run."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
 import tomllib
 import yaml
 
@@ -60,8 +62,10 @@ def test_torch_is_not_pinned_in_pyproject_but_in_the_makefile():
     assert (ROOT / ".ci" / "run").read_text().strip().endswith("make test")
 
 
-def test_readme_example_runs():
-    """The README's code block is executed as it stands, so it cannot go stale."""
-    text = (ROOT / "README.md").read_text()
-    block = re.search(r"```python\n(.*?)```", text, re.S).group(1)
-    exec(compile(block, "README.md", "exec"), {})
+@pytest.mark.parametrize("page", ["README.md", "docs/guides/package.md"])
+def test_readme_example_runs(page):
+    """The Python blocks of the README and of the package guide are executed as they stand (a page's blocks in
+    order, as one script), so they cannot go stale."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), re.S)
+    assert blocks, f"{page} has no python block"
+    exec(compile("\n".join(blocks), page, "exec"), {})

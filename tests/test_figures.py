@@ -78,7 +78,8 @@ def test_runner_prints_progress_and_no_kernel_transport_warning(tmp_path, monkey
 
 def test_headline_is_recorded_with_the_time_and_rendered_into_the_map_and_readme(tmp_path, monkeypatch):
     """A full run's record (figures/runs.json) holds each notebook's seconds, machine and the text of its
-    headline() call; the map and the README render from it, and pages_in_step names what is out of step."""
+    headline() call; the map, the README's notebook table and the running guide's run block render from it, and
+    pages_in_step names what is out of step."""
     nb_dir = tmp_path / "notebooks"
     nb_dir.mkdir()
     src = nb_dir / "01_one.ipynb"
@@ -87,41 +88,51 @@ def test_headline_is_recorded_with_the_time_and_rendered_into_the_map_and_readme
     executed.cells[0].outputs = [nbformat.v4.new_output(
         "display_data", data={"text/markdown": "**In one line.** 2 | 3"}, metadata={"ropelab": {"headline": "2 | 3"}})]
     nbformat.write(executed, tmp_path / "run.ipynb")
-    index = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# map"), nbformat.v4.new_markdown_cell("t")])
+    index = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# map"), nbformat.v4.new_markdown_cell(
+        "## [01 · One](01_one.ipynb)\n\n**Does one\nwork?** More text.")])
     nbformat.write(index, nb_dir / "index.ipynb")
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{figures.README_BEGIN}\nold\n{figures.README_END}\nrest\n")
+    readme.write_text(f"intro\n{figures.TABLE_BEGIN}\nold\n{figures.TABLE_END}\nrest\n")
+    guide = tmp_path / "running.md"
+    guide.write_text(f"# run\n{figures.RUNS_BEGIN}\nold\n{figures.RUNS_END}\nend\n")
     runs = tmp_path / "runs.json"
     for name, value in (("NOTEBOOK_DIR", nb_dir), ("RUNS", runs), ("MAP", nb_dir / "index.ipynb"), ("README", readme),
-                        ("REPO", tmp_path)):
+                        ("RUNS_PAGE", guide), ("REPO", tmp_path)):
         monkeypatch.setattr(figures, name, value)
         if hasattr(manifest, name):
             monkeypatch.setattr(manifest, name, value)
     assert "not recorded" in figures.render_map({})
+    assert "| [01 · One](notebooks/01_one.ipynb) | Does one work? | no full run recorded |" in \
+        figures.render_notebook_table({})
     record = figures.record_run(src, 123.4, tmp_path / "run.ipynb")["01_one"]
     assert record["seconds"] == 123.4 and record["headline"] == "2 | 3"
     assert record["notebook_sha256"] == figures.notebook_hash(src) and record["machine"]["logical_cpus"] >= 1
-    assert len(figures.pages_in_step()) == 2  # the map and the README are not rendered yet
+    assert len(figures.pages_in_step()) == 3  # the map, the README and the running guide are not rendered yet
     figures.write_pages()
     assert figures.pages_in_step() == []
     page = "\n".join(c.source for c in nbformat.read(nb_dir / "index.ipynb", as_version=4).cells)
     assert "| [01](01_one.ipynb) | 123 s (2.1 min) | 2 / 3 |" in page and "shared with other jobs" in page
     text = readme.read_text()
-    assert text.startswith("intro\n") and text.endswith("rest\n") and "01 123 s (2.1 min)" in text
+    assert text.startswith("intro\n") and text.endswith("rest\n") and "old" not in text
+    assert "| [01 · One](notebooks/01_one.ipynb) | Does one work? | 2 / 3 |" in text
+    text = guide.read_text()
+    assert text.startswith("# run\n") and text.endswith("end\n") and "01 123 s (2.1 min)" in text
     assert "old" not in text
+    with pytest.warns(DeprecationWarning, match="render_runs"):
+        assert figures.render_readme() == figures.render_runs()
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 2")]), src)
     assert any("changed since its recorded run" in p for p in figures.pages_in_step())
 
 
-def test_readme_block_must_exist(tmp_path, monkeypatch):
-    monkeypatch.setattr(figures, "README", tmp_path / "README.md")
-    (tmp_path / "README.md").write_text("no block\n")
-    with pytest.raises(ValueError, match="runs:begin"):
+def test_readme_block_must_exist():
+    with pytest.raises(ValueError, match="README.md has no block.*notebooks:begin"):
         figures._readme_with("no block\n", "x")
+    with pytest.raises(ValueError, match="running.md has no block.*runs:begin"):
+        figures._runs_page_with("no block\n", "x")
 
 
 def test_committed_map_and_readme_are_in_step_with_the_recorded_runs():
-    """The map's run cell and the README's run block are renders of figures/runs.json, so neither can quote a
-    time or a headline that no run produced."""
+    """The map's run cell, the README's notebook table and the running guide's run block are renders of
+    figures/runs.json (and the map's questions), so none can quote a time or a headline that no run produced."""
     problems = [p for p in figures.pages_in_step() if "changed since" not in p]
     assert problems == []

@@ -1,5 +1,5 @@
-"""Repository hygiene: licences, citation, the notebook map and links, notebook stripping on save, and
-figures that are not stale."""
+"""Repository hygiene: licences, citation, the notebook map and links, the README as a front page and the links of
+its guides, notebook stripping on save, and figures that are not stale."""
 
 from __future__ import annotations
 
@@ -218,3 +218,39 @@ def test_no_notebook_writes_under_data_dir():
         for cell in nbformat.read(path, as_version=4).cells:
             if cell.cell_type == "code" and "DATA_DIR" in cell.source and writes.search(cell.source):
                 raise AssertionError(f"{path.name}, cell {cell.get('id')}: writes next to DATA_DIR; use RESULTS_DIR")
+
+
+def _pages() -> list:
+    """The front page and the guides (the site's pages that are not notebooks)."""
+    return [REPO / "README.md", *sorted((REPO / "docs" / "guides").glob("*.md"))]
+
+
+def _links(text: str) -> list[str]:
+    """The targets of a Markdown page's links and images, outside code (fenced blocks and inline code)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+def test_readme_is_a_front_page_under_150_lines():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) < 150, f"README.md has {len(lines)} lines; move detail to a page under docs/guides/"
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_internal_link_of_the_readme_and_the_guides_resolves(page):
+    """A relative link (on GitHub as on the site) must name a file that exists; a link to a page's anchor alone
+    is not used, since GitHub and the site spell heading anchors differently."""
+    targets = [t for t in _links(page.read_text()) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+    assert targets or page.name != "README.md", "the README links no guide"
+    for target in targets:
+        path = target.split("#", 1)[0]
+        assert path, f"{page.name} links the anchor {target!r}; link the page that holds it instead"
+        assert (page.parent / path).resolve().exists(), f"{page.relative_to(REPO)} links a missing {target}"
+
+
+def test_the_readme_links_every_guide():
+    """Everything that left the README is one link away from it."""
+    linked = {(REPO / t.split("#", 1)[0]).resolve() for t in _links((REPO / "README.md").read_text())}
+    for guide in sorted((REPO / "docs" / "guides").glob("*.md")):
+        assert guide.resolve() in linked, f"README.md does not link {guide.relative_to(REPO)}"
