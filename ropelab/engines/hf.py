@@ -33,7 +33,7 @@ from typing import Any
 
 from ..multiaxis import MultiAxis
 from ..spec import RopeSpec, head_dim_of
-from .reading import Reading, ReadError
+from .reading import ReadError, Reading
 
 __all__ = ["read_config", "write_config", "load_config", "SCHEMAS"]
 
