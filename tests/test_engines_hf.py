@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ropelab.engines import Reading, ReadError
+from ropelab.engines import ReadError, Reading
 from ropelab.engines.hf import _fraction, read_config, write_config
 from ropelab.multiaxis import MultiAxis
 from ropelab.spec import RopeSpec
@@ -35,7 +35,8 @@ ROPES = {
     "yarn_mscale": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0, "original_max_position_embeddings": 4096,
                     "mscale": 1.0, "mscale_all_dim": 0.707},
     "longrope": {"rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 1024,
-                 "short_factor": [1.0 + 0.01 * i for i in range(32)], "long_factor": [1.0 + 0.2 * i for i in range(32)]},
+                 "short_factor": [1.0 + 0.01 * i for i in range(32)],
+                 "long_factor": [1.0 + 0.2 * i for i in range(32)]},
     "llama3": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 1024},
     "partial": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},

@@ -30,8 +30,9 @@ With one PATH, the check is the source's internal consistency: :attr:`Reading.pr
 
 Exit codes: 0 all sources agree (and none has a problem), 1 a mismatch or a problem, 2 a usage error or a
 source that cannot be read (one line on stderr naming it; never a traceback). ``--json`` prints the result as
-JSON for other tools; ``--write-config OUT`` writes the first source's RoPE as a transformers config (over the
-config of the first transformers source, when there is one; ``--schema v5`` or ``v4``).
+JSON for other tools; ``--write-config OUT`` writes the first source's RoPE as a transformers config, over the
+config of the first transformers source after it (else the first source's own config, when it is one): the other
+source's config, fixed (``--schema v5`` or ``v4``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ from typing import Any
 import torch
 
 from ..attention import causal_logits, kl_divergence
-from ..multiaxis import MultiAxis
+from ..core import parse_layout
+from ..multiaxis import MultiAxis, multiaxis_rope
 from ..precision import UNIT_ROUNDOFF
 from ..rope import apply_rope
 from ..scaling import LENGTH_DEPENDENT, ROPE_TYPES, parse_scaling
@@ -77,13 +79,13 @@ class UsageError(Exception):
 # --------------------------------------------------------------------------------------------------
 
 
-def _reader(fmt: str) -> Callable[[Path], Reading]:
+def _reader(fmt: str, path: Path) -> Callable[[Path], Reading]:
     module, name = READERS[fmt]
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
-        raise ReadError(f"reading {fmt} needs {module}.{name}, which cannot be imported here ({e}); install "
-                        "ropelab with its engines extra.") from e
+        raise ReadError(f"{path}: reading {fmt} needs {module}.{name}, which cannot be imported here ({e}); "
+                        "install ropelab with its engines extra.") from e
 
 
 def _is_mlx_dir(path: Path) -> bool:
@@ -136,12 +138,14 @@ def detect(text: str) -> tuple[str, Path]:
 def read(text: str) -> Reading:
     """The :class:`Reading` of one PATH argument (see :func:`detect`); ReadError for anything unreadable."""
     fmt, path = detect(text)
-    reader = _reader(fmt)
+    reader = _reader(fmt, path)
     try:
         reading = reader(path)
-    except ReadError:
-        raise
-    except (ValueError, OSError, KeyError, TypeError, IndexError, EOFError) as e:
+    except ReadError as e:
+        if str(path) in str(e):
+            raise
+        raise ReadError(f"{path}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - a reader's crash on a malformed file is still an unreadable file
         raise ReadError(f"{path}: cannot be read as {fmt} ({type(e).__name__}: {e}).") from e
     if not isinstance(reading, Reading) or reading.format not in FORMATS:
         raise ReadError(f"{path}: the {fmt} reader returned {type(reading).__name__}, not a Reading.")
@@ -255,7 +259,8 @@ def _rotate(x: torch.Tensor, spec: RopeSpec, positions: torch.Tensor, m: int, se
     if sections is None:
         return apply_rope(x, positions, layout="b s h d", spec=spec, seq_len=m + 1)
     pos = _axis_positions(positions, sections) if spread else positions.expand(sections.n_axes, -1)
-    return apply_rope(x, pos, layout="b s h d", spec=spec, sections=sections)
+    # multiaxis_rope is apply_rope(sections=...) past its keyword checks; it takes the spec's L0 as it is.
+    return multiaxis_rope(x, parse_layout("b s h d", x.ndim), pos, sections, spec)
 
 
 def cost(a: RopeSpec, b: RopeSpec, head_dim: int, position: int, *, sections_a: MultiAxis | None = None,
@@ -288,7 +293,11 @@ def cost(a: RopeSpec, b: RopeSpec, head_dim: int, position: int, *, sections_a: 
         logits.append(causal_logits(qr, kr))
     kl = kl_divergence(logits[0], logits[1])
     dprob = (logits[0].softmax(-1) - logits[1].softmax(-1)).abs()
-    return {"position": position, "phase_error": phase, "max_kl": float(kl.max()),
+    axes = None
+    if spread:
+        n_axes = max(sec.n_axes for sec in (sections_a, sections_b) if sec is not None)
+        axes = [position // (k + 1) for k in range(n_axes)]
+    return {"position": position, "axis_positions": axes, "phase_error": phase, "max_kl": float(kl.max()),
             "max_abs_dprob": float(dprob.max()), "samples": int(positions.numel()), "heads": heads, "seed": seed}
 
 
@@ -297,15 +306,18 @@ def cost(a: RopeSpec, b: RopeSpec, head_dim: int, position: int, *, sections_a: 
 # --------------------------------------------------------------------------------------------------
 
 
-def _groups(readings: Sequence[Reading]) -> list[tuple[int, int]]:
-    """Runs [start, end] of consecutive layers whose effective specs are the same in every source."""
+def _groups(readings: Sequence[Reading]) -> list[list[tuple[int, int]]]:
+    """The layers whose effective specs are the same in every source, as runs [start, end] of consecutive layers,
+    one list of runs per distinct setting (first-seen order): Gemma 3's five sliding layers to one global
+    layer is two groups, however many layers."""
     keys = list(zip(*(r.effective_specs() for r in readings)))
-    out, start = [], 0
+    runs: dict[tuple, list[tuple[int, int]]] = {}
+    start = 0
     for i in range(1, len(keys) + 1):
         if i == len(keys) or keys[i] != keys[start]:
-            out.append((start, i - 1))
+            runs.setdefault(keys[start], []).append((start, i - 1))
             start = i
-    return out
+    return list(runs.values())
 
 
 def _default_position(readings: Sequence[Reading]) -> int:
@@ -336,34 +348,35 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
     mismatches, agreements = [], []
     for j, other in enumerate(readings[1:], 1):
         sections_differ = ref.sections != other.sections
-        for lo, hi in groups:
+        for group in groups:
+            lo, layers = group[0][0], [list(run) for run in group]
             a, b = ref.effective_specs()[lo], other.effective_specs()[lo]
             diffs = compare_layers(a, b, ref.head_dim, m)
             if sections_differ and not (a.is_nope and b.is_nope):
                 diffs.append({"kind": "sections", "detail": f"sections {_sections_words(ref.sections)} vs "
                                                             f"{_sections_words(other.sections)}"})
             if diffs:
-                mismatches.append({"layers": [lo, hi], "sources": [0, j], "kinds": [d["kind"] for d in diffs],
+                mismatches.append({"layers": layers, "sources": [0, j], "kinds": [d["kind"] for d in diffs],
                                    "details": [d["detail"] for d in diffs],
                                    "cost": cost(a, b, ref.head_dim, m, sections_a=ref.sections,
                                                 sections_b=other.sections, samples=samples, heads=heads, seed=seed)})
                 continue
             if a != b:
                 wa, wb = _spec_words(a, ref.head_dim, m), _spec_words(b, ref.head_dim, m)
-                agreements.append({"layers": [lo, hi], "sources": [0, j],
+                agreements.append({"layers": layers, "sources": [0, j],
                                    "detail": f"declared differently, the same rotation within float32 storage ({wa} "
                                              f"vs {wb})"})
             if other.qk_permuted != ref.qk_permuted and not a.is_nope:
                 who = other if other.qk_permuted else ref
-                agreements.append({"layers": [lo, hi], "sources": [0, j],
+                agreements.append({"layers": layers, "sources": [0, j],
                                    "detail": f"{who.source} stores q/k rows permuted (llama.cpp's converter): "
                                              f"{who.layers[lo].style} on those weights is "
                                              f"{who.effective_specs()[lo].style} on the original ones"})
     problems = [{"source": i, "problem": p} for i, r in enumerate(readings) for p in r.problems]
     return {"ok": not mismatches and not problems, "position": m, "n_layers": ref.n_layers,
             "head_dim": ref.head_dim, "sources": [_source_dict(r) for r in readings],
-            "groups": [{"layers": [lo, hi], "specs": [r.effective_specs()[lo].to_dict() for r in readings]}
-                       for lo, hi in groups],
+            "groups": [{"layers": [list(run) for run in g],
+                        "specs": [r.effective_specs()[g[0][0]].to_dict() for r in readings]} for g in groups],
             "mismatches": mismatches, "agreements": agreements, "problems": problems}
 
 
@@ -388,8 +401,10 @@ def _spec_words(s: RopeSpec, head_dim: int, m: int) -> str:
             f"attention_factor={factor:.4g}")
 
 
-def _layers_words(lo: int, hi: int) -> str:
-    return f"layer {lo}" if lo == hi else f"layers {lo}-{hi}"
+def _layers_words(runs: Sequence[Sequence[int]]) -> str:
+    words = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in runs]
+    one = len(runs) == 1 and runs[0][0] == runs[0][1]
+    return ("layer " if one else "layers ") + ", ".join(words)
 
 
 def render(result: dict, readings: Sequence[Reading]) -> str:
@@ -401,27 +416,27 @@ def render(result: dict, readings: Sequence[Reading]) -> str:
         lines.append(f"  [{i}] {r.format} {r.architecture} {r.source}{extra}; sections {_sections_words(r.sections)}")
     lines.append("")
     for g in result["groups"]:
-        lo, hi = g["layers"]
-        lines.append(f"{_layers_words(lo, hi)}:")
+        lo = g["layers"][0][0]
+        lines.append(f"{_layers_words(g['layers'])}:")
         for i, r in enumerate(readings, 1):
             lines.append(f"  [{i}] {_spec_words(r.effective_specs()[lo], d, m)}")
     lines.append("")
     if result["mismatches"]:
         lines.append(f"MISMATCHES (costs at position {m}):")
         for mm in result["mismatches"]:
-            lo, hi = mm["layers"]
             a, b = (x + 1 for x in mm["sources"])
-            lines.append(f"  {_layers_words(lo, hi)}, [{a}] vs [{b}]: {'; '.join(mm['details'])}")
+            lines.append(f"  {_layers_words(mm['layers'])}, [{a}] vs [{b}]: {'; '.join(mm['details'])}")
             c = mm["cost"]
             if c is not None:
                 phase = ("undefined (the two rotate different pairs of dims)" if c["phase_error"] is None
                          else f"{c['phase_error']:.4g} rad")
+                if c["axis_positions"] is not None:
+                    phase += f" (an M-RoPE token at axis positions {c['axis_positions']})"
                 lines.append(f"    phase error {phase}; attention over {c['samples']} positions in [0, {m}]: "
                              f"max KL {c['max_kl']:.3g} nats, max |dp| {c['max_abs_dprob']:.3g}")
     for ag in result["agreements"]:
-        lo, hi = ag["layers"]
         a, b = (x + 1 for x in ag["sources"])
-        lines.append(f"note: {_layers_words(lo, hi)}, [{a}] vs [{b}] agree: {ag['detail']}")
+        lines.append(f"note: {_layers_words(ag['layers'])}, [{a}] vs [{b}] agree: {ag['detail']}")
     for i, r in enumerate(readings, 1):
         for note in r.notes:
             lines.append(f"note: [{i}] {note}")
@@ -443,7 +458,8 @@ def render(result: dict, readings: Sequence[Reading]) -> str:
 def _write(readings: Sequence[Reading], args: argparse.Namespace) -> str:
     from .hf import load_config, write_config
 
-    base = next((r for r in readings if r.format == "transformers"), None)
+    # The config to fix: the first transformers source after the first PATH, else the first PATH's own.
+    base = next((r for r in (*readings[1:], readings[0]) if r.format == "transformers"), None)
     base_config = None if base is None or base.source.startswith("<") else load_config(base.source)[0]
     try:
         config = write_config(readings[0], base_config, schema=args.schema)
