@@ -83,6 +83,16 @@ def test_written_configs_are_what_transformers_reads():
             written = write_config(reading, schema=schema)
             cfg = transformers.AutoConfig.for_model(**written)
             assert RopeSpec.per_layer(cfg) == reading.layers, (name, schema)
+    gemma = {**GEMMA3, "rope_theta": 1e6, "rope_local_base_freq": 5e4, "rope_scaling": {"rope_type": "linear",
+                                                                                           "factor": 8.0}}
+    qwen = {"model_type": "qwen2_vl", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 2,
+            "max_position_embeddings": 32768, "rope_theta": 1e6,
+            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}
+    for base in (gemma, qwen):
+        reading = read_config(base)
+        for schema in ("v5", "v4"):
+            back = read_config(transformers.AutoConfig.for_model(**write_config(reading, base, schema=schema)))
+            assert back.layers == reading.layers and back.sections == reading.sections, (base["model_type"], schema)
 
 
 GEMMA3 = {"model_type": "gemma3_text", "num_hidden_layers": 6, "hidden_size": 256, "num_attention_heads": 4,

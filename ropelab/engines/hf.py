@@ -56,12 +56,15 @@ _DECLARED = ("model_type", "rope_parameters", "rope_theta", "rope_scaling", "par
 
 
 def load_config(source: str | Path | Mapping[str, Any]) -> tuple[dict, str]:
-    """``(config dict, label)`` from a ``config.json`` path, a model directory holding one, or a dict.
+    """``(config dict, label)`` from a ``config.json`` path, a model directory holding one, a dict, or a
+    transformers ``PretrainedConfig`` (its ``to_dict()``).
 
     ReadError (a ValueError) for a path that does not exist, a directory without ``config.json``, a file that
     is not JSON, or JSON that is not an object."""
     if isinstance(source, Mapping):
         return dict(source), "<config dict>"
+    if callable(getattr(source, "to_dict", None)) and hasattr(source, "model_type"):  # a PretrainedConfig
+        return source.to_dict(), f"<{type(source).__name__}>"
     if not isinstance(source, (str, Path)):
         raise ReadError(f"a transformers config is a path or a dict, got {type(source).__name__}.")
     path = Path(source)
@@ -155,7 +158,8 @@ def _problems(config: dict, specs: tuple[RopeSpec, ...], head_dim: int, sections
 
 
 def read_config(source: str | Path | Mapping[str, Any], *, style: str | None = None) -> Reading:
-    """The RoPE of every layer of a transformers config (a ``config.json``, a model directory, or a dict).
+    """The RoPE of every layer of a transformers config (a ``config.json``, a model directory, a dict or a
+    ``PretrainedConfig``).
 
     ``style`` overrides the pairing (as in :meth:`RopeSpec.per_layer`; needed for a model type the convention
     table does not hold). A config ``per_layer`` refuses raises :class:`ReadError` with its message."""
@@ -245,7 +249,7 @@ def write_config(reading: Reading, base_config: Mapping[str, Any] | None = None,
     specs = tuple(_canonical(s) for s in reading.effective_specs())
     _check_geometry(out, reading)
     out["num_hidden_layers"] = reading.n_layers
-    if head_dim_of_or_none(out) is None:
+    if _head_dim_or_none(out) is None:
         out["head_dim"] = reading.head_dim
     maxes = sorted({s.max_position_embeddings for s in specs if s.max_position_embeddings is not None})
     if len(maxes) > 1:
@@ -277,7 +281,7 @@ def write_config(reading: Reading, base_config: Mapping[str, Any] | None = None,
     return out
 
 
-def head_dim_of_or_none(config: Mapping[str, Any]) -> int | None:
+def _head_dim_or_none(config: Mapping[str, Any]) -> int | None:
     try:
         return head_dim_of(config)
     except ValueError:
@@ -300,7 +304,7 @@ def _check_geometry(out: dict, reading: Reading) -> None:
     if n is not None and n != reading.n_layers:
         raise ValueError(f"base_config has num_hidden_layers={n} but the reading {reading.n_layers} layers: "
                          "another model's config.")
-    hd = head_dim_of_or_none(out)
+    hd = _head_dim_or_none(out)
     if hd is not None and hd != reading.head_dim:
         raise ValueError(f"base_config's head dim is {hd} but the reading's {reading.head_dim}: another model's "
                          "config.")
