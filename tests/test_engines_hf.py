@@ -250,3 +250,22 @@ def test_fraction_floors_back_to_the_rotary_dim():
     for d in range(2, 513, 2):
         for r in range(2, d + 1, 2):
             assert int(d * _fraction(r, d)) == r
+
+
+def test_a_config_class_with_its_own_rotary_key_gets_it_written():
+    """GPT-J's config class reads an absolute rotary_dim (and its own key names): the writer sets that key, so
+    transformers' config class reads the same rotary slice."""
+    transformers = pytest.importorskip("transformers")
+    gptj = {"model_type": "gptj", "n_layer": 2, "n_embd": 256, "n_head": 4, "n_positions": 2048, "rotary_dim": 16}
+    reading = read_config(gptj)
+    assert reading.head_dim == 64 and reading.layers[0].rotary_dim == 16 and reading.layers[0].style == "interleaved"
+    wider = Reading("x", "gguf", "gptj", 64, tuple(RopeSpec(style="interleaved", rotary_dim=32,
+                                                            max_position_embeddings=2048) for _ in range(2)))
+    for base in (gptj, None):
+        for schema in ("v5", "v4"):
+            written = write_config(wider, base, schema=schema)
+            assert written["rotary_dim"] == 32 and "partial_rotary_factor" not in written
+            assert RopeSpec.per_layer(transformers.AutoConfig.for_model(**written)) == wider.layers
+            if base is not None:
+                assert written["n_layer"] == 2 and "num_hidden_layers" not in written
+

@@ -157,6 +157,14 @@ def _problems(config: dict, specs: tuple[RopeSpec, ...], head_dim: int, sections
     return out
 
 
+def _aliased(config: dict) -> dict:
+    """The config with its class's own key names (GPT-J's ``n_embd``) also under the standard ones."""
+    from ..conformance.hf_table import CONVENTIONS
+
+    aliases = CONVENTIONS.get(config.get("model_type"), {}).get("aliases", {})
+    return {**config, **{k: config[v] for k, v in aliases.items() if v in config and k not in config}}
+
+
 def read_config(source: str | Path | Mapping[str, Any], *, style: str | None = None) -> Reading:
     """The RoPE of every layer of a transformers config (a ``config.json``, a model directory, a dict or a
     ``PretrainedConfig``).
@@ -168,12 +176,12 @@ def read_config(source: str | Path | Mapping[str, Any], *, style: str | None = N
     try:
         clean, sections, mnotes = _without_mrope(text)
         layers = RopeSpec.per_layer(clean, style=style)
-        head_dim = head_dim_of(clean)
+        head_dim = head_dim_of(_aliased(clean))
     except ValueError as e:
         raise ReadError(f"{label}: {e}") from e
     return Reading(source=label, format="transformers", architecture=str(text.get("model_type")), head_dim=head_dim,
                    layers=layers, sections=sections,
-                   declared={k: text[k] for k in _DECLARED if text.get(k) is not None},
+                   declared={k: v for k, v in _aliased(text).items() if k in _DECLARED and v is not None},
                    notes=tuple(notes + mnotes), problems=tuple(_problems(text, layers, head_dim, sections)))
 
 
@@ -421,17 +429,31 @@ def _write_rotary_key(out: dict, specs: list[RopeSpec], head_dim: int, *, v5: bo
     """Where the config says the rotary slice: keep a base config's own key (GPT-J's absolute ``rotary_dim``,
     GPT-NeoX's ``rotary_pct``), updated; v5 puts partial_rotary_factor in the rope dicts otherwise."""
     dims = {s.rotary_dim or head_dim for s in specs if s.scaling is None or "partial_rotary_factor" not in s.scaling}
+    own = _class_keys(out.get("model_type"))
     for key in ("rotary_dim", "rotary_pct"):
-        if key in out:
+        if key in out or key in own:
             if len(dims) > 1:
                 raise ValueError(f"the config gives one {key} for all layers, the reading rotates {sorted(dims)} dims.")
             r = dims.pop() if dims else head_dim
             out[key] = r if key == "rotary_dim" else _fraction(r, head_dim)
+            out.pop("partial_rotary_factor", None)
             if v5:  # the dicts must not say it twice
                 p = out.get("rope_parameters", {})
                 for d in ([p] if "rope_type" in p else p.values()):
                     d.pop("partial_rotary_factor", None)
             return
+
+
+def _class_keys(model_type: Any) -> frozenset[str]:
+    """The keys transformers' config class for ``model_type`` holds (its defaults), or none when transformers is
+    not installed: a class with its own rotary key (GPT-J's absolute ``rotary_dim``, GPT-NeoX's ``rotary_pct``)
+    reads that key, not ``partial_rotary_factor``, so the writer must set it even when the base config omits it."""
+    try:
+        from transformers import AutoConfig
+
+        return frozenset(AutoConfig.for_model(model_type).to_dict())
+    except Exception:  # noqa: BLE001 - no transformers, or a model type it does not have: nothing is known
+        return frozenset()
 
 
 def _write_v4(out: dict, by_type: dict, head_dim: int, conv: Mapping[str, Any], model_type: str) -> None:
