@@ -184,6 +184,18 @@ def test_different_models_raise():
         check([reading([a] * 4), reading([a] * 4, head_dim=128)])
 
 
+def test_consistency_of_any_reading(tmp_path, capsys):
+    short = {"model_type": "qwen2_vl", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 2,
+             "max_position_embeddings": 32768, "rope_theta": 1e6,
+             "rope_scaling": {"type": "mrope", "mrope_section": [16, 16, 16]}}
+    assert main([write(tmp_path, "q.json", short)]) == 1
+    assert "sections [16, 16, 16] cover 48 rotary pairs, but the layers rotate [64]" in capsys.readouterr().out
+    wide = reading([RopeSpec(rotary_dim=128)] * 2)  # a GGUF's dimension_count past the head
+    r = check([wide, reading([RopeSpec()] * 2)])
+    assert not r["ok"] and r["mismatches"] == [] and "layer 0: rotary_dim=128 is larger" in r["problems"][0]["problem"]
+    assert chk.consistency(reading([RopeSpec()] * 2)) == []
+
+
 def test_single_reading_problems_fail():
     r = check([reading([RopeSpec()] * 2, problems=("rope type NORM contradicts qwen2's NEOX",))])
     assert not r["ok"] and r["problems"] == [{"source": 0, "problem": "rope type NORM contradicts qwen2's NEOX"}]

@@ -26,7 +26,9 @@ What a mismatch costs, at the stated position m (``--position``, default the las
   the largest KL divergence of a row, :math:`\max_m \mathrm{KL}(p^a_m \| p^b_m)`, and the largest change of one
   attention probability, :math:`\max |p^a - p^b|`.
 
-With one PATH, the check is the source's internal consistency: :attr:`Reading.problems`.
+With one PATH, the check is the source's internal consistency: :attr:`Reading.problems` (the reader's) and
+:func:`consistency` (what holds for every format). Sources with a layer that has no frequencies for the head
+are not compared.
 
 Exit codes: 0 all sources agree (and none has a problem), 1 a mismatch or a problem, 2 a usage error or a
 source that cannot be read (one line on stderr naming it; never a traceback). ``--json`` prints the result as
@@ -56,7 +58,8 @@ from ..scaling import LENGTH_DEPENDENT, ROPE_TYPES, parse_scaling
 from ..spec import RopeSpec
 from .reading import FORMATS, ReadError, Reading
 
-__all__ = ["READERS", "PREFIXES", "REL_TOL", "read", "detect", "compare_layers", "cost", "check", "main"]
+__all__ = ["READERS", "PREFIXES", "REL_TOL", "read", "detect", "compare_layers", "cost", "consistency", "check",
+           "render", "main"]
 
 # format -> (module, function): the one place a format finds its reader (imported only when a source needs it).
 READERS: dict[str, tuple[str, str]] = {
@@ -320,6 +323,29 @@ def _groups(readings: Sequence[Reading]) -> list[list[tuple[int, int]]]:
     return list(runs.values())
 
 
+def consistency(reading: Reading) -> list[str]:
+    """What contradicts itself inside one Reading, whatever its format, beside the reader's own
+    :attr:`Reading.problems`: a layer whose spec has no frequencies for the head (a rotary_dim past head_dim,
+    longrope factor lists of the wrong length), M-RoPE sections that do not cover the rotary pairs."""
+    out = []
+    seen: dict[RopeSpec, str | None] = {}
+    for i, s in enumerate(reading.layers):
+        if s not in seen:
+            try:
+                s.frequencies(reading.head_dim, seq_len=1)
+                seen[s] = None
+            except ValueError as e:
+                seen[s] = str(e)
+        if seen[s] is not None:
+            out.append(f"layer {i}: {seen[s]}")  # check() reads the "layer " prefix: nothing to compare
+    if reading.sections is not None:
+        pairs = {(s.rotary_dim or reading.head_dim) // 2 for s in reading.layers if not s.is_nope}
+        if pairs and pairs != {reading.sections.n_pairs}:
+            out.append(f"sections {list(reading.sections.sections)} cover {reading.sections.n_pairs} rotary pairs, "
+                       f"but the layers rotate {sorted(pairs)} pairs (rotary_dim / 2).")
+    return out
+
+
 def _default_position(readings: Sequence[Reading]) -> int:
     for r in readings:
         for s in r.layers:
@@ -344,6 +370,11 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
     m = _default_position(readings) if position is None else position
     if not (isinstance(m, int) and m >= 1):
         raise ValueError(f"--position must be an int >= 1, got {m!r}.")
+    problems = [{"source": i, "problem": p} for i, r in enumerate(readings) for p in (*r.problems, *consistency(r))]
+    if any(p["problem"].startswith("layer ") for p in problems):  # a layer without frequencies: nothing to compare
+        return {"ok": False, "position": m, "n_layers": ref.n_layers, "head_dim": ref.head_dim,
+                "sources": [_source_dict(r) for r in readings], "groups": [], "mismatches": [], "agreements": [],
+                "problems": problems}
     groups = _groups(readings)
     mismatches, agreements = [], []
     for j, other in enumerate(readings[1:], 1):
@@ -372,7 +403,6 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
                                    "detail": f"{who.source} stores q/k rows permuted (llama.cpp's converter): "
                                              f"{who.layers[lo].style} on those weights is "
                                              f"{who.effective_specs()[lo].style} on the original ones"})
-    problems = [{"source": i, "problem": p} for i, r in enumerate(readings) for p in r.problems]
     return {"ok": not mismatches and not problems, "position": m, "n_layers": ref.n_layers,
             "head_dim": ref.head_dim, "sources": [_source_dict(r) for r in readings],
             "groups": [{"layers": [list(run) for run in g],

@@ -128,9 +128,9 @@ def _without_mrope(config: dict) -> tuple[dict, MultiAxis | None, list[str]]:
     return config, sections, notes
 
 
-def _problems(config: dict, specs: tuple[RopeSpec, ...], head_dim: int, sections: MultiAxis | None) -> list[str]:
+def _problems(config: dict) -> list[str]:
     """Contradictions inside one config: v4 keys beside ``rope_parameters`` that say otherwise (transformers 5
-    reads ``rope_parameters`` only), M-RoPE sections that do not cover the rotary pairs."""
+    reads ``rope_parameters`` only). What holds for a Reading of any format is ``check.consistency``'s."""
     out = []
     params = config.get("rope_parameters")
     if isinstance(params, Mapping):
@@ -149,11 +149,6 @@ def _problems(config: dict, specs: tuple[RopeSpec, ...], head_dim: int, sections
             if differ:
                 out.append(f"rope_scaling (v4) and rope_parameters (v5) disagree on {differ}; transformers 5 reads "
                            "rope_parameters.")
-    if sections is not None:
-        pairs = {(s.rotary_dim or head_dim) // 2 for s in specs if not s.is_nope}
-        if pairs and pairs != {sections.n_pairs}:
-            out.append(f"mrope_section {list(sections.sections)} covers {sections.n_pairs} rotary pairs, but the "
-                       f"layers rotate {sorted(pairs)} pairs (rotary_dim / 2).")
     return out
 
 
@@ -182,7 +177,7 @@ def read_config(source: str | Path | Mapping[str, Any], *, style: str | None = N
     return Reading(source=label, format="transformers", architecture=str(text.get("model_type")), head_dim=head_dim,
                    layers=layers, sections=sections,
                    declared={k: v for k, v in _aliased(text).items() if k in _DECLARED and v is not None},
-                   notes=tuple(notes + mnotes), problems=tuple(_problems(text, layers, head_dim, sections)))
+                   notes=tuple(notes + mnotes), problems=tuple(_problems(text)))
 
 
 # --------------------------------------------------------------------------------------------------
