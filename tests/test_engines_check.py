@@ -169,6 +169,16 @@ def test_permuted_norm_agrees_with_half_with_a_note():
     assert not r["ok"] and r["mismatches"][0]["kinds"] == ["style"]
 
 
+def test_declared_differently_is_an_agreement_naming_the_keys():
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
+    a = RopeSpec(scaling=yarn, max_position_embeddings=L0)
+    b = RopeSpec(scaling={**yarn, "attention_factor": 0.1 * math.log(4.0) + 1.0}, max_position_embeddings=2 * L0)
+    r = check([reading([a] * 2), reading([b] * 2)], position=100)
+    assert r["ok"] and not r["mismatches"]
+    (ag,) = r["agreements"]
+    assert "max_position_embeddings 4096 vs 8192" in ag["detail"] and "attention_factor None vs 1.13" in ag["detail"]
+
+
 def test_groups_are_runs_of_identical_layers():
     a, b = RopeSpec(base=1e4), RopeSpec(base=1e6)
     r = check([reading([a, a, b, b, b, a]), reading([a, a, b, b, a, a])], position=100)

@@ -393,10 +393,9 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
                                                 sections_b=other.sections, samples=samples, heads=heads, seed=seed)})
                 continue
             if a != b:
-                wa, wb = _spec_words(a, ref.head_dim, m), _spec_words(b, ref.head_dim, m)
                 agreements.append({"layers": layers, "sources": [0, j],
-                                   "detail": f"declared differently, the same rotation within float32 storage ({wa} "
-                                             f"vs {wb})"})
+                                   "detail": f"declared differently ({_declared_diff(a, b)}), the same rotation "
+                                             "within float32 storage"})
             if other.qk_permuted != ref.qk_permuted and not a.is_nope:
                 who = other if other.qk_permuted else ref
                 agreements.append({"layers": layers, "sources": [0, j],
@@ -408,6 +407,15 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
             "groups": [{"layers": [list(run) for run in g],
                         "specs": [r.effective_specs()[g[0][0]].to_dict() for r in readings]} for g in groups],
             "mismatches": mismatches, "agreements": agreements, "problems": problems}
+
+
+def _declared_diff(a: RopeSpec, b: RopeSpec) -> str:
+    """The fields (and scaling keys) two specs declare differently, ``key a vs b``."""
+    da, db = a.to_dict(), b.to_dict()
+    sa, sb = da.pop("scaling") or {}, db.pop("scaling") or {}
+    parts = [f"{k} {da[k]} vs {db[k]}" for k in da if da[k] != db[k]]
+    parts += [f"{k} {sa.get(k)} vs {sb.get(k)}" for k in dict.fromkeys([*sa, *sb]) if sa.get(k) != sb.get(k)]
+    return ", ".join(parts)
 
 
 def _source_dict(r: Reading) -> dict:
