@@ -53,6 +53,9 @@ class Reading:
             the other style's dim order), so the original model's style is the other one.
         declared: the source's raw RoPE keys, as written (for display and ``--json``).
         notes: what the reader observed but does not compare (a key it ignores, a convention it applied).
+        problems: contradictions inside the source itself (a GGUF whose rope keys contradict its
+            architecture's rope type, a config whose v4 and v5 keys disagree): ``ropelab-check`` reports each
+            and exits 1, even for a single source.
     """
 
     source: str
@@ -64,6 +67,7 @@ class Reading:
     qk_permuted: bool = False
     declared: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -74,6 +78,7 @@ class Reading:
             raise ValueError("layers must be a non-empty tuple of RopeSpec, one per decoder layer.")
         object.__setattr__(self, "layers", tuple(self.layers))
         object.__setattr__(self, "notes", tuple(self.notes))
+        object.__setattr__(self, "problems", tuple(self.problems))
 
     @property
     def n_layers(self) -> int:
@@ -97,6 +102,7 @@ class Reading:
             "layers": [s.to_dict() for s in self.layers],
             "declared": _jsonable(self.declared),
             "notes": list(self.notes),
+            "problems": list(self.problems),
         }
 
 

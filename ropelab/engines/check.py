@@ -1,0 +1,560 @@
+r"""``ropelab-check PATH [PATH ...]``: the RoPE each source implies, per layer, side by side, and what every
+disagreement costs.
+
+Each PATH is a transformers ``config.json`` or model directory, a ``.gguf`` file, or an MLX model directory;
+a prefix ``hf:`` / ``transformers:``, ``gguf:`` or ``mlx:`` forces the reader. Every source becomes a
+:class:`~ropelab.engines.reading.Reading` (:data:`READERS`, one place that maps a format to its reader, imported
+lazily), and the sources after the first are compared with the first, layer by layer, on their
+:meth:`~ropelab.engines.reading.Reading.effective_specs` (so a GGUF's NORM rotation of q/k rows that
+llama.cpp's converter permuted agrees with the original model's half pairing, with a note).
+
+Two layers agree when they rotate the same pairs by the same angles with the same attention factor: same
+style and rotary_dim, and inverse frequencies and attention factor equal within :data:`REL_TOL` (four float32
+unit roundoffs, relative: GGUF stores its numbers in float32) at every length where a length-dependent type could
+switch. Layers that agree but are declared differently (yarn's ``attention_factor`` given vs derived) agree.
+
+What a mismatch costs, at the stated position m (``--position``, default the last trained position
+``max_position_embeddings - 1``):
+
+- the phase error :math:`\max_i |\theta^a_i - \theta^b_i|` in radians, unwrapped, with
+  :math:`\theta_i = m\,\omega_i` (:math:`\max_i |\Delta\omega_i|\,m` for 1D RoPE; all of
+  :math:`m\,\omega_i` against a NoPE layer; for two M-RoPE layouts, pair i at the token whose axis k sits at
+  :math:`\lfloor m/(k+1)\rfloor`). Not defined when the two pair different dims (style or rotary_dim);
+- the change in attention on a small model of that geometry: seeded random q, k (float64, ``--heads`` heads
+  of the head dim) at ``--samples`` positions spread evenly over [0, m], rotated by each spec
+  (:func:`ropelab.apply_rope`), causal attention rows over those positions (:mod:`ropelab.attention`):
+  the largest KL divergence of a row, :math:`\max_m \mathrm{KL}(p^a_m \| p^b_m)`, and the largest change of one
+  attention probability, :math:`\max |p^a - p^b|`.
+
+With one PATH, the check is the source's internal consistency: :attr:`Reading.problems` (the reader's) and
+:func:`consistency` (what holds for every format). Sources with a layer that has no frequencies for the head
+are not compared.
+
+Exit codes: 0 all sources agree (and none has a problem), 1 a mismatch or a problem, 2 a usage error or a
+source that cannot be read (one line on stderr naming it; never a traceback). ``--json`` prints the result as
+JSON for other tools; ``--write-config OUT`` writes the first source's RoPE as a transformers config, over the
+config of the first transformers source after it (else the first source's own config, when it is one): the other
+source's config, fixed (``--schema v5`` or ``v4``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..attention import causal_logits, kl_divergence
+from ..core import parse_layout
+from ..multiaxis import MultiAxis, multiaxis_rope
+from ..precision import UNIT_ROUNDOFF
+from ..rope import apply_rope
+from ..scaling import LENGTH_DEPENDENT, ROPE_TYPES, parse_scaling
+from ..spec import RopeSpec
+from .reading import FORMATS, ReadError, Reading
+
+__all__ = ["READERS", "PREFIXES", "REL_TOL", "read", "detect", "compare_layers", "cost", "consistency", "check",
+           "render", "main"]
+
+# format -> (module, function): the one place a format finds its reader (imported only when a source needs it).
+READERS: dict[str, tuple[str, str]] = {
+    "transformers": ("ropelab.engines.hf", "read_config"),
+    "gguf": ("ropelab.engines.gguf", "read_gguf"),
+    "mlx": ("ropelab.engines.mlx", "read_mlx"),
+}
+# PATH prefixes that force a reader.
+PREFIXES = {"hf": "transformers", "transformers": "transformers", "gguf": "gguf", "mlx": "mlx"}
+# Two frequencies (or attention factors) agree within this relative difference: GGUF stores float32.
+REL_TOL = 4 * UNIT_ROUNDOFF[torch.float32]
+
+
+class UsageError(Exception):
+    """A mistake on the command line or a source that cannot be read (exit 2)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading a PATH
+# --------------------------------------------------------------------------------------------------
+
+
+def _reader(fmt: str, path: Path) -> Callable[[Path], Reading]:
+    module, name = READERS[fmt]
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ReadError(f"{path}: reading {fmt} needs {module}.{name}, which cannot be imported here ({e}); "
+                        "install ropelab with its engines extra.") from e
+
+
+def _is_mlx_dir(path: Path) -> bool:
+    try:
+        module = importlib.import_module(READERS["mlx"][0])
+    except ImportError:
+        return False
+    probe = getattr(module, "is_mlx_model_dir", None)
+    return bool(probe(path)) if probe is not None else False
+
+
+def detect(text: str) -> tuple[str, Path]:
+    """``(format, path)`` of one PATH argument: a forcing prefix, else the suffix, the GGUF magic, or what a
+    directory holds (an MLX model directory, a ``config.json``, one ``.gguf`` file). ReadError otherwise."""
+    fmt = None
+    head, sep, tail = text.partition(":")
+    if sep and head in PREFIXES:
+        fmt, text = PREFIXES[head], tail
+    path = Path(text)
+    if not path.exists():
+        raise ReadError(f"{path}: no such file or directory.")
+    if fmt is not None:
+        return fmt, path
+    if path.is_dir():
+        if _is_mlx_dir(path):
+            return "mlx", path
+        if (path / "config.json").is_file():
+            return "transformers", path
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return "gguf", ggufs[0]
+        what = f"{len(ggufs)} .gguf files (name one)" if ggufs else "no config.json and no .gguf file"
+        raise ReadError(f"{path}: a directory with {what}; give a model directory with a config.json, an MLX "
+                        "model directory, or a .gguf file.")
+    if path.suffix == ".gguf":
+        return "gguf", path
+    if path.suffix == ".json":
+        return "transformers", path
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ReadError(f"{path}: cannot be read ({e}).") from e
+    if magic == b"GGUF":
+        return "gguf", path
+    raise ReadError(f"{path}: neither a config.json, a .gguf file nor a model directory; prefix it with hf:, gguf: "
+                    "or mlx: to say which it is.")
+
+
+def read(text: str) -> Reading:
+    """The :class:`Reading` of one PATH argument (see :func:`detect`); ReadError for anything unreadable."""
+    fmt, path = detect(text)
+    reader = _reader(fmt, path)
+    try:
+        reading = reader(path)
+    except ReadError as e:
+        if str(path) in str(e):
+            raise
+        raise ReadError(f"{path}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - a reader's crash on a malformed file is still an unreadable file
+        raise ReadError(f"{path}: cannot be read as {fmt} ({type(e).__name__}: {e}).") from e
+    if not isinstance(reading, Reading) or reading.format not in FORMATS:
+        raise ReadError(f"{path}: the {fmt} reader returned {type(reading).__name__}, not a Reading.")
+    return reading
+
+
+# --------------------------------------------------------------------------------------------------
+# Comparing two layers
+# --------------------------------------------------------------------------------------------------
+
+
+def _close(a: torch.Tensor | float, b: torch.Tensor | float) -> bool:
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    return bool(((a - b).abs() <= REL_TOL * torch.maximum(a.abs(), b.abs())).all())
+
+
+def _lengths(a: RopeSpec, b: RopeSpec, position: int) -> list[int]:
+    """The current lengths at which two specs' frequencies are compared: 1, the stated position + 1, and either
+    side of every threshold a length-dependent type switches at (its L0)."""
+    out = {1, position + 1}
+    for s in (a, b):
+        if s.scaling is None or s.rope_type not in LENGTH_DEPENDENT:
+            continue
+        key = ROPE_TYPES[s.rope_type].original_key
+        for L0 in (parse_scaling(s.scaling).get(key) if key else None, s.max_position_embeddings):
+            if L0:
+                out |= {int(L0), int(L0) + 1}
+    return sorted(out)
+
+
+def _scaling_words(s: RopeSpec) -> str:
+    if s.scaling is None:
+        return "default"
+    keys = {k: v for k, v in s.scaling.items() if k not in ("rope_type", "type")}
+    return f"{s.rope_type}({', '.join(f'{k}={_short(v)}' for k, v in keys.items())})"
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        if len(v) <= 4:
+            return "[" + ", ".join(_short(x) for x in v) + "]"
+        return f"[{_short(v[0])}, {_short(v[1])}, ... {len(v)} values]"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def compare_layers(a: RopeSpec, b: RopeSpec, head_dim: int, position: int) -> list[dict]:
+    """What differs between two layers' RoPE, each ``{"kind", "detail"}``; empty when they agree.
+
+    Kinds: ``nope`` (one layer has no RoPE), ``style``, ``rotary_dim``, ``frequencies`` (base or scaling: the
+    inverse frequencies differ at some current length), ``attention_factor``."""
+    if a.is_nope or b.is_nope:
+        if a.is_nope and b.is_nope:
+            return []
+        which = "first" if a.is_nope else "second"
+        return [{"kind": "nope", "detail": f"the {which} source has no RoPE in this layer, the other does"}]
+    out = []
+    if a.style != b.style:
+        out.append({"kind": "style", "detail": f"pairs {a.style} vs {b.style}"})
+    ra, rb = a.rotary_dim or head_dim, b.rotary_dim or head_dim
+    if ra != rb:
+        out.append({"kind": "rotary_dim", "detail": f"rotary_dim {ra} vs {rb} of {head_dim}"})
+    if out:
+        return out
+    freq_at, factor_at = [], []
+    for L in _lengths(a, b, position):
+        (ia, fa), (ib, fb) = a.frequencies(head_dim, seq_len=L), b.frequencies(head_dim, seq_len=L)
+        if not _close(ia, ib):
+            freq_at.append(L)
+        if not _close(fa, fb):
+            factor_at.append((L, fa, fb))
+    if freq_at:
+        parts = []
+        if not _close(a.base, b.base):
+            parts.append(f"base {a.base:g} vs {b.base:g}")
+        if _scaling_words(a) != _scaling_words(b):
+            parts.append(f"scaling {_scaling_words(a)} vs {_scaling_words(b)}")
+        where = "" if len(freq_at) == len(_lengths(a, b, position)) else f" (at current lengths {freq_at})"
+        out.append({"kind": "frequencies", "detail": (", ".join(parts) or "frequencies differ") + where})
+    if factor_at:
+        L, fa, fb = factor_at[-1]
+        out.append({"kind": "attention_factor", "detail": f"attention factor {fa:.6g} vs {fb:.6g} at length {L}"})
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# What a mismatch costs
+# --------------------------------------------------------------------------------------------------
+
+
+def _axis_positions(positions: torch.Tensor, sections: MultiAxis) -> torch.Tensor:
+    """[A, s] positions of tokens whose axis k sits at ``positions // (k + 1)`` (distinct axes)."""
+    return torch.stack([positions // (k + 1) for k in range(sections.n_axes)])
+
+
+def _angles(spec: RopeSpec, head_dim: int, m: int, sections: MultiAxis | None, spread: bool) -> torch.Tensor:
+    """Per-pair angles (float64) of the token at position m (multi-axis: axis k at m // (k+1) when ``spread``; the
+    ladder at the current length m + 1, except multi-axis RoPE, which ``apply_rope`` runs at its default length)."""
+    inv, _ = spec.frequencies(head_dim, seq_len=None if sections is not None else m + 1)
+    if sections is None or not spread:
+        return inv * m
+    pos = _axis_positions(torch.tensor([m]), sections)[:, 0].to(torch.float64)
+    return inv * pos[sections.axis_of_pair()]
+
+
+def _rotate(x: torch.Tensor, spec: RopeSpec, positions: torch.Tensor, m: int, sections: MultiAxis | None,
+            spread: bool) -> torch.Tensor:
+    if spec.is_nope:
+        return x
+    if sections is None:
+        return apply_rope(x, positions, layout="b s h d", spec=spec, seq_len=m + 1)
+    pos = _axis_positions(positions, sections) if spread else positions.expand(sections.n_axes, -1)
+    # multiaxis_rope is apply_rope(sections=...) past its keyword checks; it takes the spec's L0 as it is.
+    return multiaxis_rope(x, parse_layout("b s h d", x.ndim), pos, sections, spec)
+
+
+def cost(a: RopeSpec, b: RopeSpec, head_dim: int, position: int, *, sections_a: MultiAxis | None = None,
+         sections_b: MultiAxis | None = None, samples: int = 128, heads: int = 4, seed: int = 0) -> dict:
+    """What replacing layer RoPE ``a`` by ``b`` costs at position ``position`` (see the module docstring):
+    ``{"position", "phase_error" (radians, None when the pairs differ), "max_kl" (nats), "max_abs_dprob",
+    "samples", "heads", "seed"}``. Identical specs cost exactly 0 (the same computation twice)."""
+    if not (isinstance(position, int) and position >= 1):
+        raise ValueError(f"position must be an int >= 1, got {position!r}.")
+    spread = sections_a != sections_b
+    phase = None
+    ra = None if a.is_nope else (a.rotary_dim or head_dim)
+    rb = None if b.is_nope else (b.rotary_dim or head_dim)
+    if a.is_nope and b.is_nope:
+        phase = 0.0
+    elif a.is_nope or b.is_nope:
+        s, sec = (b, sections_b) if a.is_nope else (a, sections_a)
+        phase = float(_angles(s, head_dim, position, sec, spread).abs().max())
+    elif a.style == b.style and ra == rb:
+        phase = float((_angles(a, head_dim, position, sections_a, spread)
+                       - _angles(b, head_dim, position, sections_b, spread)).abs().max())
+    gen = torch.Generator().manual_seed(seed)
+    n = min(samples, position + 1)
+    positions = torch.unique(torch.linspace(0, position, n, dtype=torch.float64).round().long())
+    q = torch.randn(1, positions.numel(), heads, head_dim, generator=gen, dtype=torch.float64)
+    k = torch.randn(1, positions.numel(), heads, head_dim, generator=gen, dtype=torch.float64)
+    logits = []
+    for spec, sec in ((a, sections_a), (b, sections_b)):
+        qr, kr = (_rotate(t, spec, positions, position, sec, spread).transpose(1, 2) for t in (q, k))
+        logits.append(causal_logits(qr, kr))
+    kl = kl_divergence(logits[0], logits[1])
+    dprob = (logits[0].softmax(-1) - logits[1].softmax(-1)).abs()
+    axes = None
+    if spread:
+        n_axes = max(sec.n_axes for sec in (sections_a, sections_b) if sec is not None)
+        axes = [position // (k + 1) for k in range(n_axes)]
+    return {"position": position, "axis_positions": axes, "phase_error": phase, "max_kl": float(kl.max()),
+            "max_abs_dprob": float(dprob.max()), "samples": int(positions.numel()), "heads": heads, "seed": seed}
+
+
+# --------------------------------------------------------------------------------------------------
+# Checking sources
+# --------------------------------------------------------------------------------------------------
+
+
+def _groups(readings: Sequence[Reading]) -> list[list[tuple[int, int]]]:
+    """The layers whose effective specs are the same in every source, as runs [start, end] of consecutive layers,
+    one list of runs per distinct setting (first-seen order): Gemma 3's five sliding layers to one global
+    layer is two groups, however many layers."""
+    keys = list(zip(*(r.effective_specs() for r in readings)))
+    runs: dict[tuple, list[tuple[int, int]]] = {}
+    start = 0
+    for i in range(1, len(keys) + 1):
+        if i == len(keys) or keys[i] != keys[start]:
+            runs.setdefault(keys[start], []).append((start, i - 1))
+            start = i
+    return list(runs.values())
+
+
+def consistency(reading: Reading) -> list[str]:
+    """What contradicts itself inside one Reading, whatever its format, beside the reader's own
+    :attr:`Reading.problems`: a layer whose spec has no frequencies for the head (a rotary_dim past head_dim,
+    longrope factor lists of the wrong length), M-RoPE sections that do not cover the rotary pairs."""
+    out = []
+    seen: dict[RopeSpec, str | None] = {}
+    for i, s in enumerate(reading.layers):
+        if s not in seen:
+            try:
+                s.frequencies(reading.head_dim, seq_len=1)
+                seen[s] = None
+            except ValueError as e:
+                seen[s] = str(e)
+        if seen[s] is not None:
+            out.append(f"layer {i}: {seen[s]}")  # check() reads the "layer " prefix: nothing to compare
+    if reading.sections is not None:
+        pairs = {(s.rotary_dim or reading.head_dim) // 2 for s in reading.layers if not s.is_nope}
+        if pairs and pairs != {reading.sections.n_pairs}:
+            out.append(f"sections {list(reading.sections.sections)} cover {reading.sections.n_pairs} rotary pairs, "
+                       f"but the layers rotate {sorted(pairs)} pairs (rotary_dim / 2).")
+    return out
+
+
+def _default_position(readings: Sequence[Reading]) -> int:
+    for r in readings:
+        for s in r.layers:
+            if s.max_position_embeddings:
+                return max(1, s.max_position_embeddings - 1)
+    return 4095
+
+
+def check(readings: Sequence[Reading], *, position: int | None = None, samples: int = 128, heads: int = 4,
+          seed: int = 0) -> dict:
+    """The comparison of every source with the first (JSON-ready): ``{"ok", "position", "n_layers", "head_dim",
+    "sources", "groups", "mismatches", "agreements", "problems"}``.
+
+    ValueError when the sources are of different models (layer counts or head dims)."""
+    if not readings:
+        raise ValueError("check needs at least one Reading.")
+    ref = readings[0]
+    for i, r in enumerate(readings[1:], 2):
+        if (r.n_layers, r.head_dim) != (ref.n_layers, ref.head_dim):
+            raise ValueError(f"different models: [1] {ref.source} has {ref.n_layers} layers of head_dim "
+                             f"{ref.head_dim}, [{i}] {r.source} has {r.n_layers} layers of head_dim {r.head_dim}.")
+    m = _default_position(readings) if position is None else position
+    if not (isinstance(m, int) and m >= 1):
+        raise ValueError(f"--position must be an int >= 1, got {m!r}.")
+    problems = [{"source": i, "problem": p} for i, r in enumerate(readings) for p in (*r.problems, *consistency(r))]
+    if any(p["problem"].startswith("layer ") for p in problems):  # a layer without frequencies: nothing to compare
+        return {"ok": False, "position": m, "n_layers": ref.n_layers, "head_dim": ref.head_dim,
+                "sources": [_source_dict(r) for r in readings], "groups": [], "mismatches": [], "agreements": [],
+                "problems": problems}
+    groups = _groups(readings)
+    mismatches, agreements = [], []
+    for j, other in enumerate(readings[1:], 1):
+        sections_differ = ref.sections != other.sections
+        for group in groups:
+            lo, layers = group[0][0], [list(run) for run in group]
+            a, b = ref.effective_specs()[lo], other.effective_specs()[lo]
+            diffs = compare_layers(a, b, ref.head_dim, m)
+            if sections_differ and not (a.is_nope and b.is_nope):
+                diffs.append({"kind": "sections", "detail": f"sections {_sections_words(ref.sections)} vs "
+                                                            f"{_sections_words(other.sections)}"})
+            if diffs:
+                mismatches.append({"layers": layers, "sources": [0, j], "kinds": [d["kind"] for d in diffs],
+                                   "details": [d["detail"] for d in diffs],
+                                   "cost": cost(a, b, ref.head_dim, m, sections_a=ref.sections,
+                                                sections_b=other.sections, samples=samples, heads=heads, seed=seed)})
+                continue
+            if a != b:
+                agreements.append({"layers": layers, "sources": [0, j],
+                                   "detail": f"declared differently ({_declared_diff(a, b)}), the same rotation "
+                                             "within float32 storage"})
+            if other.qk_permuted != ref.qk_permuted and not a.is_nope:
+                who = other if other.qk_permuted else ref
+                agreements.append({"layers": layers, "sources": [0, j],
+                                   "detail": f"{who.source} stores q/k rows permuted (llama.cpp's converter): "
+                                             f"{who.layers[lo].style} on those weights is "
+                                             f"{who.effective_specs()[lo].style} on the original ones"})
+    return {"ok": not mismatches and not problems, "position": m, "n_layers": ref.n_layers,
+            "head_dim": ref.head_dim, "sources": [_source_dict(r) for r in readings],
+            "groups": [{"layers": [list(run) for run in g],
+                        "specs": [r.effective_specs()[g[0][0]].to_dict() for r in readings]} for g in groups],
+            "mismatches": mismatches, "agreements": agreements, "problems": problems}
+
+
+def _declared_diff(a: RopeSpec, b: RopeSpec) -> str:
+    """The fields (and scaling keys) two specs declare differently, ``key a vs b``."""
+    da, db = a.to_dict(), b.to_dict()
+    sa, sb = da.pop("scaling") or {}, db.pop("scaling") or {}
+    parts = [f"{k} {da[k]} vs {db[k]}" for k in da if da[k] != db[k]]
+    parts += [f"{k} {sa.get(k)} vs {sb.get(k)}" for k in dict.fromkeys([*sa, *sb]) if sa.get(k) != sb.get(k)]
+    return ", ".join(parts)
+
+
+def _source_dict(r: Reading) -> dict:
+    d = r.to_dict()
+    d["effective_layers"] = [s.to_dict() for s in r.effective_specs()]
+    return d
+
+
+def _sections_words(s: MultiAxis | None) -> str:
+    if s is None:
+        return "none (1D)"
+    kind = "axial" if s.axial else ("interleaved M-RoPE" if s.interleaved else "M-RoPE")
+    return f"{kind} {list(s.sections)}"
+
+
+def _spec_words(s: RopeSpec, head_dim: int, m: int) -> str:
+    if s.is_nope:
+        return "NoPE"
+    _, factor = s.frequencies(head_dim, seq_len=m + 1)
+    return (f"{s.style} base={s.base:g} rotary_dim={s.rotary_dim or head_dim} {_scaling_words(s)} "
+            f"attention_factor={factor:.4g}")
+
+
+def _layers_words(runs: Sequence[Sequence[int]]) -> str:
+    words = [f"{lo}" if lo == hi else f"{lo}-{hi}" for lo, hi in runs]
+    one = len(runs) == 1 and runs[0][0] == runs[0][1]
+    return ("layer " if one else "layers ") + ", ".join(words)
+
+
+def render(result: dict, readings: Sequence[Reading]) -> str:
+    """The text report of :func:`check`'s result."""
+    m, d = result["position"], result["head_dim"]
+    lines = [f"ropelab-check: {len(readings)} source(s), {result['n_layers']} layers, head_dim {d}"]
+    for i, r in enumerate(readings, 1):
+        extra = ", q/k rows permuted" if r.qk_permuted else ""
+        lines.append(f"  [{i}] {r.format} {r.architecture} {r.source}{extra}; sections {_sections_words(r.sections)}")
+    lines.append("")
+    for g in result["groups"]:
+        lo = g["layers"][0][0]
+        lines.append(f"{_layers_words(g['layers'])}:")
+        for i, r in enumerate(readings, 1):
+            lines.append(f"  [{i}] {_spec_words(r.effective_specs()[lo], d, m)}")
+    lines.append("")
+    if result["mismatches"]:
+        lines.append(f"MISMATCHES (costs at position {m}):")
+        for mm in result["mismatches"]:
+            a, b = (x + 1 for x in mm["sources"])
+            lines.append(f"  {_layers_words(mm['layers'])}, [{a}] vs [{b}]: {'; '.join(mm['details'])}")
+            c = mm["cost"]
+            if c is not None:
+                phase = ("undefined (the two rotate different pairs of dims)" if c["phase_error"] is None
+                         else f"{c['phase_error']:.4g} rad")
+                if c["axis_positions"] is not None:
+                    phase += f" (an M-RoPE token at axis positions {c['axis_positions']})"
+                lines.append(f"    phase error {phase}; attention over {c['samples']} positions in [0, {m}]: "
+                             f"max KL {c['max_kl']:.3g} nats, max |dp| {c['max_abs_dprob']:.3g}")
+    for ag in result["agreements"]:
+        a, b = (x + 1 for x in ag["sources"])
+        lines.append(f"note: {_layers_words(ag['layers'])}, [{a}] vs [{b}] agree: {ag['detail']}")
+    for i, r in enumerate(readings, 1):
+        for note in r.notes:
+            lines.append(f"note: [{i}] {note}")
+    for p in result["problems"]:
+        lines.append(f"PROBLEM: [{p['source'] + 1}] {p['problem']}")
+    if result["ok"]:
+        lines.append("OK: " + ("the source is consistent." if len(readings) == 1 else "all sources agree."))
+    else:
+        n, k = len(result["mismatches"]), len(result["problems"])
+        lines.append(f"NOT OK: {n} mismatch(es), {k} problem(s).")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------------------
+
+
+def _write(readings: Sequence[Reading], args: argparse.Namespace) -> str:
+    from .hf import load_config, write_config
+
+    # The config to fix: the first transformers source after the first PATH, else the first PATH's own.
+    base = next((r for r in (*readings[1:], readings[0]) if r.format == "transformers"), None)
+    base_config = None if base is None or base.source.startswith("<") else load_config(base.source)[0]
+    try:
+        config = write_config(readings[0], base_config, schema=args.schema)
+    except ValueError as e:
+        raise UsageError(f"--write-config: {e}") from e
+    out = Path(args.write_config)
+    try:
+        out.write_text(json.dumps(config, indent=2) + "\n")
+    except OSError as e:
+        raise UsageError(f"--write-config: cannot write {out} ({e}).") from e
+    return str(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command; returns the exit code (0 all agree, 1 a mismatch or a problem, 2 a usage error or an
+    unreadable source)."""
+    parser = argparse.ArgumentParser(
+        prog="ropelab-check",
+        description="Read a model's RoPE from each source (transformers config.json or model directory, .gguf, "
+        "MLX model directory; prefix hf:, gguf: or mlx: to force a reader), per layer, and say where they "
+        "disagree and what it costs. Exit 0: all agree; 1: a mismatch or a problem; 2: a usage error or an "
+        "unreadable source.",
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="config.json, model directory, .gguf or MLX dir")
+    parser.add_argument("--position", type=int, help="position of the costs (default max_position_embeddings - 1)")
+    parser.add_argument("--samples", type=int, default=128, help="positions of the attention cost (default 128)")
+    parser.add_argument("--heads", type=int, default=4, help="random heads of the attention cost (default 4)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random q/k (default 0)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--write-config", metavar="OUT", help="write the first source's RoPE as a transformers config")
+    parser.add_argument("--schema", choices=("v5", "v4"), default="v5", help="schema of --write-config (default v5)")
+    args = parser.parse_args(argv)  # argparse itself exits 2 on a malformed command line
+    try:
+        if args.samples < 2 or args.heads < 1:
+            raise UsageError(f"--samples must be >= 2 and --heads >= 1, got {args.samples} and {args.heads}.")
+        if args.position is not None and args.position < 1:
+            raise UsageError(f"--position must be >= 1, got {args.position}.")
+        try:
+            readings = [read(p) for p in args.paths]
+            result = check(readings, position=args.position, samples=args.samples, heads=args.heads, seed=args.seed)
+        except ValueError as e:  # ReadError, different models
+            raise UsageError(str(e)) from e
+        written = _write(readings, args) if args.write_config else None
+    except UsageError as e:
+        print(f"ropelab-check: error: {e}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"ok": False, "exit_code": 2, "error": str(e)}))
+        return 2
+    code = 0 if result["ok"] else 1
+    if args.json:
+        print(json.dumps({**result, "exit_code": code, "written": written}, indent=2))
+    else:
+        print(render(result, readings))
+        if written:
+            print(f"wrote {written} ({args.schema} schema): the RoPE of [1].")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
