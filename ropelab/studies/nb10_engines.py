@@ -150,8 +150,8 @@ def longrope_always_long(spec: RopeSpec) -> RopeSpec:
 def mrope_as_contiguous(sections: MultiAxis) -> MultiAxis:
     """Interleaved M-RoPE (Qwen3-VL) read with contiguous sections (Qwen2-VL's; MNN#4133)."""
     if not isinstance(sections, MultiAxis) or not sections.interleaved:
-        raise ValueError(f"mrope_as_contiguous needs an interleaved MultiAxis (MultiAxis.mrope(..., interleaved=True)), "
-                         f"got {sections!r}.")
+        raise ValueError("mrope_as_contiguous needs an interleaved MultiAxis (MultiAxis.mrope(..., "
+                         f"interleaved=True)), got {sections!r}.")
     return replace(sections, interleaved=False)
 
 
