@@ -55,7 +55,8 @@ from ..spec import RopeSpec
 __all__ = ["BUGS_JSON", "BUG_CLASSES", "CASES", "Case", "Damage", "boundary_bugs", "drop_partial_rotary",
            "impose_partial_rotary", "neox_as_interleaved", "ignore_rope_scaling", "drop_yarn_attention_factor",
            "longrope_always_long", "mrope_as_contiguous", "mrope_as_1d", "identity", "per_layer",
-           "forward_per_layer", "model_damage", "qk_damage", "run_case", "run_all", "plot_damage"]
+           "forward_per_layer", "model_damage", "qk_damage", "held_out_windows", "load_model", "longrope_specs",
+           "partial_specs", "MROPE_SECTIONS", "run_case", "run_all", "plot_damage"]
 
 BUGS_JSON = DATA_DIR / "engines" / "boundary_bugs.json"
 _BUG_FIELDS = ("class", "repository", "number", "kind", "title", "date", "state", "url", "what", "quote", "quote_by")
@@ -335,7 +336,7 @@ class Case:
     correct: Callable[[Any], tuple[RopeSpec, ...]] = lambda model: (model.cfg.rope,) * model.cfg.n_layers
 
 
-def _longrope_specs(model) -> tuple[RopeSpec, ...]:
+def longrope_specs(model) -> tuple[RopeSpec, ...]:
     """The probe model's LongRoPE at s = 4 (notebook 07's searched factors, data/lm/longrope_factors.json)."""
     f = json.loads((DATA_DIR / "lm" / "longrope_factors.json").read_text(encoding="utf-8"))
     spec = replace(model.cfg.rope, max_position_embeddings=int(f["scale"] * f["L0"]), scaling={
@@ -344,7 +345,8 @@ def _longrope_specs(model) -> tuple[RopeSpec, ...]:
     return (spec,) * model.cfg.n_layers
 
 
-def _partial_specs(model) -> tuple[RopeSpec, ...]:
+def partial_specs(model) -> tuple[RopeSpec, ...]:
+    """The model's RoPE with half of each head rotating (the correct spec of the partial-rotary-dropped case)."""
     return (replace(model.cfg.rope, rotary_dim=model.cfg.head_dim // 2),) * model.cfg.n_layers
 
 
@@ -361,7 +363,7 @@ CASES: dict[str, Case] = {
     "partial_rotary_dropped": Case(
         "partial_rotary_dropped", "tinylm_rope_L256.pt", 256, drop_partial_rotary, "qk",
         "rotary_dim 16 of 32 dropped: the whole head rotated (mlx-lm#1698), layer 0's q, k",
-        correct=_partial_specs),
+        correct=partial_specs),
     "rope_scaling_ignored": Case(
         "rope_scaling_ignored", "tinylm_probe_ft512_pi.pt", 512, ignore_rope_scaling, "model",
         "linear (PI) s = 2 the model was tuned with, ignored (mlx-vlm#1709)"),
@@ -373,21 +375,23 @@ CASES: dict[str, Case] = {
         "yarn's attention factor cancelled to 1, frequencies kept (llama.cpp#22612)"),
     "longrope_switch_wrong": Case(
         "longrope_switch_wrong", "tinylm_probe_L256.pt", 256, longrope_always_long, "model",
-        "LongRoPE's long factors at a length within L0 (mlx-lm#660)", correct=_longrope_specs),
+        "LongRoPE's long factors at a length within L0 (mlx-lm#660)", correct=longrope_specs),
     "mrope_interleaved_as_other": Case(
         "mrope_interleaved_as_other", "tinylm_rope_L256.pt", 0, mrope_as_contiguous, "qk",
         "interleaved M-RoPE read contiguous (MNN#4133), text + 8x8 image + text, layer 0's q, k"),
 }
 
 
-def _windows(length: int, n: int) -> torch.Tensor:
+def held_out_windows(length: int, n: int) -> torch.Tensor:
+    """``n`` evenly spaced windows of ``length`` bytes from the corpus' validation split (``lm.val_windows``)."""
     from ..lm import load_corpus, val_windows
 
     _, val = load_corpus()
     return val_windows(val, n, length - 1)  # length bytes in, next-byte targets unused
 
 
-def _load(checkpoint: str):
+def load_model(checkpoint: str):
+    """A TinyLM checkpoint under ``data/lm`` (float32, eval mode)."""
     from ..models import load_checkpoint
 
     model = load_checkpoint(DATA_DIR / "lm" / checkpoint).float().eval()
@@ -402,9 +406,9 @@ def run_case(name: str, *, smoke: bool = False, n_windows: int | None = None) ->
         raise ValueError(f"no case {name!r}; the cases are {sorted(CASES)}.")
     case = CASES[name]
     n = n_windows or (2 if smoke else 8)
-    model = _load(case.checkpoint)
+    model = load_model(case.checkpoint)
     if case.measure == "model":
-        ids = _windows(case.length, n)
+        ids = held_out_windows(case.length, n)
         correct = case.correct(model)
         buggy = per_layer(case.bug, correct)
         dmg = model_damage(model, ids, correct, buggy)
@@ -415,10 +419,10 @@ def run_case(name: str, *, smoke: bool = False, n_windows: int | None = None) ->
     if name == "mrope_interleaved_as_other":
         text = 24 if smoke else 64
         positions = mrope_positions(text, (1, 8, 8), text)
-        ids = _windows(positions.shape[1], n)
+        ids = held_out_windows(positions.shape[1], n)
     else:
         positions = None
-        ids = _windows(case.length, n)
+        ids = held_out_windows(case.length, n)
     q, k, _ = TinyLMAdapter(model).layer_qkv(0, model.embed(ids))
     if positions is None:
         positions = torch.arange(ids.shape[1])
@@ -445,24 +449,27 @@ def run_all(*, smoke: bool = False, names: Sequence[str] | None = None) -> dict[
 
 
 def plot_damage(fig, axes, results: Mapping[str, dict]) -> None:
-    """Two panels (``axes``): each case's mean KL (log scale; model cases next-byte KL, q/k cases attention-row
-    KL, hatched) and its attention-logit cosine, the identity control's marked."""
+    """Two panels (``axes``, not sharing y): each case's mean KL (model cases next-byte KL, q/k cases attention-row
+    KL, hatched) and 1 - its attention-logit cosine with its first argmax flip, both on log scales, cases top to
+    bottom in ``results``' order."""
     names = list(results)
-    y = range(len(names))
+    y = list(range(len(names)))
     kl = [max(results[n]["damage"]["kl"], 1e-12) for n in names]
-    hatch = ["//" if results[n]["measure"] == "qk" else "" for n in names]
-    bars = axes[0].barh(list(y), kl, color="C3")
-    for b, h in zip(bars, hatch):
-        b.set_hatch(h)
-    axes[0].set(xscale="log", xlabel="mean KL(correct || buggy), nats", yticks=list(y), yticklabels=names)
-    axes[0].invert_yaxis()
-    axes[0].set_title("hatched: q/k of one layer (attention rows)", fontsize=9)
-    cos = [results[n]["damage"]["cosine"] for n in names]
-    axes[1].barh(list(y), [1 - c for c in cos], color="C0")
-    axes[1].set(xlabel="1 - cosine of attention logits (worst layer/head)", yticks=list(y), yticklabels=[])
-    axes[1].invert_yaxis()
+    bars = axes[0].barh(y, kl, color="C3")
+    for b, n in zip(bars, names):
+        if results[n]["measure"] == "qk":
+            b.set_hatch("//")
+    axes[0].set(xscale="log", xlabel="mean KL(correct || buggy), nats", yticks=y, yticklabels=names)
+    axes[0].set_title("hatched: one layer's q, k (attention rows)", fontsize=9)
+    gap = [max(1 - results[n]["damage"]["cosine"], 1e-12) for n in names]
+    axes[1].barh(y, gap, color="C0")
+    axes[1].set(xscale="log", xlabel="1 - cosine of attention logits (worst layer / head)", yticks=y)
+    axes[1].tick_params(labelleft=False)
     for i, n in enumerate(names):
         f = results[n]["damage"]["first_flip"]
-        axes[1].annotate("no flip" if f is None else f"first flip @ {f}", (max(1 - cos[i], 0), i),
-                         xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+        axes[1].annotate("no flip" if f is None else f"first flip at {f}", (gap[i], i), xytext=(3, 0),
+                         textcoords="offset points", va="center", fontsize=8)
+    for ax in axes:
+        ax.set_ylim(len(names) - 0.5, -0.5)  # first case on top
+    axes[1].set_xlim(right=max(gap) * 20)  # room for the labels
     fig.suptitle("Each boundary bug reproduced on a trained byte-level TinyLM (identity control: KL 0, cosine 1)")
