@@ -1,0 +1,475 @@
+r"""Notebook 10's study: the RoPE bugs public trackers report at engine and format boundaries, each reproduced
+as the wrong :class:`~ropelab.spec.RopeSpec` a buggy engine runs, and its damage measured on ropelab's own
+trained byte-level TinyLMs.
+
+**The reports** (``data/engines/boundary_bugs.json``, read by :func:`boundary_bugs`; each entry has the
+repository, number, title, date, state, what went wrong and a verbatim quote with its author):
+
+- *partial rotary dropped*: mlx-lm#1698 (glm: "``ModelArgs`` had no ``partial_rotary_factor``, so
+  ``BaseModelArgs.from_dict`` dropped the key"), maxtext#4615 (the M-RoPE path); its mirror image, a partial
+  factor imposed on a head that rotates in full, vllm#41185;
+- *NeoX pairing read as interleaved*: sglang#30111 and #30342 (DeepSeek-V3.2's indexer, "the fused kernels
+  hardcoding interleave/GPT-J RoPE"), ik_llama.cpp#2290 (39 NEOX architectures returned NORM);
+- *a declared rope_scaling ignored*: mlx-vlm#1709 (Gemma 3's linear factor 8), #1710 (ten models), fixed
+  by #1927;
+- *interleaved M-RoPE read as something else*: llama.cpp#19443 (Qwen3.5 run as NEOX instead of IMROPE),
+  MNN#4133 (Qwen3-VL run with contiguous sections: "behaves the same when processing text");
+- *LongRoPE's short/long switch wrong*: mlx-lm#660 ("Long factors were always applied regardless of sequence
+  length"), llama.cpp#24875 (chosen from the allocated context), vllm#27431;
+- *yarn settings dropped or mis-scaled by GGUF writers and readers*: llama.cpp#22612 (Mistral's
+  ``apply_scale`` lost, so yarn's attention factor cancelled), #17945 (the attention factor's adjustment),
+  #13322 (a Qwen3-MoE yarn block written to no key), ik_llama.cpp#2003 (yarn's factor written into
+  ``yarn_ext_factor``).
+
+**The bugs as spec maps.** Each class is a function correct spec -> the spec the buggy engine runs
+(:data:`BUG_CLASSES`); each refuses a spec it cannot apply to (a spec without partial rotary has none to
+drop). :func:`per_layer` applies one to chosen layers of a model's per-layer specs.
+
+**Damage** (:func:`model_damage`), between the model run with the correct specs and with the buggy ones, on
+held-out windows of the corpus: the mean KL divergence of the next-byte distributions
+:math:`\mathrm{KL}(p\,\|\,\tilde p)` (nats), the cosine between the correct and the buggy attention logits
+:math:`q_m \cdot k_n` (causal entries, per layer, the worst layer reported), and the first position where the
+greedy next byte changes. Classes the trained model cannot express (its heads rotate in full; it has one
+position axis) are measured on its q and k (:func:`qk_damage`): the same cosine, the KL of the attention rows,
+the first query whose most-attended key changes. :data:`CASES` says which model and which measure each class
+gets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from ..adapters import TinyLMAdapter
+from ..multiaxis import MultiAxis, mrope_positions
+from ..paths import DATA_DIR
+from ..rope import apply_rope
+from ..spec import RopeSpec
+
+__all__ = ["BUGS_JSON", "BUG_CLASSES", "CASES", "Case", "Damage", "boundary_bugs", "drop_partial_rotary",
+           "impose_partial_rotary", "neox_as_interleaved", "ignore_rope_scaling", "drop_yarn_attention_factor",
+           "longrope_always_long", "mrope_as_contiguous", "mrope_as_1d", "identity", "per_layer",
+           "forward_per_layer", "model_damage", "qk_damage", "held_out_windows", "load_model", "longrope_specs",
+           "partial_specs", "MROPE_SECTIONS", "run_case", "run_all", "plot_damage"]
+
+BUGS_JSON = DATA_DIR / "engines" / "boundary_bugs.json"
+_BUG_FIELDS = ("class", "repository", "number", "kind", "title", "date", "state", "url", "what", "quote", "quote_by")
+
+
+def boundary_bugs(path: str | Path = BUGS_JSON) -> list[dict]:
+    """The verified public reports (``data/engines/boundary_bugs.json``), each with every field of
+    ``_BUG_FIELDS``; a missing field or an unknown class raises ValueError."""
+    bugs = json.loads(Path(path).read_text(encoding="utf-8"))["bugs"]
+    for b in bugs:
+        missing = [f for f in _BUG_FIELDS if not b.get(f)]
+        if missing:
+            raise ValueError(f"{path}: entry {b.get('repository')}#{b.get('number')} lacks {missing}.")
+        if b["class"] not in REPORTED_CLASSES:
+            raise ValueError(f"{path}: unknown class {b['class']!r}; known: {sorted(REPORTED_CLASSES)}.")
+    return bugs
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The bug classes: correct spec -> the spec the buggy engine runs
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _check_spec(spec: Any, fn: str) -> None:
+    if not isinstance(spec, RopeSpec):
+        raise ValueError(f"{fn} takes a ropelab.RopeSpec, got {type(spec).__name__}.")
+
+
+def identity(spec: RopeSpec) -> RopeSpec:
+    """No bug: the spec as it is (the control every damage measure must give zero for)."""
+    _check_spec(spec, "identity")
+    return spec
+
+
+def drop_partial_rotary(spec: RopeSpec) -> RopeSpec:
+    """Partial rotary dropped (mlx-lm#1698, maxtext#4615): the whole head rotates, ``rotary_dim=None``."""
+    _check_spec(spec, "drop_partial_rotary")
+    if spec.rotary_dim is None or spec.is_nope:
+        raise ValueError(f"drop_partial_rotary needs a spec with a partial rotary_dim (> 0), got "
+                         f"rotary_dim={spec.rotary_dim}; there is nothing to drop.")
+    return replace(spec, rotary_dim=None)
+
+
+def impose_partial_rotary(spec: RopeSpec, rotary_dim: int) -> RopeSpec:
+    """The mirror image (vllm#41185): a partial factor meant for other layers applied to a head that rotates in
+    full, so only the first ``rotary_dim`` dims rotate."""
+    _check_spec(spec, "impose_partial_rotary")
+    if spec.rotary_dim is not None:
+        raise ValueError(f"impose_partial_rotary needs a spec that rotates the whole head (rotary_dim=None), got "
+                         f"rotary_dim={spec.rotary_dim}.")
+    if not isinstance(rotary_dim, int) or isinstance(rotary_dim, bool) or rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even int (the dims that still rotate), got {rotary_dim!r}.")
+    return replace(spec, rotary_dim=rotary_dim)
+
+
+def neox_as_interleaved(spec: RopeSpec) -> RopeSpec:
+    """NeoX pairing (i, i + r/2) read as interleaved (2i, 2i + 1) (sglang#30111, ik_llama.cpp#2290's NEOX -> NORM)."""
+    _check_spec(spec, "neox_as_interleaved")
+    if spec.style != "half":
+        raise ValueError(f"neox_as_interleaved needs a NeoX (style='half') spec, got style={spec.style!r}.")
+    return replace(spec, style="interleaved")
+
+
+def ignore_rope_scaling(spec: RopeSpec) -> RopeSpec:
+    """A declared rope_scaling ignored (mlx-vlm#1709, #1710) or not written (llama.cpp#13322): ``scaling=None``."""
+    _check_spec(spec, "ignore_rope_scaling")
+    if spec.scaling is None:
+        raise ValueError("ignore_rope_scaling needs a spec with a scaling; this one has scaling=None.")
+    return replace(spec, scaling=None)
+
+
+def drop_yarn_attention_factor(spec: RopeSpec) -> RopeSpec:
+    r"""yarn's attention factor (:math:`0.1 \ln s + 1`, or its mscale form) cancelled to 1 while its frequencies
+    stay (llama.cpp#22612: Mistral's ``apply_scale`` lost on conversion)."""
+    _check_spec(spec, "drop_yarn_attention_factor")
+    if spec.rope_type != "yarn":
+        raise ValueError(f"drop_yarn_attention_factor needs a yarn spec, got rope_type {spec.rope_type!r}.")
+    return replace(spec, scaling={**spec.scaling, "attention_factor": 1.0})
+
+
+def longrope_always_long(spec: RopeSpec) -> RopeSpec:
+    """LongRoPE's switch lost (mlx-lm#660 before its fix): the long factors at every length, by making the short
+    set the long one."""
+    _check_spec(spec, "longrope_always_long")
+    if spec.rope_type != "longrope":
+        raise ValueError(f"longrope_always_long needs a longrope spec, got rope_type {spec.rope_type!r}.")
+    if list(spec.scaling["short_factor"]) == list(spec.scaling["long_factor"]):
+        raise ValueError("this spec's short_factor already equals its long_factor: the switch cannot be wrong.")
+    return replace(spec, scaling={**spec.scaling, "short_factor": list(spec.scaling["long_factor"])})
+
+
+def mrope_as_contiguous(sections: MultiAxis) -> MultiAxis:
+    """Interleaved M-RoPE (Qwen3-VL) read with contiguous sections (Qwen2-VL's; MNN#4133)."""
+    if not isinstance(sections, MultiAxis) or not sections.interleaved:
+        raise ValueError("mrope_as_contiguous needs an interleaved MultiAxis (MultiAxis.mrope(..., "
+                         f"interleaved=True)), got {sections!r}.")
+    return replace(sections, interleaved=False)
+
+
+def mrope_as_1d(sections: MultiAxis) -> MultiAxis:
+    """M-RoPE read as plain 1D RoPE (llama.cpp#19443: NEOX where IMROPE is due): every pair driven by the first
+    (temporal) axis."""
+    if not isinstance(sections, MultiAxis) or sections.axial or sections.n_axes < 2:
+        raise ValueError(f"mrope_as_1d needs an M-RoPE MultiAxis with two or more axes, got {sections!r}.")
+    return MultiAxis((sum(sections.sections),) + (0,) * (sections.n_axes - 1))
+
+
+# The classes the JSON's reports belong to, and the spec map reproducing each.
+BUG_CLASSES: dict[str, Callable] = {
+    "partial_rotary_dropped": drop_partial_rotary,
+    "partial_rotary_imposed": impose_partial_rotary,
+    "neox_read_as_interleaved": neox_as_interleaved,
+    "rope_scaling_ignored": ignore_rope_scaling,
+    "mrope_interleaved_as_other": mrope_as_contiguous,
+    "longrope_switch_wrong": longrope_always_long,
+    "yarn_attention_factor_dropped": drop_yarn_attention_factor,
+    "yarn_settings_dropped": ignore_rope_scaling,
+}
+REPORTED_CLASSES = frozenset(BUG_CLASSES)
+
+
+def per_layer(bug: Callable[[RopeSpec], RopeSpec], specs: Sequence[RopeSpec],
+              layers: Sequence[int] | None = None) -> tuple[RopeSpec, ...]:
+    """The per-layer specs with ``bug`` applied to the layers in ``layers`` (default all), the rest as they are."""
+    specs = tuple(specs)
+    if not specs or not all(isinstance(s, RopeSpec) for s in specs):
+        raise ValueError("specs must be a non-empty sequence of RopeSpec, one per layer.")
+    chosen = range(len(specs)) if layers is None else layers
+    bad = [i for i in chosen if not isinstance(i, int) or not 0 <= i < len(specs)]
+    if bad:
+        raise ValueError(f"layers {bad} are not layers of a {len(specs)}-layer model (0 to {len(specs) - 1}).")
+    chosen = set(chosen)
+    return tuple(bug(s) if i in chosen else s for i, s in enumerate(specs))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The model run with one spec per layer, and the damage measures
+# ------------------------------------------------------------------------------------------------------------
+
+
+class _Run(NamedTuple):
+    logits: torch.Tensor  # [b, s, vocab]
+    scores: list[torch.Tensor]  # per layer, the unscaled attention logits q . k [b, h, s, s]
+
+
+def _rotate(t: torch.Tensor, positions: torch.Tensor, spec: RopeSpec, sections: MultiAxis | None) -> torch.Tensor:
+    if sections is None:
+        return apply_rope(t, positions, layout="b h s d", spec=spec)
+    # sections= takes the spec's keywords (no max_position_embeddings: multi-axis RoPE has no length-dependent type)
+    return apply_rope(t, positions, layout="b h s d", style=spec.style, base=spec.base, rotary_dim=spec.rotary_dim,
+                      rope_scaling=None if spec.scaling is None else dict(spec.scaling), sections=sections)
+
+
+@torch.no_grad()
+def forward_per_layer(model, ids: torch.Tensor, specs: Sequence[RopeSpec], positions: torch.Tensor | None = None,
+                      sections: Sequence[MultiAxis | None] | None = None) -> _Run:
+    """TinyLM's forward (``TinyLM.forward_with_attention``'s computation) with layer i rotating by ``specs[i]``,
+    driven through :class:`ropelab.adapters.TinyLMAdapter`; ``sections[i]`` (multi-axis positions [A, s]) for
+    M-RoPE layers. Returns the logits and every layer's attention logits q . k."""
+    ad = TinyLMAdapter(model)
+    specs = tuple(specs)
+    if len(specs) != ad.n_layers:
+        raise ValueError(f"give one spec per layer: the model has {ad.n_layers} layers, got {len(specs)} specs.")
+    sections = (None,) * ad.n_layers if sections is None else tuple(sections)
+    if len(sections) != ad.n_layers:
+        raise ValueError(f"sections must have one entry (a MultiAxis or None) per layer ({ad.n_layers}).")
+    s = ids.shape[1]
+    if positions is None:
+        positions = torch.arange(s)
+    h, scores = ad.embed(ids), []
+    mask = torch.ones(s, s, dtype=torch.bool).tril()
+    for i in range(ad.n_layers):
+        q, k, v = ad.layer_qkv(i, h)
+        q, k = (_rotate(t, positions, specs[i], sections[i]) for t in (q, k))
+        qk = q @ k.transpose(-1, -2)
+        scores.append(qk)
+        attn = (qk / math.sqrt(ad.head_dim)).masked_fill(~mask, float("-inf")).softmax(-1)
+        h = ad.layer_out(i, h, attn @ v)
+    return _Run(ad.head(h), scores)
+
+
+class Damage(NamedTuple):
+    """What a bug costs, correct vs buggy: ``kl`` mean KL(correct || buggy) in nats (of next-byte distributions,
+    or of attention rows for a q/k-level measure), ``kl_max`` its largest value at one position, ``cosine`` the
+    smallest cosine between correct and buggy attention logits (over layers or heads), ``first_flip`` the first
+    position where the argmax changes (None: nowhere), ``flip_rate`` the fraction of positions where it does."""
+
+    kl: float
+    kl_max: float
+    cosine: float
+    first_flip: int | None
+    flip_rate: float
+
+
+def _kl_rows(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) along the last axis, for log-probabilities (terms with p = 0 contribute 0)."""
+    p = logp.exp()
+    return torch.where(p > 0, p * (logp - logq), torch.zeros((), dtype=p.dtype)).sum(-1)
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().flatten(), b.double().flatten()
+    return float(a @ b / (a.norm() * b.norm()))
+
+
+def _flips(a: torch.Tensor, b: torch.Tensor) -> tuple[int | None, float]:
+    """(first position where the argmax of a and b differ, over the batch; fraction of positions where it does)
+    for scores [..., s, n] whose second-to-last axis is the position."""
+    differ = a.argmax(-1) != b.argmax(-1)  # [..., s]
+    per_pos = differ.reshape(-1, differ.shape[-1]).any(0)
+    idx = torch.nonzero(per_pos)
+    return (int(idx[0]) if idx.numel() else None), float(differ.double().mean())
+
+
+def model_damage(model, ids: torch.Tensor, correct: Sequence[RopeSpec], buggy: Sequence[RopeSpec]) -> Damage:
+    """The damage of running ``model`` on token ids [b, s] with the per-layer specs ``buggy`` instead of
+    ``correct``: next-byte KL, attention-logit cosine (worst layer), first greedy flip."""
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.dtype != torch.long:
+        raise ValueError(f"ids must be a [batch, seq] LongTensor of token ids, got "
+                         f"{getattr(ids, 'shape', type(ids).__name__)} {getattr(ids, 'dtype', '')}.")
+    good, bad = forward_per_layer(model, ids, correct), forward_per_layer(model, ids, buggy)
+    kl = _kl_rows(good.logits.double().log_softmax(-1), bad.logits.double().log_softmax(-1))
+    mask = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()
+    cos = min(_cosine(g[..., mask], b[..., mask]) for g, b in zip(good.scores, bad.scores))
+    first, rate = _flips(good.logits, bad.logits)
+    return Damage(float(kl.mean()), float(kl.max()), cos, first, rate)
+
+
+@torch.no_grad()
+def qk_damage(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, correct: RopeSpec, buggy: RopeSpec,
+              sections: MultiAxis | None = None, buggy_sections: MultiAxis | None = None) -> Damage:
+    """The damage of one layer's rotation alone, on its q, k [b, h, s, d] (before RoPE): correct vs buggy
+    attention logits (their cosine, worst head), causal attention rows (KL), and the first query whose
+    most-attended key changes. ``sections`` / ``buggy_sections`` for multi-axis positions [A, s]."""
+    for name, t in (("q", q), ("k", k)):
+        if not isinstance(t, torch.Tensor) or t.ndim != 4:
+            raise ValueError(f"{name} must be a [batch, heads, seq, head_dim] tensor, got "
+                             f"{getattr(t, 'shape', type(t).__name__)}.")
+    if q.shape != k.shape:
+        raise ValueError(f"q and k must have one shape (one head each), got {tuple(q.shape)} and {tuple(k.shape)}.")
+    s, d = q.shape[2], q.shape[3]
+    mask = torch.ones(s, s, dtype=torch.bool).tril()
+
+    def scores(spec, sec):
+        qr, kr = (_rotate(t.double(), positions, spec, sec) for t in (q, k))
+        return qr @ kr.transpose(-1, -2)
+
+    good, bad = scores(correct, sections), scores(buggy, buggy_sections)
+    cos = min(_cosine(good[:, h][..., mask], bad[:, h][..., mask]) for h in range(q.shape[1]))
+
+    def logp(x):
+        return (x / math.sqrt(d)).masked_fill(~mask, float("-inf")).log_softmax(-1)
+
+    lp, lq = logp(good), logp(bad)
+    kl = _kl_rows(lp, lq.masked_fill(~mask, 0.0))  # masked keys have p = 0; avoid -inf - -inf
+    first, rate = _flips(lp, lq)
+    return Damage(float(kl.mean()), float(kl.max()), cos, first, rate)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The cases notebook 10 runs: which model, which correct spec, which bug, which measure
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bug class reproduced: ``checkpoint`` (under data/lm) and the ``length`` of its windows; ``correct``
+    builds the correct per-layer specs from the model; ``bug`` maps a spec (or a MultiAxis for M-RoPE) to the
+    buggy one; ``measure`` 'model' (full forward) or 'qk' (one layer's q, k); ``what`` one line for the figure."""
+
+    bug_class: str
+    checkpoint: str
+    length: int
+    bug: Callable
+    measure: str
+    what: str
+    correct: Callable[[Any], tuple[RopeSpec, ...]] = lambda model: (model.cfg.rope,) * model.cfg.n_layers
+
+
+def longrope_specs(model) -> tuple[RopeSpec, ...]:
+    """The probe model's LongRoPE at s = 4 (notebook 07's searched factors, data/lm/longrope_factors.json)."""
+    f = json.loads((DATA_DIR / "lm" / "longrope_factors.json").read_text(encoding="utf-8"))
+    spec = replace(model.cfg.rope, max_position_embeddings=int(f["scale"] * f["L0"]), scaling={
+        "rope_type": "longrope", "factor": f["scale"], "original_max_position_embeddings": f["L0"],
+        "long_factor": f["long_factor"], "short_factor": f["short_factor"]})
+    return (spec,) * model.cfg.n_layers
+
+
+def partial_specs(model) -> tuple[RopeSpec, ...]:
+    """The model's RoPE with half of each head rotating (the correct spec of the partial-rotary-dropped case)."""
+    return (replace(model.cfg.rope, rotary_dim=model.cfg.head_dim // 2),) * model.cfg.n_layers
+
+
+# Qwen3-VL's interleaved sections [24, 20, 20] (64 pairs) brought to the TinyLM's 16 pairs.
+MROPE_SECTIONS = MultiAxis.mrope((6, 5, 5), interleaved=True)
+
+CASES: dict[str, Case] = {
+    "neox_read_as_interleaved": Case(
+        "neox_read_as_interleaved", "tinylm_rope_L256.pt", 256, neox_as_interleaved, "model",
+        "NeoX pairs rotated as interleaved, every layer (sglang#30111, ik_llama.cpp#2290)"),
+    "partial_rotary_imposed": Case(
+        "partial_rotary_imposed", "tinylm_rope_L256.pt", 256, lambda s: impose_partial_rotary(s, 16), "model",
+        "half the head rotated where all of it should (vllm#41185)"),
+    "partial_rotary_dropped": Case(
+        "partial_rotary_dropped", "tinylm_rope_L256.pt", 256, drop_partial_rotary, "qk",
+        "rotary_dim 16 of 32 dropped: the whole head rotated (mlx-lm#1698), layer 0's q, k",
+        correct=partial_specs),
+    "rope_scaling_ignored": Case(
+        "rope_scaling_ignored", "tinylm_probe_ft512_pi.pt", 512, ignore_rope_scaling, "model",
+        "linear (PI) s = 2 the model was tuned with, ignored (mlx-vlm#1709)"),
+    "yarn_settings_dropped": Case(
+        "yarn_settings_dropped", "tinylm_probe_ft512_yarn.pt", 512, ignore_rope_scaling, "model",
+        "yarn s = 2 the model was tuned with, written to no key (llama.cpp#13322)"),
+    "yarn_attention_factor_dropped": Case(
+        "yarn_attention_factor_dropped", "tinylm_probe_ft512_yarn.pt", 512, drop_yarn_attention_factor, "model",
+        "yarn's attention factor cancelled to 1, frequencies kept (llama.cpp#22612)"),
+    "longrope_switch_wrong": Case(
+        "longrope_switch_wrong", "tinylm_probe_L256.pt", 256, longrope_always_long, "model",
+        "LongRoPE's long factors at a length within L0 (mlx-lm#660)", correct=longrope_specs),
+    "mrope_interleaved_as_other": Case(
+        "mrope_interleaved_as_other", "tinylm_rope_L256.pt", 0, mrope_as_contiguous, "qk",
+        "interleaved M-RoPE read contiguous (MNN#4133), text + 8x8 image + text, layer 0's q, k"),
+}
+
+
+def held_out_windows(length: int, n: int) -> torch.Tensor:
+    """``n`` evenly spaced windows of ``length`` bytes from the corpus' validation split (``lm.val_windows``)."""
+    from ..lm import load_corpus, val_windows
+
+    _, val = load_corpus()
+    return val_windows(val, n, length - 1)  # length bytes in, next-byte targets unused
+
+
+def load_model(checkpoint: str):
+    """A TinyLM checkpoint under ``data/lm`` (float32, eval mode)."""
+    from ..models import load_checkpoint
+
+    model = load_checkpoint(DATA_DIR / "lm" / checkpoint).float().eval()
+    return model
+
+
+@torch.no_grad()
+def run_case(name: str, *, smoke: bool = False, n_windows: int | None = None) -> dict:
+    """Run one of :data:`CASES` on held-out windows (8, or 2 in smoke mode); the damage of the bug and, as the
+    control, of :func:`identity`. Deterministic: the windows are fixed slices of the validation split."""
+    if name not in CASES:
+        raise ValueError(f"no case {name!r}; the cases are {sorted(CASES)}.")
+    case = CASES[name]
+    n = n_windows or (2 if smoke else 8)
+    model = load_model(case.checkpoint)
+    if case.measure == "model":
+        ids = held_out_windows(case.length, n)
+        correct = case.correct(model)
+        buggy = per_layer(case.bug, correct)
+        dmg = model_damage(model, ids, correct, buggy)
+        control = model_damage(model, ids, correct, per_layer(identity, correct))
+        return {"case": name, "measure": "model", "what": case.what, "windows": n, "length": ids.shape[1],
+                "correct": correct[0].to_dict(), "buggy": buggy[0].to_dict(), "damage": dmg._asdict(),
+                "control": control._asdict()}
+    if name == "mrope_interleaved_as_other":
+        text = 24 if smoke else 64
+        positions = mrope_positions(text, (1, 8, 8), text)
+        ids = held_out_windows(positions.shape[1], n)
+    else:
+        positions = None
+        ids = held_out_windows(case.length, n)
+    q, k, _ = TinyLMAdapter(model).layer_qkv(0, model.embed(ids))
+    if positions is None:
+        positions = torch.arange(ids.shape[1])
+        correct = case.correct(model)[0]
+        dmg = qk_damage(q, k, positions, correct, case.bug(correct))
+        control = qk_damage(q, k, positions, correct, identity(correct))
+        extra = {"correct": correct.to_dict(), "buggy": case.bug(correct).to_dict()}
+    else:
+        spec, sec = model.cfg.rope, MROPE_SECTIONS
+        dmg = qk_damage(q, k, positions, spec, spec, sec, case.bug(sec))
+        control = qk_damage(q, k, positions, spec, spec, sec, sec)
+        as_1d = qk_damage(q, k, positions, spec, spec, sec, mrope_as_1d(sec))
+        text_only = mrope_positions(positions.shape[1])
+        on_text = qk_damage(q, k, text_only, spec, spec, sec, case.bug(sec))
+        extra = {"sections": list(sec.sections), "as_1d": as_1d._asdict(), "text_only": on_text._asdict()}
+    return {"case": name, "measure": "qk", "what": case.what, "windows": n, "length": ids.shape[1],
+            "damage": dmg._asdict(), "control": control._asdict(), **extra}
+
+
+def run_all(*, smoke: bool = False, names: Sequence[str] | None = None) -> dict[str, dict]:
+    """:func:`run_case` for every case (or those in ``names``), in :data:`CASES`' order."""
+    names = list(CASES) if names is None else list(names)
+    return {name: run_case(name, smoke=smoke) for name in names}
+
+
+def plot_damage(fig, axes, results: Mapping[str, dict]) -> None:
+    """Two panels (``axes``, not sharing y): each case's mean KL (model cases next-byte KL, q/k cases attention-row
+    KL, hatched) and 1 - its attention-logit cosine with its first argmax flip, both on log scales, cases top to
+    bottom in ``results``' order."""
+    names = list(results)
+    y = list(range(len(names)))
+    kl = [max(results[n]["damage"]["kl"], 1e-12) for n in names]
+    bars = axes[0].barh(y, kl, color="C3")
+    for b, n in zip(bars, names):
+        if results[n]["measure"] == "qk":
+            b.set_hatch("//")
+    axes[0].set(xscale="log", xlabel="mean KL(correct || buggy), nats", yticks=y, yticklabels=names)
+    axes[0].set_title("hatched: one layer's q, k (attention rows)", fontsize=9)
+    gap = [max(1 - results[n]["damage"]["cosine"], 1e-12) for n in names]
+    axes[1].barh(y, gap, color="C0")
+    axes[1].set(xscale="log", xlabel="1 - cosine of attention logits (worst layer / head)", yticks=y)
+    axes[1].tick_params(labelleft=False)
+    for i, n in enumerate(names):
+        f = results[n]["damage"]["first_flip"]
+        axes[1].annotate("no flip" if f is None else f"first flip at {f}", (gap[i], i), xytext=(3, 0),
+                         textcoords="offset points", va="center", fontsize=8)
+    for ax in axes:
+        ax.set_ylim(len(names) - 0.5, -0.5)  # first case on top
+    axes[1].set_xlim(right=max(gap) * 20)  # room for the labels
+    fig.suptitle("Each boundary bug reproduced on a trained byte-level TinyLM (identity control: KL 0, cosine 1)")
