@@ -61,9 +61,12 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "phi3": ("Phi3Config", {"num_key_value_heads": 4, "partial_rotary_factor": 0.75,
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                 "partial_rotary_factor": 0.75}}),
-    # sliding-window layers with their own base, linear scaling on the global layers only (Gemma 3 4B's).
+    # sliding-window layers with their own base, linear scaling on the global layers only (Gemma 3 4B's), in
+    # Gemma 3's 5:1 layer pattern: llama.cpp assumes that pattern (load_swa_pattern(ml, 6)), the converter does
+    # not write it, so a model with another layer_types is misread (see tests/test_engines_gguf.py).
     "gemma3": ("Gemma3TextConfig", {
-        "head_dim": 16, "sliding_window": 32, "layer_types": ["sliding_attention", "full_attention"],
+        "head_dim": 16, "sliding_window": 32, "num_hidden_layers": 6,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                             "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}}}),
     # M-RoPE, contiguous sections (t, h, w) over the 8 pairs.
