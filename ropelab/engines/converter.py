@@ -117,8 +117,9 @@ def convert(model_dir: str | Path, out: str | Path, *, outtype: str = "f32", tim
 
 # Runs the converter on several models in one interpreter: torch and the converter's modules import once.
 _BATCH = """
-import json, runpy, sys
+import json, os, runpy, sys
 script, jobs = sys.argv[1], json.loads(sys.argv[2])
+sys.path.insert(0, os.path.dirname(script))  # as `python convert_hf_to_gguf.py` would
 for args in jobs:
     print("ropelab-convert:", args[0], file=sys.stderr, flush=True)
     sys.argv = [script, *args]
