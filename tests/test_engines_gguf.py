@@ -35,11 +35,13 @@ FREQ_RTOL = 16 * U32
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     """{family: (hf model dir, gguf path)}: every tiny family saved and converted by llama.cpp's converter, plus a
-    2-layer Gemma 3 whose layer pattern is not Gemma 3's 5:1."""
+    2-layer Gemma 3 whose layer pattern is not Gemma 3's 5:1 and a Qwen2 yarn with its own beta_fast / beta_slow."""
     root = tmp_path_factory.mktemp("gguf")
     dirs = {f: save_tiny_model(f, root / f) for f in FAMILIES}
     dirs["gemma3_2layer"] = save_tiny_model("gemma3", root / "gemma3_2layer", num_hidden_layers=2,
                                             layer_types=["sliding_attention", "full_attention"])
+    dirs["qwen2_yarn_beta"] = save_tiny_model("qwen2_yarn", root / "qwen2_yarn_beta", rope_parameters={
+        **FAMILIES["qwen2_yarn"][1]["rope_parameters"], "beta_fast": 16.0, "beta_slow": 2.0})
     jobs = [(d, root / f"{f}.gguf") for f, d in dirs.items()]
     converter.convert_many(jobs)
     return {f: (d, root / f"{f}.gguf") for f, d in dirs.items()}
@@ -116,6 +118,21 @@ def test_gemma3_layer_pattern_other_than_5_to_1_is_misread_by_llama_cpp(converte
     assert reading.layers[1].base == 10000.0 and reading.layers[1].scaling is None  # read as a sliding layer
     assert reading.layers[0] == dataclasses.replace(specs[0], max_position_embeddings=reading.layers[0]
                                                     .max_position_embeddings)
+
+
+def test_yarn_betas_the_converter_writes_but_llama_cpp_ignores_for_qwen2(converted):
+    """The converter writes yarn_beta_fast / _slow for any architecture; llama.cpp reads them only where the
+    architecture's load_arch_hparams does (grok, mistral3, ...), not qwen2, which runs with 32 / 1."""
+    model_dir, path = converted["qwen2_yarn_beta"]
+    reading = read_gguf(path)
+    assert "qwen2.rope.scaling.yarn_beta_fast" in reading.declared
+    assert any("yarn_beta_fast" in n and "does not read it" in n for n in reading.notes)
+    (want,) = set(_hf_expected(model_dir)[0])
+    got = reading.layers[0]
+    assert (got.scaling["beta_fast"], got.scaling["beta_slow"]) == (32.0, 1.0)
+    assert (want.scaling["beta_fast"], want.scaling["beta_slow"]) == (16.0, 2.0)
+    inv_g, inv_w = got.frequencies(16)[0], want.frequencies(16)[0]
+    assert (inv_g - inv_w).abs().max() > 1e3 * FREQ_RTOL * inv_w.max()  # a real difference, far above rounding
 
 
 def _gguf_tensor(path, name):
@@ -234,6 +251,13 @@ def test_minimal_file_reads(tmp_path):
 def test_bad_input_is_a_read_error(tmp_path, make, match):
     with pytest.raises(ReadError, match=match):
         read_gguf(make(tmp_path))
+
+
+def test_rope_type_llama_cpp_computes_is_a_read_error(tmp_path):
+    computed = sorted(a for a, e in llamacpp_table.ARCHS.items() if e["rope_type"] is None)
+    assert computed  # dflash at 0.3.36
+    with pytest.raises(ReadError, match="computes its rope type"):
+        read_gguf(_minimal(tmp_path, arch=computed[0]))
 
 
 def test_truncated_file_is_a_read_error(tmp_path, converted):
