@@ -34,17 +34,37 @@ FREQ_RTOL = 16 * U32
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """{family: (hf model dir, gguf path)}: every tiny family saved and converted by llama.cpp's converter, plus a
+    """Converted once per session: pytest-xdist workers share the parent of their base temp dirs and a lock.
+
+    {family: (hf model dir, gguf path)}: every tiny family saved and converted by llama.cpp's converter, plus a
     2-layer Gemma 3 whose layer pattern is not Gemma 3's 5:1 and a Qwen2 yarn with its own beta_fast / beta_slow."""
-    root = tmp_path_factory.mktemp("gguf")
+    import fcntl
+    import os
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's temp dir, above each worker's popen-gwN
+    root = shared / "engines-gguf"
+    with open(shared / "engines-gguf.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / ".done").is_file():
+            _convert_all(root)
+            (root / ".done").write_text("ok")
+    return {f: (root / f, root / f"{f}.gguf") for f in [*FAMILIES, *_EXTRA]}
+
+
+_EXTRA = ("gemma3_2layer", "qwen2_yarn_beta")
+
+
+def _convert_all(root):
+    root.mkdir(parents=True, exist_ok=True)
     dirs = {f: save_tiny_model(f, root / f) for f in FAMILIES}
     dirs["gemma3_2layer"] = save_tiny_model("gemma3", root / "gemma3_2layer", num_hidden_layers=2,
                                             layer_types=["sliding_attention", "full_attention"])
     dirs["qwen2_yarn_beta"] = save_tiny_model("qwen2_yarn", root / "qwen2_yarn_beta", rope_parameters={
         **FAMILIES["qwen2_yarn"][1]["rope_parameters"], "beta_fast": 16.0, "beta_slow": 2.0})
-    jobs = [(d, root / f"{f}.gguf") for f, d in dirs.items()]
-    converter.convert_many(jobs)
-    return {f: (d, root / f"{f}.gguf") for f, d in dirs.items()}
+    assert set(dirs) == {*FAMILIES, *_EXTRA}
+    converter.convert_many([(d, root / f"{f}.gguf") for f, d in dirs.items()])
 
 
 def _text_config(model_dir):

@@ -19,6 +19,7 @@ downloaded); otherwise ``pip download --no-binary :all: --no-deps llama-cpp-pyth
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -70,8 +71,29 @@ def sdist_path(version: str = LLAMA_CPP_PYTHON, cache: Path = CACHE) -> Path:
 
 def converter_dir(version: str = LLAMA_CPP_PYTHON, cache: Path = CACHE) -> Path:
     """The extracted parts of the sdist (a directory with ``vendor/llama.cpp/convert_hf_to_gguf.py``, the sdist's
-    ``PKG-INFO`` and its submodule ``HEAD``), extracted once from :func:`sdist_path`."""
+    ``PKG-INFO`` and its submodule ``HEAD``), extracted once from :func:`sdist_path`. Processes that ask at the same
+    time (pytest-xdist workers) wait for one another on a lock file, so the download and extraction happen once."""
     root = cache / f"llama_cpp_python-{version}"
+    if (root / ".extracted").is_file():
+        return root
+    cache.mkdir(parents=True, exist_ok=True)
+    with _locked(cache / ".lock"):
+        return _extract(root, version, cache)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    import fcntl
+
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _extract(root: Path, version: str, cache: Path) -> Path:
     done = root / ".extracted"
     if done.is_file():
         return root
