@@ -8,7 +8,9 @@ sdist whose ``vendor/llama.cpp`` holds one) runs :func:`parse` and writes the mo
 - ``src/llama-model.cpp``: ``llama_model_rope_type`` (the rope type each architecture implies; a case returning
   ``use_mrope() ? A : B`` becomes ``{"sections": A, "else": B}``, any other computed return ``None``), and the
   factory switch (``case LLM_ARCH_X: return new llama_model_x``) that names each architecture's class;
-- ``src/models/*.cpp``: each class's ``load_arch_hparams``: the rope keys it reads (``LLM_KV_ROPE_*``), its
+- ``src/models/*.cpp``: each class's graph's ``const bool use_rope = ...;`` (the layers without RoPE, translated to
+  Python over il, n_layer, the no-rope step and the sliding-window flags, or None), and its ``load_arch_hparams``:
+  ``n_no_rope_layer_step``, the rope keys it reads (``LLM_KV_ROPE_*``), its
   sliding-window layer pattern (``load_swa_pattern(ml, n[, dense_first])`` / ``set_swa_pattern(n)``) and what
   its sliding-window layers inherit (``rope_freq_base_train_swa = hparams.rope_freq_base_train`` and the scale);
   the defaults are ``src/llama-hparams.h``'s;
@@ -78,7 +80,8 @@ def parse_kv_names(src: str) -> dict[str, str]:
     body = src[src.index("LLM_KV_NAMES"):]
     body = body[:body.index("};")]
     return {k: v for k, v in re.findall(r"\{\s*(LLM_KV_\w+)\s*,\s*\"([^\"]+)\"\s*\}", body)
-            if k.startswith(("LLM_KV_ROPE_", "LLM_KV_ATTENTION_SLIDING_WINDOW", "LLM_KV_ATTENTION_KEY_LENGTH",
+            if k.startswith(("LLM_KV_ROPE_", "LLM_KV_ATTENTION_SLIDING_WINDOW", "LLM_KV_ATTENTION_ROPE_PATTERN",
+                             "LLM_KV_ATTENTION_KEY_LENGTH",
                              "LLM_KV_CONTEXT_LENGTH", "LLM_KV_ATTENTION_HEAD_COUNT", "LLM_KV_EMBEDDING_LENGTH",
                              "LLM_KV_BLOCK_COUNT"))}
 
@@ -134,13 +137,36 @@ def _number(text: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def _use_rope_py(expr: str) -> str | None:
+    """A graph's ``const bool use_rope = <expr>;`` (C++) as a Python expression over ``il``, ``n_layer``, ``step``
+    (``n_no_rope_layer_step``), ``swa`` (per-layer flags) and ``rope_pattern``; None if it uses anything else."""
+    py = " ".join(expr.split())
+    for a, b in (("hparams.is_swa(il)", "swa[il]"), ("hparams.swa_type == LLAMA_SWA_TYPE_NONE", "(not any(swa))"),
+                 ("hparams.n_no_rope_layer_step", "step"), ("hparams.has_rope(il)", "rope_pattern[il]"),
+                 ("hparams.n_layer()", "n_layer"), ("&&", " and "), ("||", " or "), ("!=", " NE "), ("!", " not "),
+                 (" NE ", " != ")):
+        py = py.replace(a, b)
+    names = set(re.findall(r"[A-Za-z_]\w*", py))
+    if not names <= {"swa", "il", "step", "n_layer", "rope_pattern", "not", "and", "or", "any"}:
+        return None
+    if re.search(r"[^\w\s()\[\]+%<>=!-]", py):
+        return None
+    return " ".join(py.split())
+
+
 def parse_hparams(llama_dir: Path) -> dict[str, dict]:
-    """{llama_model_class: {reads, swa_pattern, swa_base, swa_scale}} from each class's load_arch_hparams."""
+    """{llama_model_class: {reads, swa_pattern, swa_base, swa_scale, no_rope_step, use_rope}} from each class's
+    load_arch_hparams and its graph's ``use_rope`` (the layers that skip RoPE) in the same file."""
     models = llama_dir / "src" / "models"
     header = (models / "models.h").read_text() if (models / "models.h").is_file() else ""
     bases = dict(re.findall(r"struct\s+(llama_model_\w+)\s*:\s*public\s+(llama_model_\w+)", header))
-    text = "\n".join(_strip_comments(p.read_text()) for p in sorted(models.glob("*.cpp")))
+    files = {p.name: _strip_comments(p.read_text()) for p in sorted(models.glob("*.cpp"))}
+    text = "\n".join(files.values())
+    file_of = {cls: name for name, src in files.items()
+               for cls in re.findall(r"void\s+(llama_model_\w+)::load_arch_hparams\(", src)}
     out: dict[str, dict] = {}
+    empty = {"reads": [], "swa_pattern": None, "swa_base": "default", "swa_scale": "default",
+             "no_rope_step": None, "use_rope": None}
 
     def info(cls: str) -> dict:
         if cls in out:
@@ -148,8 +174,7 @@ def parse_hparams(llama_dir: Path) -> dict[str, dict]:
         body = _function_body(text, f"void {cls}::load_arch_hparams(")
         if body is None:
             parent = bases.get(cls)
-            out[cls] = dict(info(parent)) if parent and parent != "llama_model_base" else {
-                "reads": [], "swa_pattern": None, "swa_base": "default", "swa_scale": "default"}
+            out[cls] = dict(info(parent)) if parent and parent != "llama_model_base" else dict(empty)
             return out[cls]
         d: dict = {"reads": sorted(set(re.findall(r"LLM_KV_ROPE_\w+", body)))}
         m = re.search(r"load_swa_pattern\(\s*ml\s*,\s*([^,)]+)(?:,\s*(\w+))?\)", body) or \
@@ -169,10 +194,16 @@ def parse_hparams(llama_dir: Path) -> dict[str, dict]:
                 d[name] = "inherit"
             else:
                 d[name] = _number(m.group(1))
+        # n_no_rope_layer_step: a number, or "n_layer" (llama4, smallthinker set it in their no-SWA branch).
+        m = re.search(r"hparams\.n_no_rope_layer_step\s*=\s*([^;]+);", body)
+        d["no_rope_step"] = None if m is None else (
+            "n_layer" if m.group(1).strip() == "hparams.n_layer()" else _number(m.group(1)))
+        m = re.search(r"const\s+bool\s+use_rope\s*=\s*([^;]+);", files[file_of[cls]])
+        d["use_rope"] = None if m is None else {"cpp": " ".join(m.group(1).split()), "py": _use_rope_py(m.group(1))}
         out[cls] = d
         return d
 
-    for cls in set(re.findall(r"void\s+(llama_model_\w+)::load_arch_hparams\(", text)) | set(bases):
+    for cls in set(file_of) | set(bases):
         info(cls)
     return out
 
@@ -181,6 +212,7 @@ def parse_hparam_defaults(llama_dir: Path) -> dict[str, float]:
     src = _strip_comments((llama_dir / "src" / "llama-hparams.h").read_text())
     out = {}
     for name in ("rope_freq_base_train_swa", "rope_freq_scale_train_swa", "rope_attn_factor", "rope_yarn_log_mul",
+                 "n_no_rope_layer_step",
                  "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow"):
         m = re.search(rf"\b{name}\s*=\s*(-?[0-9.]+)f?\s*;", src)
         if m:
@@ -315,7 +347,8 @@ def parse(source: str | Path) -> dict:
         if enum not in rope_types:
             continue
         cls = cls_of.get(enum)
-        h = hp.get(cls, {"reads": [], "swa_pattern": None, "swa_base": "default", "swa_scale": "default"})
+        h = hp.get(cls, {"reads": [], "swa_pattern": None, "swa_base": "default", "swa_scale": "default",
+                         "no_rope_step": None, "use_rope": None})
         hf = {}
         for model_arch, gname in gguf_names.items():
             if gname == name and model_arch in conv:

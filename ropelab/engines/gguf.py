@@ -238,6 +238,11 @@ def read_gguf(path: str | Path) -> Reading:
             scaling_swa = scaling  # rope_freqs / rope factors apply to every layer (llama_model::get_rope_factors)
         swa_spec = _spec(style, base_swa, n_rot_swa, head_dim, scaling_swa, ctx, where)
     layers = tuple(swa_spec if s else full for s in swa)
+    uses = _uses_rope(f, k, arch, entry, n_layers, swa, where)
+    if not all(uses):
+        layers = tuple(s if u else RopeSpec.nope(ctx) for s, u in zip(layers, uses))
+        notes.append(f"llama.cpp's {arch!r} graph skips RoPE where not ({entry['use_rope']['cpp']}): layers "
+                     f"{[i for i, u in enumerate(uses) if not u]}.")
     qk_permuted = False
     if rtype == "NORM":
         conv = entry["converter"]
@@ -362,6 +367,28 @@ def _swa_layers(f, k, entry, n_layers, where) -> list[bool]:
     if pat["dense_first"]:
         return [n == 0 or il % n != 0 for il in range(n_layers)]
     return [n == 0 or il % n < n - 1 for il in range(n_layers)]
+
+
+def _uses_rope(f, k, arch, entry, n_layers, swa, where) -> list[bool]:
+    """Which layers rotate: the architecture's graph ``use_rope`` expression (llamacpp_table, translated from
+    C++), over ``n_no_rope_layer_step`` (set by load_arch_hparams; ``"n_layer"`` is set in the no-SWA branch of
+    llama4 and smallthinker), the sliding-window flags and ``attention.rope_pattern``."""
+    rule = entry["use_rope"]
+    if rule is None:
+        return [True] * n_layers
+    if rule["py"] is None:
+        raise ReadError(f"{where}llama.cpp decides which {arch!r} layers use RoPE by `{rule['cpp']}`, which ropelab "
+                        "does not model.")
+    step = entry["no_rope_step"]
+    default = int(table.DEFAULTS["n_no_rope_layer_step"])
+    step = (n_layers if not any(swa) else default) if step == "n_layer" else int(step if step is not None else default)
+    key = k("LLM_KV_ATTENTION_ROPE_PATTERN")
+    pattern = f.get(key, "bools") if f.has(key) else [True] * n_layers
+    if len(pattern) < n_layers:
+        raise ReadError(f"{where}{key} has {len(pattern)} entries for {n_layers} layers.")
+    env = {"n_layer": n_layers, "step": step, "swa": swa, "rope_pattern": pattern}
+    return [bool(eval(rule["py"], {"__builtins__": {}, "any": any}, {**env, "il": il}))  # noqa: S307 (a parsed,
+            for il in range(n_layers)]                                                  # whitelisted expression)
 
 
 def _swa_base(f, k, entry, base, reads, notes) -> float:

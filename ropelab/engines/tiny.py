@@ -8,9 +8,9 @@ The converter only accepts tokenizers it recognises; a sentencepiece model goes 
 hash the converter knows).
 
 :data:`FAMILIES` maps a family name to the transformers config it builds. They span what a GGUF file must
-carry: NORM and NEOX rope types, partial rotary, yarn, llama3 (the converter writes a ``rope_freqs`` tensor),
-linear scaling on the global layers only with a second base on the sliding-window layers (Gemma 3), and
-M-RoPE in both layouts (Qwen2-VL contiguous, Qwen3-VL interleaved).
+carry: NORM and NEOX rope types, partial rotary, NoPE layers (SmolLM3), yarn, llama3 (the converter writes a
+``rope_freqs`` tensor), linear scaling on the global layers only with a second base on the sliding-window
+layers (Gemma 3), and M-RoPE in both layouts (Qwen2-VL contiguous, Qwen3-VL interleaved).
 
 Every family's RoPE is what its config says; :meth:`ropelab.spec.RopeSpec.per_layer` reads it. Overrides go
 into the config (``save_tiny_model("llama", path, rope_parameters={...})``).
@@ -69,6 +69,10 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                             "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}}}),
+    # NoPE layers: SmolLM3 skips RoPE on every 4th layer (no_rope_layers); llama.cpp hard-codes the same step
+    # (llama_model_smollm3: n_no_rope_layer_step = 4) and the converter writes nothing for it.
+    "smollm3": ("SmolLM3Config", {"num_hidden_layers": 4, "no_rope_layers": [1, 1, 1, 0], "rope_parameters": {
+        "rope_type": "default", "rope_theta": 2000000.0}}),
     # M-RoPE, contiguous sections (t, h, w) over the 8 pairs.
     "qwen2_vl": ("Qwen2VLConfig", {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
                                                        "mrope_section": [2, 3, 3]}}),
