@@ -28,7 +28,10 @@ from its source into :mod:`ropelab.engines.llamacpp_table` (generated; file and 
   cannot be recovered in general (the ladder depends on L0/low and L0/high only, and a small head has too
   few pairs in the transition band), so it is represented exactly as a ``longrope`` dict with
   ``short_factor = long_factor = rope_freqs`` and ``attention_factor = 1``: the same frequencies, pair for pair.
-  ``rope_factors_long`` / ``rope_factors_short`` (Phi-3's longrope) become that dict's two lists.
+  ``rope_factors_long`` / ``rope_factors_short`` (Phi-3's longrope; llama.cpp uses them whatever
+  ``scaling.type`` says) become that dict's two lists, with ``rope.scaling.attn_factor`` as its attention factor.
+  llama.cpp picks the long factors when the context size exceeds ``original_context_length``, transformers when
+  the current sequence length does (a note says so).
 - sliding-window layers: ``attention.sliding_window_pattern`` (a bool per layer, or a period), else the
   architecture's own period (``load_swa_pattern(ml, n)``) when ``attention.sliding_window`` > 0.
 
@@ -309,11 +312,22 @@ def _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, reader, notes
                      "short_factor = long_factor = rope_freqs and attention_factor 1 (the same frequencies).")
         return {"rope_type": "longrope", "short_factor": freqs.tolist(), "long_factor": freqs.tolist(),
                 "factor": 1.0, "attention_factor": attn, "original_max_position_embeddings": orig}
-    if stype == "longrope":
+    if long_f is not None or short_f is not None:
+        # llama_model::get_rope_factors uses these tensors whatever scaling.type says: rope_long when the context
+        # size n_ctx_seq exceeds original_context_length, else rope_short.
         if long_f is None or short_f is None:
-            raise ReadError(f"{where}scaling type longrope needs the tensors rope_factors_long and rope_factors_short.")
+            raise ReadError(f"{where}has only one of the tensors rope_factors_long / rope_factors_short; llama.cpp "
+                            "needs both.")
+        if stype == "yarn" or factor != 1.0:
+            raise ReadError(f"{where}rope factors together with {stype} scaling (factor {factor}): ropelab does not "
+                            "model that combination.")
+        notes.append("rope_factors_long / _short are read as longrope; llama.cpp switches to the long factors when "
+                     "the context size (n_ctx) exceeds original_context_length, transformers when the current "
+                     "sequence length does.")
         return {"rope_type": "longrope", "short_factor": short_f.tolist(), "long_factor": long_f.tolist(),
                 "factor": ctx / orig, "attention_factor": attn, "original_max_position_embeddings": orig}
+    if stype == "longrope":
+        raise ReadError(f"{where}scaling type longrope needs the tensors rope_factors_long and rope_factors_short.")
     if stype == "yarn" and factor != 1.0:
         def read(kv, default):
             if kv in reads:
@@ -336,6 +350,9 @@ def _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, reader, notes
             af = _mscale(factor, 1.0)
         out["attention_factor"] = af * attn
         return out
+    if attn != 1.0:
+        raise ReadError(f"{where}{k('LLM_KV_ROPE_SCALING_ATTN_FACTOR')}={attn} scales llama.cpp's cos/sin, but with "
+                        f"scaling type {stype!r} ropelab has no attention factor to put it in.")
     if stype == "yarn":
         notes.append(f"{k('LLM_KV_ROPE_SCALING_TYPE')} is yarn with factor 1: llama.cpp's yarn is then plain RoPE.")
         return None

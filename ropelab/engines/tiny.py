@@ -61,6 +61,13 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "phi3": ("Phi3Config", {"num_key_value_heads": 4, "partial_rotary_factor": 0.75,
                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                 "partial_rotary_factor": 0.75}}),
+    # longrope (Phi-3's short / long factor sets) on a partial rotary head: the converter writes the factors as
+    # rope_factors_short / _long tensors and the attention factor as rope.scaling.attn_factor.
+    "phi3_longrope": ("Phi3Config", {"num_key_value_heads": 4, "original_max_position_embeddings": 64,
+                                      "rope_parameters": {
+        "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+        "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 3.0], "long_factor": [1.0, 1.5, 2.0, 4.0, 6.0, 8.0],
+        "original_max_position_embeddings": 64}}),
     # sliding-window layers with their own base, linear scaling on the global layers only (Gemma 3 4B's), in
     # Gemma 3's 5:1 layer pattern: llama.cpp assumes that pattern (load_swa_pattern(ml, 6)), the converter does
     # not write it, so a model with another layer_types is misread (see tests/test_engines_gguf.py).
