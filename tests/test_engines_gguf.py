@@ -311,3 +311,12 @@ def test_committed_table_matches_a_fresh_parse_of_the_sdist():
     assert fresh["commit"] == llamacpp_table.LLAMA_CPP_COMMIT
     assert fresh["archs"] == llamacpp_table.ARCHS
     assert fresh["keys"] == llamacpp_table.KEYS and fresh["defaults"] == llamacpp_table.DEFAULTS
+
+
+def test_converter_failure_is_a_conversion_error_with_its_output(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"],
+                                                      "model_type": "no_such_model"}))
+    with pytest.raises(converter.ConversionError, match="(?s)converter failed on.*NoSuchModelForCausalLM"):
+        converter.convert(tmp_path, tmp_path / "out.gguf")
+    with pytest.raises(converter.ConversionError, match="has no config.json"):
+        converter.convert(tmp_path / "absent", tmp_path / "out.gguf")
