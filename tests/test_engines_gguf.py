@@ -202,6 +202,8 @@ _ROUND_TRIPS = {
     "swa": ("gemma3", 16, [RopeSpec(style="half", base=1e4, max_position_embeddings=128)] * 2
             + [RopeSpec(style="half", base=1e6, rotary_dim=8, scaling={"rope_type": "linear", "factor": 8.0},
                         max_position_embeddings=128)], None),
+    "nope": ("smollm3", 16, [RopeSpec(style="interleaved", base=2e6, max_position_embeddings=128)] * 3
+             + [RopeSpec.nope(128)] * 1 + [RopeSpec(style="interleaved", base=2e6, max_position_embeddings=128)], None),
     "mrope": ("qwen2vl", 16, [RopeSpec(style="half", base=1e6, max_position_embeddings=128)] * 2,
               MultiAxis.mrope([2, 3, 3])),
     "imrope": ("qwen3vl", 16, [RopeSpec(style="half", base=5e6, max_position_embeddings=128)] * 2,
@@ -228,6 +230,9 @@ def test_write_refuses_what_llama_cpp_cannot_hold(tmp_path):
         write_gguf(half, tmp_path / "x.gguf", architecture="llama", head_dim=16)
     with pytest.raises(ValueError, match="architecture="):
         write_gguf(half, tmp_path / "x.gguf")
+    rope = RopeSpec(style="interleaved")
+    with pytest.raises(ValueError, match="skips RoPE on layers \\[3\\]"):  # SmolLM3's every 4th layer, not 2nd
+        write_gguf([rope, RopeSpec.nope(), rope, rope], tmp_path / "x.gguf", architecture="smollm3", head_dim=16)
     dyn = [RopeSpec(style="half", scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=64)]
     with pytest.raises(ValueError, match="no GGUF form"):
         write_gguf(dyn, tmp_path / "x.gguf", architecture="qwen2", head_dim=16)

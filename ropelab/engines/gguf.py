@@ -54,7 +54,7 @@ from ..spec import RopeSpec
 from . import llamacpp_table as table
 from .reading import ReadError, Reading
 
-__all__ = ["read_gguf", "write_gguf", "rope_type_of", "STYLE_OF_ROPE_TYPE"]
+__all__ = ["read_gguf", "write_gguf", "rope_type_of", "uses_rope", "STYLE_OF_ROPE_TYPE"]
 
 # ggml's rope modes in ropelab's pairing: NORM rotates (2i, 2i+1), the others (i, i + n_rot/2).
 STYLE_OF_ROPE_TYPE = {"NORM": "interleaved", "NEOX": "half", "MROPE": "half", "IMROPE": "half"}
@@ -390,20 +390,32 @@ def _uses_rope(f, k, arch, entry, n_layers, swa, where) -> list[bool]:
     """Which layers rotate: the architecture's graph ``use_rope`` expression (llamacpp_table, translated from
     C++), over ``n_no_rope_layer_step`` (set by load_arch_hparams; ``"n_layer"`` is set in the no-SWA branch of
     llama4 and smallthinker), the sliding-window flags and ``attention.rope_pattern``."""
+    key = k("LLM_KV_ATTENTION_ROPE_PATTERN")
+    pattern = f.get(key, "bools") if f.has(key) else None
+    if pattern is not None and len(pattern) < n_layers:
+        raise ReadError(f"{where}{key} has {len(pattern)} entries for {n_layers} layers.")
+    try:
+        return uses_rope(arch, n_layers, swa, pattern)
+    except ValueError as e:
+        raise ReadError(f"{where}{e}") from e
+
+
+def uses_rope(arch: str, n_layers: int, swa: Sequence[bool] | None = None,
+              rope_pattern: Sequence[bool] | None = None) -> list[bool]:
+    """For each layer of a GGUF ``arch`` model, whether llama.cpp's graph applies RoPE (False: a NoPE layer)."""
+    entry = table.ARCHS[arch]
     rule = entry["use_rope"]
     if rule is None:
         return [True] * n_layers
     if rule["py"] is None:
-        raise ReadError(f"{where}llama.cpp decides which {arch!r} layers use RoPE by `{rule['cpp']}`, which ropelab "
-                        "does not model.")
+        raise ValueError(f"llama.cpp decides which {arch!r} layers use RoPE by `{rule['cpp']}`, which ropelab does "
+                         "not model.")
+    swa = list(swa) if swa is not None else [False] * n_layers
     step = entry["no_rope_step"]
     default = int(table.DEFAULTS["n_no_rope_layer_step"])
     step = (n_layers if not any(swa) else default) if step == "n_layer" else int(step if step is not None else default)
-    key = k("LLM_KV_ATTENTION_ROPE_PATTERN")
-    pattern = f.get(key, "bools") if f.has(key) else [True] * n_layers
-    if len(pattern) < n_layers:
-        raise ReadError(f"{where}{key} has {len(pattern)} entries for {n_layers} layers.")
-    env = {"n_layer": n_layers, "step": step, "swa": swa, "rope_pattern": pattern}
+    env = {"n_layer": n_layers, "step": step, "swa": swa,
+           "rope_pattern": list(rope_pattern) if rope_pattern is not None else [True] * n_layers}
     return [bool(eval(rule["py"], {"__builtins__": {}, "any": any}, {**env, "il": il}))  # noqa: S307 (a parsed,
             for il in range(n_layers)]                                                  # whitelisted expression)
 
@@ -448,12 +460,17 @@ def write_gguf(source: Reading | Sequence[RopeSpec], path: str | Path, *, archit
     if not specs or not all(isinstance(s, RopeSpec) for s in specs):
         raise ValueError("source must be a Reading or a non-empty sequence of RopeSpec, one per layer.")
     rtype = rope_type_of(architecture, has_sections=sections is not None)
+    all_specs = specs
+    nope = [s.is_nope for s in all_specs]
+    specs = [s for s in all_specs if not s.is_nope]
+    if not specs:
+        raise ValueError("every layer is NoPE; a GGUF file of an architecture with RoPE cannot say that.")
     distinct = list(dict.fromkeys(specs))
     if len(distinct) > 2:
         raise ValueError(f"the layers use {len(distinct)} different RoPE settings; a GGUF file holds two (full and "
                          "sliding-window layers).")
     full = next((s for s in specs if s.scaling is not None), specs[-1])
-    swa_flags = [s != full for s in specs]
+    swa_flags = [s != full and not s.is_nope for s in all_specs]
     swa = next((s for s in specs if s != full), None)
     for s in distinct:
         if not s.is_nope and STYLE_OF_ROPE_TYPE.get(rtype) != s.style:
@@ -462,11 +479,18 @@ def write_gguf(source: Reading | Sequence[RopeSpec], path: str | Path, *, archit
                              "architecture, or permute q/k with ropelab.convert.permute_qk_weight).")
     if swa is not None and swa.scaling is not None and swa.scaling != full.scaling:
         raise ValueError("the sliding-window layers' scaling differs from the full layers'; llama.cpp holds one.")
+    if any(nope) or table.ARCHS[architecture]["use_rope"] is not None:
+        want = [not n for n in nope]
+        got = uses_rope(architecture, len(all_specs), swa_flags)
+        if got != want:
+            raise ValueError(f"layers {[i for i, n in enumerate(nope) if n]} are NoPE, but llama.cpp's "
+                             f"{architecture!r} skips RoPE on layers {[i for i, u in enumerate(got) if not u]} "
+                             "(its graph decides; the file has no key for it).")
     path = Path(path)
     w = gguf.GGUFWriter(str(path), architecture)
     k = lambda kv: _key(kv, architecture)  # noqa: E731
     ctx = full.max_position_embeddings or 4096
-    w.add_uint32(k("LLM_KV_BLOCK_COUNT"), len(specs))
+    w.add_uint32(k("LLM_KV_BLOCK_COUNT"), len(all_specs))
     w.add_uint32(k("LLM_KV_CONTEXT_LENGTH"), ctx)
     w.add_uint32(k("LLM_KV_ATTENTION_KEY_LENGTH"), head_dim)
     w.add_uint32(k("LLM_KV_ROPE_DIMENSION_COUNT"), full.rotary_dim or head_dim)
