@@ -125,6 +125,7 @@ def test_rope_types_and_permutation_flags(converted):
 def test_llama3_is_written_as_rope_freqs_without_scaling_metadata(converted):
     reading = read_gguf(converted["llama3"][1])
     assert not any(k.startswith("llama.rope.scaling") for k in reading.declared)
+    assert len(reading.declared["tensor rope_freqs.weight"]) == reading.head_dim // 2
     assert reading.layers[0].rope_type == "longrope"  # rope_freqs, represented exactly (see gguf.py)
 
 

@@ -33,7 +33,13 @@ from its source into :mod:`ropelab.engines.llamacpp_table` (generated; file and 
   llama.cpp picks the long factors when the context size exceeds ``original_context_length``, transformers when
   the current sequence length does (a note says so).
 - sliding-window layers: ``attention.sliding_window_pattern`` (a bool per layer, or a period), else the
-  architecture's own period (``load_swa_pattern(ml, n)``) when ``attention.sliding_window`` > 0.
+  architecture's own period (``load_swa_pattern(ml, n)``) when ``attention.sliding_window`` > 0. The converter
+  does not write the pattern for every architecture (Gemma 3), so llama.cpp's default period decides.
+- NoPE layers: no key says them; each architecture's graph decides (``use_rope``: SmolLM3 and Llama 4 skip
+  every ``n_no_rope_layer_step``-th layer, EXAONE 4 its full-attention layers): :func:`uses_rope`.
+- keys in the file that the architecture's ``load_arch_hparams`` does not read (the converter writes
+  ``yarn_beta_fast`` for any architecture; llama.cpp's qwen2 never reads it) are ignored, as llama.cpp does, with
+  a note in :attr:`Reading.notes`.
 
 Every bad input raises :class:`~ropelab.engines.reading.ReadError` naming the file and the key: a file that is
 missing, truncated or not GGUF, a missing required key, a key of the wrong type, an architecture or a rope
@@ -172,6 +178,9 @@ def read_gguf(path: str | Path) -> Reading:
                 if key.startswith(f"{arch}.rope.") or key in (k("LLM_KV_ATTENTION_SLIDING_WINDOW"),
                                                               k("LLM_KV_ATTENTION_SLIDING_WINDOW_PATTERN"))}
     declared = {key: (list(v) if isinstance(v, (list, tuple, np.ndarray)) else v) for key, v in declared.items()}
+    for t in reader.tensors:  # the rope tensors, by name and entry count
+        if t.name.startswith(("rope_freqs", "rope_factors")):
+            declared[f"tensor {t.name}"] = [float(x) for x in np.asarray(t.data).reshape(-1)]
     for kv in table.KEYS:
         if kv.startswith("LLM_KV_ROPE_") and kv not in reads and f.has(k(kv)):
             notes.append(f"{k(kv)} is in the file, but llama.cpp's {arch!r} does not read it "
