@@ -20,7 +20,7 @@ pytest.importorskip("gguf")
 
 from ropelab.convert import permute_qk_weight  # noqa: E402
 from ropelab.engines import converter, llamacpp_table  # noqa: E402
-from ropelab.engines.gguf import read_gguf, rope_type_of, write_gguf  # noqa: E402
+from ropelab.engines.gguf import llama3_from_rope_freqs, read_gguf, rope_type_of, write_gguf  # noqa: E402
 from ropelab.engines.reading import ReadError, Reading  # noqa: E402
 from ropelab.engines.tiny import FAMILIES, save_tiny_model  # noqa: E402
 from ropelab.multiaxis import MultiAxis  # noqa: E402
@@ -127,6 +127,30 @@ def test_llama3_is_written_as_rope_freqs_without_scaling_metadata(converted):
     assert not any(k.startswith("llama.rope.scaling") for k in reading.declared)
     assert len(reading.declared["tensor rope_freqs.weight"]) == reading.head_dim // 2
     assert reading.layers[0].rope_type == "longrope"  # rope_freqs, represented exactly (see gguf.py)
+
+
+def test_llama3_parameters_recovered_from_the_converters_rope_freqs(converted):
+    """With L0 from the config, the converter's float32 ladder gives back factor, low and high. The fit's error is
+    the ladder's few float32 roundings amplified by the conditioning of a line through 3 transition pairs (their
+    1/wavelength spans a factor 2.3), well below 1e3 unit roundoffs."""
+    model_dir, path = converted["llama3"]
+    reading = read_gguf(path)
+    want = dict(_text_config(model_dir)["rope_parameters"])
+    got = llama3_from_rope_freqs(reading.declared["tensor rope_freqs.weight"], want["rope_theta"], reading.head_dim,
+                                 want["original_max_position_embeddings"])
+    assert got is not None
+    for key in ("factor", "low_freq_factor", "high_freq_factor"):
+        assert math.isclose(got[key], want[key], rel_tol=1e3 * U32), (key, got[key], want[key])
+    # the ladder fixes l and h only up to the scale of L0: twice L0 gives twice the factors, the same frequencies
+    twice = llama3_from_rope_freqs(reading.declared["tensor rope_freqs.weight"], want["rope_theta"], reading.head_dim,
+                                   2 * want["original_max_position_embeddings"])
+    assert math.isclose(twice["low_freq_factor"], 2 * got["low_freq_factor"], rel_tol=1e3 * U32)
+    # one transition pair (head_dim 16) is not enough
+    small = RopeSpec(base=5e5, scaling={k: v for k, v in want.items() if k != "rope_theta"},
+                     max_position_embeddings=256)
+    inv, _ = small.frequencies(16)
+    inv0, _ = RopeSpec(base=5e5).frequencies(16)
+    assert llama3_from_rope_freqs((inv0 / inv).tolist(), 5e5, 16, 64) is None
 
 
 def test_gemma3_layer_pattern_other_than_5_to_1_is_misread_by_llama_cpp(converted):

@@ -28,6 +28,8 @@ from its source into :mod:`ropelab.engines.llamacpp_table` (generated; file and 
   cannot be recovered in general (the ladder depends on L0/low and L0/high only, and a small head has too
   few pairs in the transition band), so it is represented exactly as a ``longrope`` dict with
   ``short_factor = long_factor = rope_freqs`` and ``attention_factor = 1``: the same frequencies, pair for pair.
+  Given :math:`L_0` from elsewhere (the transformers config), :func:`llama3_from_rope_freqs` recovers the
+  llama3 dict when two or more pairs lie in the transition band.
   ``rope_factors_long`` / ``rope_factors_short`` (Phi-3's longrope; llama.cpp uses them whatever
   ``scaling.type`` says) become that dict's two lists, with ``rope.scaling.attn_factor`` as its attention factor.
   llama.cpp picks the long factors when the context size exceeds ``original_context_length``, transformers when
@@ -60,7 +62,7 @@ from ..spec import RopeSpec
 from . import llamacpp_table as table
 from .reading import ReadError, Reading
 
-__all__ = ["read_gguf", "write_gguf", "rope_type_of", "uses_rope", "STYLE_OF_ROPE_TYPE"]
+__all__ = ["read_gguf", "write_gguf", "rope_type_of", "uses_rope", "llama3_from_rope_freqs", "STYLE_OF_ROPE_TYPE"]
 
 # ggml's rope modes in ropelab's pairing: NORM rotates (2i, 2i+1), the others (i, i + n_rot/2).
 STYLE_OF_ROPE_TYPE = {"NORM": "interleaved", "NEOX": "half", "MROPE": "half", "IMROPE": "half"}
@@ -438,6 +440,46 @@ def _swa_base(f, k, entry, base, reads, notes) -> float:
     if not f.has(key):
         notes.append(f"{key} is absent: llama.cpp's sliding-window layers use base {own}.")
     return own
+
+
+def llama3_from_rope_freqs(freqs: Sequence[float], base: float, rotary_dim: int,
+                           original_max_position_embeddings: int, *, rtol: float = 64 * 2.0 ** -24) -> dict | None:
+    r"""The llama3 scaling dict whose ladder is ``freqs`` (a ``rope_freqs`` tensor: pair i's frequency divisors),
+    given the original context :math:`L_0`; None when no llama3 dict reproduces it or it is not identifiable.
+
+    llama3 blends :math:`\omega_i/s` and :math:`\omega_i` with :math:`\mu_i = \mathrm{clamp}(A/\lambda_i + B, 0, 1)`,
+    :math:`A = L_0/(h - l)`, :math:`B = -l/(h - l)` (l, h the low / high frequency factors, :math:`\lambda_i` the
+    wavelength). The ladder fixes s (the largest divisor) and, from two or more pairs in the transition band, A
+    and B: l and h up to the scale of :math:`L_0`, which the file does not carry (the converter writes no
+    ``original_context_length`` for llama3), hence the argument. ``rtol``: the tensor's float32 error (the
+    converter computes the ladder in float32). The result is checked by recomputing the ladder."""
+    ff = np.asarray(freqs, dtype=np.float64)
+    if ff.ndim != 1 or ff.size != rotary_dim // 2 or not np.all(ff > 0):
+        raise ValueError(f"freqs must be {rotary_dim // 2} positive divisors (rotary_dim / 2), got shape {ff.shape}.")
+    factor = float(ff.max())
+    if factor <= 1.0 + rtol:
+        return None
+    high = np.abs(ff - 1.0) <= rtol
+    low = np.abs(ff - factor) <= rtol * factor
+    mid = ~(high | low)
+    band = np.where(high, 0, np.where(mid, 1, 2))
+    if np.any(np.diff(band) < 0) or mid.sum() < 2:
+        return None  # not monotone (not llama3), or too few transition pairs to fix l and h
+    inv = float(base) ** (-np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
+    x = inv[mid] / (2 * math.pi)  # 1 / wavelength
+    mu = (1 / ff[mid] - 1 / factor) / (1 - 1 / factor)
+    a, b = np.polyfit(x, mu, 1)
+    if a <= 0:
+        return None
+    l0 = int(original_max_position_embeddings)
+    lo = -b * l0 / a
+    d = {"rope_type": "llama3", "factor": factor, "low_freq_factor": float(lo),
+         "high_freq_factor": float(lo + l0 / a), "original_max_position_embeddings": l0}
+    try:
+        got = RopeSpec(base=float(base), scaling=d, max_position_embeddings=l0).frequencies(rotary_dim)[0].numpy()
+    except ValueError:
+        return None
+    return d if np.allclose(got, inv / ff, rtol=4 * rtol, atol=0) else None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -48,8 +48,9 @@ _SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_at
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     # NORM in llama.cpp: the converter permutes q/k (Hugging Face's Llama pairs (i, i + d/2)).
     "llama": ("LlamaConfig", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
-    # llama3's frequency ladder: the converter writes it as the rope_freqs tensor, not as metadata.
-    "llama3": ("LlamaConfig", {"rope_parameters": {
+    # llama3's frequency ladder: the converter writes it as the rope_freqs tensor, not as metadata. head_dim 64
+    # puts 3 of the 32 pairs in the transition band, enough to recover the llama3 parameters from the tensor.
+    "llama3": ("LlamaConfig", {"head_dim": 64, "rope_parameters": {
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
     # NEOX, no permutation.
