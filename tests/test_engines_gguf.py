@@ -207,7 +207,32 @@ def test_converter_permutes_qk_exactly_for_norm_archs(converted, family, permute
         assert torch.equal(g, want), (family, proj)
         if permuted:
             assert not torch.equal(g, w)
-    assert read_gguf(path).qk_permuted is permuted
+    reading = read_gguf(path)
+    assert reading.qk_permuted is permuted
+    # The reading's spec on the GGUF weights gives the scores the Hugging Face spec gives on the HF weights.
+    from ropelab import apply_rope
+
+    hd, nh, nkv = reading.head_dim, cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    x = torch.randn(1, 12, cfg["hidden_size"], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+    def scores(wq, wk, spec):
+        q = (x @ wq.double().T).view(1, 12, nh, hd)
+        k = (x @ wk.double().T).view(1, 12, nkv, hd).repeat_interleave(nh // nkv, dim=2)
+        q, k = (apply_rope(t, layout="b s h d", spec=spec) for t in (q, k))
+        return torch.einsum("bshd,bthd->bhst", q, k), torch.einsum("bshd,bthd->bhst", q.abs(), k.abs())
+
+    hf_spec = _hf_expected(model_dir)[0][0]
+    gq, gk = _gguf_tensor(path, "blk.0.attn_q.weight"), _gguf_tensor(path, "blk.0.attn_k.weight")
+    got, _ = scores(gq, gk, reading.layers[0])
+    want, mag = scores(hf["model.layers.0.self_attn.q_proj.weight"], hf["model.layers.0.self_attn.k_proj.weight"],
+                       hf_spec)
+    # float64 throughout; the two sides differ only in the order of the projections' and the dot products' sums
+    # and in the rotation's roundings: a few unit roundoffs per term, times hidden_size + head_dim terms.
+    bound = 8 * (cfg["hidden_size"] + hd) * 2.0 ** -53 * mag
+    assert ((got - want).abs() <= bound).all()
+    if permuted:  # the stored weights with the HF pairing (a reader that ignores the permutation) are far off
+        wrong, _ = scores(gq, gk, reading.effective_specs()[0])
+        assert (wrong - want).abs().max() > 1e-2 * want.abs().max()
 
 
 # ------------------------------------------------------------------------------------------------------------
