@@ -1,7 +1,8 @@
 r"""Tiny Hugging Face models built and saved in code, one per RoPE family, for the engine parity tests.
 
-:func:`save_tiny_model` writes a model directory that llama.cpp's converter (``convert_hf_to_gguf.py``) and
-mlx-lm accept: a 2-layer decoder with seeded random weights (``config.json`` + ``model.safetensors``) and a
+:func:`save_tiny_model` writes a model directory that llama.cpp's converter (``convert_hf_to_gguf.py``) accepts
+(tests/test_engines_gguf.py converts every family): a small decoder (2 layers; Gemma 3 6, SmolLM3 4, for their
+layer patterns) with seeded random weights (``config.json`` + ``model.safetensors``) and a
 tiny sentencepiece tokenizer (``tokenizer.model``) trained in code on :data:`TEXT`, so nothing is downloaded.
 The converter only accepts tokenizers it recognises; a sentencepiece model goes through its
 ``_set_vocab_sentencepiece`` path for every family here (a BPE ``tokenizer.json`` would need a pre-tokenizer
@@ -25,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "TEXT", "VOCAB_SIZE", "save_tiny_model", "tiny_config", "tokenizer_model"]
+__all__ = ["FAMILIES", "TEXT", "VOCAB_SIZE", "save_tiny_model", "tiny_config", "tokenizer_model", "config_dict"]
 
 # The text the tokenizer is trained on: short, and with every lowercase letter so that any ASCII word encodes.
 TEXT = (
