@@ -1,0 +1,159 @@
+r"""Tiny Hugging Face models built and saved in code, one per RoPE family, for the engine parity tests.
+
+:func:`save_tiny_model` writes a model directory that llama.cpp's converter (``convert_hf_to_gguf.py``) accepts
+(tests/test_engines_gguf.py converts every family): a small decoder (2 layers; Gemma 3 6, SmolLM3 4, for their
+layer patterns) with seeded random weights (``config.json`` + ``model.safetensors``) and a
+tiny sentencepiece tokenizer (``tokenizer.model``) trained in code on :data:`TEXT`, so nothing is downloaded.
+The converter only accepts tokenizers it recognises; a sentencepiece model goes through its
+``_set_vocab_sentencepiece`` path for every family here (a BPE ``tokenizer.json`` would need a pre-tokenizer
+hash the converter knows).
+
+:data:`FAMILIES` maps a family name to the transformers config it builds. They span what a GGUF file must
+carry: NORM and NEOX rope types, partial rotary, NoPE layers (SmolLM3), yarn, llama3 (the converter writes a
+``rope_freqs`` tensor), linear scaling on the global layers only with a second base on the sliding-window
+layers (Gemma 3), and M-RoPE in both layouts (Qwen2-VL contiguous, Qwen3-VL interleaved).
+
+Every family's RoPE is what its config says; :meth:`ropelab.spec.RopeSpec.per_layer` reads it. Overrides go
+into the config (``save_tiny_model("llama", path, rope_parameters={...})``).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FAMILIES", "TEXT", "VOCAB_SIZE", "save_tiny_model", "tiny_config", "tokenizer_model", "config_dict"]
+
+# The text the tokenizer is trained on: short, and with every lowercase letter so that any ASCII word encodes.
+TEXT = (
+    "the quick brown fox jumps over the lazy dog.",
+    "rotary position embeddings turn each pair of query and key dims by an angle that grows with position.",
+    "a model declares its rotary settings again at every boundary it crosses.",
+    "every engine has its own words for the same base, the same pairs and the same scaling.",
+    "pack my box with five dozen liquor jugs, then zip a very quick wax job.",
+    "one two three four five six seven eight nine ten.",
+)
+# The tokenizer's vocabulary: small, and it is the models' vocab_size.
+VOCAB_SIZE = 96
+
+_SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, vocab_size=VOCAB_SIZE,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+
+# family -> (transformers config class name, config kwargs). head_dim = 16 unless said; max_position_embeddings
+# 256 is the trained context L0 of the length-dependent scalings.
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    # NORM in llama.cpp: the converter permutes q/k (Hugging Face's Llama pairs (i, i + d/2)).
+    "llama": ("LlamaConfig", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    # llama3's frequency ladder: the converter writes it as the rope_freqs tensor, not as metadata. head_dim 64
+    # puts 3 of the 32 pairs in the transition band, enough to recover the llama3 parameters from the tensor.
+    "llama3": ("LlamaConfig", {"head_dim": 64, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
+    # NEOX, no permutation.
+    "qwen2": ("Qwen2Config", {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
+    # yarn on a NEOX architecture (Qwen2.5's long-context setting).
+    "qwen2_yarn": ("Qwen2Config", {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 64}}),
+    # partial rotary (Phi-4-mini's 0.75): 12 of 16 head dims rotate.
+    "phi3": ("Phi3Config", {"num_key_value_heads": 4, "partial_rotary_factor": 0.75,
+                            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                "partial_rotary_factor": 0.75}}),
+    # longrope (Phi-3's short / long factor sets) on a partial rotary head: the converter writes the factors as
+    # rope_factors_short / _long tensors and the attention factor as rope.scaling.attn_factor.
+    "phi3_longrope": ("Phi3Config", {"num_key_value_heads": 4, "original_max_position_embeddings": 64,
+                                      "rope_parameters": {
+        "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+        "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 3.0], "long_factor": [1.0, 1.5, 2.0, 4.0, 6.0, 8.0],
+        "original_max_position_embeddings": 64}}),
+    # sliding-window layers with their own base, linear scaling on the global layers only (Gemma 3 4B's), in
+    # Gemma 3's 5:1 layer pattern: llama.cpp assumes that pattern (load_swa_pattern(ml, 6)), the converter does
+    # not write it, so a model with another layer_types is misread (see tests/test_engines_gguf.py).
+    "gemma3": ("Gemma3TextConfig", {
+        "head_dim": 16, "sliding_window": 32, "num_hidden_layers": 6,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                            "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}}}),
+    # NoPE layers: SmolLM3 skips RoPE on every 4th layer (no_rope_layers); llama.cpp hard-codes the same step
+    # (llama_model_smollm3: n_no_rope_layer_step = 4) and the converter writes nothing for it.
+    "smollm3": ("SmolLM3Config", {"num_hidden_layers": 4, "no_rope_layers": [1, 1, 1, 0], "rope_parameters": {
+        "rope_type": "default", "rope_theta": 2000000.0}}),
+    # M-RoPE, contiguous sections (t, h, w) over the 8 pairs.
+    "qwen2_vl": ("Qwen2VLConfig", {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                                                       "mrope_section": [2, 3, 3]}}),
+    # M-RoPE, interleaved (llama.cpp's IMROPE).
+    "qwen3_vl": ("Qwen3VLConfig", {"head_dim": 16, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True}}),
+}
+
+# The multimodal families nest the text model's keys under text_config; their vision tower is tiny too.
+_VISION = {
+    "Qwen2VLConfig": {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2,
+                      "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3},
+    "Qwen3VLConfig": {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                      "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3,
+                      "num_position_embeddings": 16, "deepstack_visual_indexes": []},
+}
+
+
+def tiny_config(family: str, **overrides: Any):
+    """The transformers config of ``family`` (a key of :data:`FAMILIES`), with ``overrides`` set on it (on
+    ``text_config`` for the multimodal families)."""
+    import transformers
+
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}.")
+    cls_name, kwargs = FAMILIES[family]
+    text = {**_SMALL, **copy.deepcopy(kwargs), **overrides}
+    cls = getattr(transformers, cls_name)
+    if cls_name in _VISION:
+        return cls(text_config=text, vision_config=dict(_VISION[cls_name]), tie_word_embeddings=False)
+    return cls(**text)
+
+
+def tokenizer_model(text: tuple[str, ...] = TEXT, vocab_size: int = VOCAB_SIZE) -> bytes:
+    """A sentencepiece BPE model (the bytes of ``tokenizer.model``) trained on ``text``: unk 0, bos 1, eos 2.
+
+    Training is single-threaded on a fixed text, so the same bytes come back every call."""
+    import sentencepiece as spm
+
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_writer=out, vocab_size=vocab_size, model_type="bpe",
+        character_coverage=1.0, byte_fallback=False, num_threads=1, hard_vocab_limit=False,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+    )
+    return out.getvalue()
+
+
+def save_tiny_model(family: str, path: str | Path, *, seed: int = 0, **overrides: Any) -> Path:
+    """Build ``family``'s tiny model with seeded random weights and save it to the directory ``path``
+    (``config.json``, ``model.safetensors``, ``tokenizer.model``, ``tokenizer_config.json``); returns ``path``.
+
+    ``overrides`` are config keys (e.g. ``rope_parameters=``, ``num_hidden_layers=``)."""
+    import torch
+    import transformers
+
+    config = tiny_config(family, **overrides)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    cls_name = FAMILIES[family][0]
+    model_cls = (transformers.AutoModelForImageTextToText if cls_name in _VISION
+                 else transformers.AutoModelForCausalLM)
+    model = model_cls.from_config(config, dtype=torch.float32)
+    model.save_pretrained(path)
+    (path / "tokenizer.model").write_bytes(tokenizer_model())
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+         "add_bos_token": True, "add_eos_token": False}, indent=2))
+    return path
+
+
+def config_dict(path: str | Path) -> Mapping[str, Any]:
+    """The saved ``config.json`` of a model directory, as a dict."""
+    return json.loads((Path(path) / "config.json").read_text())
