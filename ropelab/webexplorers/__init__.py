@@ -146,6 +146,8 @@ def embed_html(name: str, *, base_url: str = "_static/explorers/", element_id: s
         raise ValueError(f"element_id must be letters, digits, '_' or '-', starting with a letter; got {element_id!r}.")
     # JSON inside <script>: escape "<" so no "</script>" in a text value can close the element early.
     blob = blob.replace("<", "\\u003c")
+    if not re.match(r"(\.{0,2}/|[A-Za-z][A-Za-z0-9+.-]*:)", base_url):
+        base_url = "./" + base_url  # a module specifier must be a URL or start with /, ./ or ../
     url = json.dumps(f"{base_url}{name}.js")
     script = f"import widget from {url};\n" + _STANDIN.format(state=blob, id=element_id)
     return (f'<div class="ropelab-webexplorer-host" id="{element_id}" data-explorer="{name}"></div>\n'

@@ -45,8 +45,11 @@ export function roundTo(dtype, x) {
   if (!Number.isFinite(x) || x === 0) return x;
   const e = Math.max(exponentOf(x), fmt.emin);
   const quantum = 2 ** (e - fmt.p + 1);
-  const r = roundHalfEven(x / quantum) * quantum; // both steps exact: scaling by powers of two
-  return Math.abs(r) > fmt.max ? (r > 0 ? Infinity : -Infinity) : r;
+  // On |x| (round to nearest even is symmetric), both steps exact: scaling by powers of two. The sign goes back
+  // on afterwards, so a negative value that underflows is -0 as in torch.
+  const r = roundHalfEven(Math.abs(x) / quantum) * quantum;
+  const held = r > fmt.max ? Infinity : r;
+  return x < 0 ? -held : held;
 }
 
 // a * b computed in `dtype` as torch does on the CPU for two values already held in it: the exact product
