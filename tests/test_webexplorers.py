@@ -38,6 +38,7 @@ import pytest
 import torch
 
 from ropelab import webexplorers
+from ropelab.cope import COUNT_RULES
 from ropelab.decay import similarity_bound
 from ropelab.scaling import default_inv_freq
 
@@ -132,12 +133,13 @@ def site(tmp_path_factory):
         shutil.copy(p, root / "explorers" / p.name)
     imports = "\n".join(f'import * as {n} from "./explorers/{n}.js";' for n in webexplorers.NAMES)
     common = 'import * as common from "./explorers/common.js";'
+    head = '<!doctype html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">'
     (root / "numbers.html").write_text(
-        f'<!doctype html><meta charset="utf-8"><link rel="icon" href="data:,"><script type="module">\n{imports}\n{common}\n'
+        f'{head}<script type="module">\n{imports}\n{common}\n'
         f'window.mods = {{{", ".join(webexplorers.NAMES)}, common}}; window.ready = true;\n</script>\n')
     for n in webexplorers.NAMES:
         (root / f"{n}.html").write_text(
-            f'<!doctype html><html><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>{n}</title></head><body>\n'
+            f'{head}<title>{n}</title></head><body>\n'
             + webexplorers.embed_html(n, base_url="explorers/") + "</body></html>\n")
     handler = functools.partial(_QuietHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -179,8 +181,8 @@ class _Page:
                                   [module, fn, list(args)])
 
     def eval(self, expression, arg=None):
-        return self.page.evaluate(f"async (arg) => {{ {self.PLAIN} const mods = window.mods; return plain(await ({expression})(arg)); }}",
-                                  arg)
+        body = f"{self.PLAIN} const mods = window.mods; return plain(await ({expression})(arg));"
+        return self.page.evaluate(f"async (arg) => {{ {body} }}", arg)
 
 
 @pytest.fixture(scope="module")
@@ -276,6 +278,7 @@ def test_ladder_numbers(js):
             turned = int(py["turned"].sum())
             assert s["turned"] == turned and f"{turned} pairs turned once" in s["text"]
             assert f"max {py['phase_error'].max():.2g} rad" in s["text"]
+    # Most frequencies must agree bit for bit, or the exact checks above would test almost nothing.
     assert agree >= 0.9 * total, f"Math.pow and torch.pow agree on only {agree} of {total} frequencies"
 
 
@@ -284,8 +287,8 @@ def test_rotation_numbers(js):
     """One pair's rotation: q and k rotated with cos, sin (one ulp each) and two products and a sum per
     component, so each component is within 2 (2u + u)(|x| + |y|) + u of the oracle's on each side; the
     score (two more products and a sum) within 16u |q|_1 |k|_1."""
-    cases = [(0.3, 0, 5, [1.0, 0.3], [0.2, 1.0]), (0.3, 37, -12, [1.0, 0.3], [0.2, 1.0]), (2.9, 40, 20, [-3.0, 0.5], [4.0, -2.5]),
-             (1e-3, 7, 1, [1e3, -1e-3], [0.0, 1.0])]
+    cases = [(0.3, 0, 5, [1.0, 0.3], [0.2, 1.0]), (0.3, 37, -12, [1.0, 0.3], [0.2, 1.0]),
+             (2.9, 40, 20, [-3.0, 0.5], [4.0, -2.5]), (1e-3, 7, 1, [1e3, -1e-3], [0.0, 1.0])]
     for theta, m, dist, q, k in cases:
         state = {"theta": theta, "position": m, "distance": dist, "q": q, "k": k}
         py = webexplorers.widget("rotation", **state).compute() if _have_anywidget() else webexplorers._python_compute(
@@ -368,12 +371,13 @@ def test_drift_numbers(js):
         edge = int((np.abs(py["wrapped"] - math.pi / 2) <= tol_w).sum())
         assert abs(got["frac_over_half_pi"] - py["frac_over_half_pi"]) * length * half <= edge + 1e-6, case
         text = js.call("drift", "summary", dict(zip(("length", "head_dim", "base", "original_length", "factor"), case)))
-        assert f"{100 * py['frac_over_half_pi']:.1f} % of (key, pair)" in text["text"] or edge, case
+        if edge == 0:  # no entry near pi/2: the fraction is the same count, printed the same
+            assert f"{100 * py['frac_over_half_pi']:.1f} % of (key, pair)" in text["text"], case
         assert f"b(L) = {py['base_now']:.4g}" in text["text"], case
 
 
-EXTENSION_CASES = [(4.0, 32, 10000.0, 256), (1.0, 32, 10000.0, 256), (7.5, 128, 500000.0, 8192), (32.0, 16, 100.0, 2048),
-                   (2.5, 256, 1e6, 4096), (16.0, 64, 10000.0, 4096)]
+EXTENSION_CASES = [(4.0, 32, 10000.0, 256), (1.0, 32, 10000.0, 256), (7.5, 128, 500000.0, 8192),
+                   (32.0, 16, 100.0, 2048), (2.5, 256, 1e6, 4096), (16.0, 64, 10000.0, 4096)]
 
 
 @browser_only
@@ -400,8 +404,9 @@ def test_extension_numbers(js):
         assert ("out of range: " + ", ".join(bad) if bad else "no method leaves a pair out of range") in text, case
 
 
-COPE_TEXTS = ["a b  c   d e", "Hello, World! 123 -- ok?", "naïve café ÉTÉ\u3000x\u00a0y\ufeffz\x1c\u2028İ ١٢ Ⅻ 中文",
-              "x" * 200]
+COPE_TEXTS = ["a b  c   d e", "Hello, World! 123 -- ok?", "naïve café ÉTÉ\u3000x\u00a0y\ufeffz\x1c\u2028İ ١٢ Ⅻ 中文"]
+COPE_CASES = [(t, c, sh) for t in COPE_TEXTS for c in COUNT_RULES for sh in (0.0, 6.0, 20.0)]
+COPE_CASES += [(("on, the mat " * 20)[:200], "vowels", 6.0)]  # a long one: the positions' sums get long
 
 
 @browser_only
@@ -411,21 +416,19 @@ def test_cope_numbers(js):
     most s gates <= 1, within (s + 3) s u on each side; token distances are integers (equal). Counting
     rules agree with Python's str.isalnum / isspace / lower on the test's Unicode (accents, CJK,
     Arabic-Indic and Roman numerals, no-break and ideographic spaces, BOM, separators)."""
-    from ropelab.cope import COUNT_RULES, cope_gates
+    from ropelab.cope import cope_gates
 
-    for text in COPE_TEXTS:
-        for count in COUNT_RULES:
-            for sharpness in (0.0, 6.0, 20.0):
-                py = cope_gates(text, count, sharpness)
-                got = js.call("cope", "compute", {"text": text, "count": count, "sharpness": sharpness})
-                s = len(text)
-                assert got["tokens"] == list(text)
-                gates = np.array(got["gates"]).reshape(s, s)
-                _close(gates, py["gates"], 8 * U * py["gates"], f"gates {count!r}")
-                _close(np.array(got["positions"]).reshape(s, s), py["positions"], 2 * (s + 3) * s * U, "positions")
-                assert np.array_equal(np.array(got["token_distance"]).reshape(s, s), py["token_distance"])
-                summary = js.call("cope", "summary", {"text": text, "count": count, "sharpness": sharpness})
-                _close(summary["counted"], py["positions"][-1, 0], 2 * (s + 3) * s * U, "counted")
+    states = [{"text": t, "count": c, "sharpness": sh} for t, c, sh in COPE_CASES]
+    outs = js.eval("(states) => states.map((s) => [mods.cope.compute(s), mods.cope.summary(s)])", states)
+    for state, (got, summary) in zip(states, outs):
+        py = cope_gates(state["text"], state["count"], state["sharpness"])
+        s = len(state["text"])
+        assert got["tokens"] == list(state["text"])
+        _close(np.array(got["gates"]).reshape(s, s), py["gates"], 8 * U * py["gates"], f"gates {state}")
+        _close(np.array(got["positions"]).reshape(s, s), py["positions"], 2 * (s + 3) * s * U, f"positions {state}")
+        assert np.array_equal(np.array(got["token_distance"]).reshape(s, s), py["token_distance"])
+        _close(summary["counted"], py["positions"][-1, 0], 2 * (s + 3) * s * U, "counted")
+        assert f"{py['positions'][-1, 0]:.2f} counted, {s} tokens" in summary["text"]
 
 
 @browser_only
@@ -453,7 +456,7 @@ def test_compute_rejects_bad_input(js):
                                 ("decay", {**webexplorers.STATE["decay"], "base": 1.0}, "base"),
                                 ("cope", {**webexplorers.STATE["cope"], "text": ""}, "text"),
                                 ("rotation", {**webexplorers.STATE["rotation"], "q": [1.0]}, "q")]:
-        message = js.eval("""([m, s]) => { try { mods[m].compute(s); return null; } catch (e) { return e.message; } }""",
+        message = js.eval("([m, s]) => { try { mods[m].compute(s); return null; } catch (e) { return e.message; } }",
                           [module, state])
         assert message and message.startswith(word), (module, message)
 
@@ -473,7 +476,8 @@ MOVES = {
 }
 FIGURE_JS = """() => {
   const f = document.querySelector('.ropelab-figure');
-  return [...f.querySelectorAll('svg, canvas')].map((e) => e.tagName === 'CANVAS' ? e.toDataURL() : e.outerHTML).join('|');
+  const one = (e) => e.tagName === 'CANVAS' ? e.toDataURL() : e.outerHTML;
+  return [...f.querySelectorAll('svg, canvas')].map(one).join('|');
 }"""
 
 

@@ -119,7 +119,11 @@ const state = {state};
 const listeners = new Map();
 const model = {{
   get: (k) => state[k],
-  set: (k, v) => {{ if (state[k] === v) return; state[k] = v; for (const cb of listeners.get(`change:${{k}}`) || []) cb(); }},
+  set: (k, v) => {{
+    if (state[k] === v) return;
+    state[k] = v;
+    for (const cb of listeners.get(`change:${{k}}`) || []) cb();
+  }},
   on: (ev, cb) => {{ if (!listeners.has(ev)) listeners.set(ev, []); listeners.get(ev).push(cb); }},
   off: (ev, cb) => {{ const l = listeners.get(ev) || []; const i = l.indexOf(cb); if (i >= 0) l.splice(i, 1); }},
   save_changes: () => {{}},
@@ -203,8 +207,8 @@ def _widget_class(name: str):
 
     compute.__doc__ = "The Python package's numbers for the current slider state (what the JS module computes)."
     body = {k: _trait(v).tag(sync=True) for k, v in STATE[name].items()}
-    body.update(_esm=esm(name), compute=compute, explorer=name, __module__=__name__,
-                __doc__=f"The {name} explorer as an anywidget: traitlets {list(STATE[name])}, compute in static/{name}.js.")
+    doc = f"The {name} explorer as an anywidget: traitlets {list(STATE[name])}, compute in static/{name}.js."
+    body.update(_esm=esm(name), compute=compute, explorer=name, __module__=__name__, __doc__=doc)
     return type(WIDGETS[name], (anywidget.AnyWidget,), body)
 
 

@@ -170,7 +170,7 @@ function tickLabel(t, log) {
 
 // Draw into `svg` (an <svg> element, cleared first) a chart: opts = {width, height, title, xlabel, ylabel,
 // xlim, ylim, xlog, ylog, series: [{x, y, color, dash, width, marker, label, fill: y2}], hlines: [{y, color,
-// dash}], vlines: [...], legend: bool, equal: bool (same scale on both axes)}.
+// dash}], vlines: [...], legend: true | "bottom", xticks: [{x, label}] (instead of automatic ones), noTicks}.
 export function lineChart(svg, opts) {
   while (svg.firstChild) svg.removeChild(svg.firstChild);
   const W = opts.width || 420, H = opts.height || 300;
@@ -193,9 +193,10 @@ export function lineChart(svg, opts) {
   svg.appendChild(defs);
   svg.appendChild(svgEl("rect", { x: m.l, y: m.t, width: pw, height: ph, fill: "white", stroke: "#333" }));
   if (!opts.noTicks) {
-    for (const t of ticks(x0, x1, opts.xlog)) {
+    const xt = opts.xticks || ticks(x0, x1, opts.xlog).map((t) => ({ x: t, label: tickLabel(t, opts.xlog) }));
+    for (const { x: t, label } of xt) {
       svg.appendChild(svgEl("line", { x1: X(t), x2: X(t), y1: m.t + ph, y2: m.t + ph + 4, stroke: "#333" }));
-      svg.appendChild(svgEl("text", { x: X(t), y: m.t + ph + 16, "text-anchor": "middle", "font-size": 10 }, tickLabel(t, opts.xlog)));
+      svg.appendChild(svgEl("text", { x: X(t), y: m.t + ph + 16, "text-anchor": "middle", "font-size": 10 }, label));
     }
     for (const t of ticks(y0, y1, opts.ylog)) {
       svg.appendChild(svgEl("line", { x1: m.l - 4, x2: m.l, y1: Y(t), y2: Y(t), stroke: "#333" }));
@@ -244,7 +245,7 @@ export function lineChart(svg, opts) {
   if (opts.legend) {
     const items = opts.series.filter((s) => s.label);
     items.forEach((s, n) => {
-      const y = m.t + 12 + 13 * n;
+      const y = opts.legend === "bottom" ? m.t + ph - 10 - 13 * (items.length - 1 - n) : m.t + 12 + 13 * n;
       svg.appendChild(svgEl("line", { x1: m.l + 8, x2: m.l + 28, y1: y, y2: y, stroke: s.color, "stroke-width": 2,
         "stroke-dasharray": s.dash || "none" }));
       svg.appendChild(svgEl("text", { x: m.l + 32, y: y + 3, "font-size": 9 }, s.label));

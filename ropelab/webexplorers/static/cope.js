@@ -74,7 +74,9 @@ export function render({ model, el }) {
     const g = last(out.gates);
     const stepsX = [], stepsY = []; // drawstyle="steps-mid"
     g.forEach((v, k) => { stepsX.push(k - 0.5, k + 0.5); stepsY.push(v, v); });
+    const labels = s <= 40 ? out.tokens.map((c, k) => ({ x: k, label: c === " " ? "␣" : c })) : [];
     lineChart(svg, { width: 480, height: 300, xlim: [-0.5, s - 0.5], ylim: [0, Math.max(s, 1) * 1.25], xlabel: "key",
+      xticks: labels,
       title: sm.text, legend: true, series: [
         { x: stepsX, y: stepsY, color: COLORS[0], label: "gate g of the last query" },
         { x, y: last(out.positions), color: COLORS[1], marker: true, label: "CoPE position p" },

@@ -73,7 +73,7 @@ export function render({ model, el }) {
       series.push({ x: [0, Math.cos(a)], y: [0, Math.sin(a)], color: COLORS[k], width: 2.5, label: `pair ${label}` });
       series.push({ x: [0, Math.cos(h)], y: [0, Math.sin(h)], color: COLORS[k], width: 1.5, dash: "2 2" });
     });
-    lineChart(svgs[1], { width: 260, height: 280, xlim: [-1.15, 1.15], ylim: [-1.15, 1.15], noTicks: true, legend: true,
+    lineChart(svgs[1], { width: 260, height: 280, xlim: [-1.15, 1.15], ylim: [-1.15, 1.15], noTicks: true, legend: "bottom",
       title: `pairs at position ${p.position}\n(dotted: angle in ${p.dtype})`, series });
     lineChart(svgs[2], {
       width: 380, height: 280, ylog: true, xlim: [-0.5, n - 0.5], ylim: [1e-17, 10], xlabel: "pair i",
