@@ -369,10 +369,17 @@ export function scaffold(model, el, spec, redraw, extra = []) {
       error.textContent = String(e.message || e);
     }
   };
+  // A drag fires many input events: redraw once per animation frame, from the latest state.
+  let pending = false;
+  const schedule = () => {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(() => { pending = false; update(); });
+  };
   const names = new Set(spec.map((c) => c.name).concat(extra));
   const handlers = [];
   for (const n of names) {
-    const h = () => update();
+    const h = () => schedule();
     model.on(`change:${n}`, h);
     handlers.push([n, h]);
   }
