@@ -88,7 +88,7 @@ export function render({ model, el }) {
     const lines = (scale) => METHODS.map((m, j) => ({ x: i, y: Array.from(out.ratio[m], (r) => scale * r), color: COLORS[j],
       dash: DASH[j], marker: true, width: 1.3, label: m }));
     const crit = [{ x: out.critical - 0.5 }];
-    lineChart(svgs[0], { width: 400, height: 300, ylog: true, xlim: [-0.5, n - 0.5], ylim: [lo / 1.5, 1.5], legend: true,
+    lineChart(svgs[0], { width: 400, height: 300, ylog: true, xlim: [-0.5, n - 0.5], ylim: [lo / 1.5, 1.5], legend: "bottom",
       xlabel: "pair i", ylabel: "ω'_i / ω_i", vlines: crit, series: lines(1),
       title: `s = ${fmtG(p.factor)}, d = ${p.head_dim}, b = ${fmtG(p.base, 3)}, L0 = ${p.original_length}` });
     lineChart(svgs[1], { width: 400, height: 300, ylog: true, xlim: [-0.5, n - 0.5], ylim: [lo / 1.5, p.factor * 1.5],

@@ -53,7 +53,7 @@ export function render({ model, el }) {
     const r = Math.max(Math.hypot(...p.q), Math.hypot(...p.k)) * 1.04;
     const lim = 1.35 * r;
     lineChart(svg, {
-      width: 360, height: 360, xlim: [-lim, lim], ylim: [-lim, lim], noTicks: true, legend: true,
+      width: 360, height: 380, xlim: [-lim, lim], ylim: [-lim, lim], noTicks: true, legend: true, // a square plot area
       title: `q at m = ${p.position}, k at m + ${p.distance}: one angle between them`,
       series: [
         { x: t.map((a) => r * Math.cos(a)), y: t.map((a) => r * Math.sin(a)), color: "#ccc", width: 1 },
