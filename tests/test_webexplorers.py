@@ -114,6 +114,8 @@ def test_embed_html_checks_its_arguments():
         webexplorers.embed_html("ladder", head_dim="64")
     with pytest.raises(ValueError, match="base_url"):
         webexplorers.embed_html("ladder", base_url="static")
+    assert 'from "./static/ladder.js"' in webexplorers.embed_html("ladder", base_url="static/")  # not a bare name
+    assert "import " not in webexplorers.embed_html("ladder", inline=True)
     snippet = webexplorers.embed_html("cope", text="x</script><b>")
     assert "</script><b>" not in snippet and snippet == webexplorers.embed_html("cope", text="x</script><b>")
 
@@ -137,15 +139,18 @@ def site(tmp_path_factory):
     (root / "numbers.html").write_text(
         f'{head}<script type="module">\n{imports}\n{common}\n'
         f'window.mods = {{{", ".join(webexplorers.NAMES)}, common}}; window.ready = true;\n</script>\n')
-    for n in webexplorers.NAMES:
-        (root / f"{n}.html").write_text(
+    (root / "pages").mkdir()
+    for n in webexplorers.NAMES:  # served, one folder down as a site's pages are; and inline, opened from disk
+        (root / "pages" / f"{n}.html").write_text(
             f'{head}<title>{n}</title></head><body>\n'
-            + webexplorers.embed_html(n, base_url="explorers/") + "</body></html>\n")
+            + webexplorers.embed_html(n, base_url="../explorers/") + "</body></html>\n")
+        (root / f"{n}-inline.html").write_text(
+            f'{head}<title>{n}</title></head><body>\n' + webexplorers.embed_html(n, inline=True) + "</body></html>\n")
     handler = functools.partial(_QuietHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    yield {"url": f"http://127.0.0.1:{server.server_address[1]}", "root": root}
     server.shutdown()
     server.server_close()
 
@@ -191,7 +196,7 @@ def js(browser, site):
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.goto(f"{site}/numbers.html")
+    page.goto(f"{site['url']}/numbers.html")
     page.wait_for_function("window.ready === true", timeout=20000)
     yield _Page(page)
     assert not errors, errors
@@ -482,14 +487,21 @@ FIGURE_JS = """() => {
 
 
 @browser_only
+@pytest.mark.parametrize("mode", ["served", "inline from disk"])
 @pytest.mark.parametrize("name", webexplorers.NAMES)
-def test_page_responds_without_a_kernel(browser, site, name):
+def test_page_responds_without_a_kernel(browser, site, name, mode):
+    """served: embed_html importing ../explorers/<name>.js over http; inline from disk: embed_html(inline=True)
+    opened as a file:// page (where Chromium would refuse a module import)."""
+    if mode == "served":
+        url, allowed = f"{site['url']}/pages/{name}.html", site["url"] + "/"
+    else:
+        url = allowed = (site["root"] / f"{name}-inline.html").as_uri()
     page = browser.new_page()
     errors, requests = [], []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.on("console", lambda m: errors.append(m.text) if m.type in ("error", "warning") else None)
     page.on("request", lambda r: requests.append(r.url))
-    page.goto(f"{site}/{name}.html")
+    page.goto(url)
     page.wait_for_function("document.querySelector('.ropelab-readout') && "
                            "document.querySelector('.ropelab-readout').textContent.length > 0", timeout=20000)
     before = (page.text_content(".ropelab-readout"), page.evaluate(FIGURE_JS))
@@ -508,7 +520,7 @@ def test_page_responds_without_a_kernel(browser, site, name):
     if name == "drift":
         assert "b(L) = 1e+04" in after[0] and "0.0 %" in after[0]
     assert not errors, errors
-    assert all(u.startswith(site + "/") for u in requests), requests  # no CDN, no kernel: only the served folder
+    assert all(u.startswith(allowed) for u in requests), requests  # no CDN, no kernel: only the page's own files
     page.close()
 
 

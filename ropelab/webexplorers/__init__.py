@@ -134,26 +134,35 @@ widget.render({{ model, el }});
 """
 
 
-def embed_html(name: str, *, base_url: str = "_static/explorers/", element_id: str | None = None, **state) -> str:
+def embed_html(name: str, *, base_url: str = "_static/explorers/", inline: bool = False, element_id: str | None = None,
+               **state) -> str:
     """A self-contained HTML snippet showing explorer ``name`` with no kernel: a ``<div>`` and a
     ``<script type="module">`` importing ``<base_url><name>.js`` (where :func:`static_files` must be copied;
-    relative to the page, or absolute) with a local stand-in for anywidget's model. ``state`` overrides the
-    defaults (:data:`STATE`); an unknown name or a value of the wrong type is a ValueError. The element id
-    defaults to one derived from the name and state, so the same call gives the same bytes."""
+    relative to the page, or absolute) with a local stand-in for anywidget's model. ``inline=True`` puts the
+    module itself in the script instead (about 20 kB, no file to copy): the form that also works on a page
+    opened from disk (``file://``), where Chromium refuses to import modules. ``state`` overrides the defaults
+    (:data:`STATE`); an unknown name or a value of the wrong type is a ValueError. The element id defaults to
+    one derived from the name and state, so the same call gives the same bytes."""
     full = _checked_state(name, state)
-    if not isinstance(base_url, str) or not base_url.endswith("/"):
-        raise ValueError(f"base_url must be a str ending in '/' (the folder holding {name}.js), got {base_url!r}.")
     blob = json.dumps(full, sort_keys=True, ensure_ascii=True)
     if element_id is None:
         element_id = f"ropelab-{name}-{hashlib.sha1(blob.encode()).hexdigest()[:10]}"
     if not re.fullmatch(r"[A-Za-z][\w-]*", element_id):
         raise ValueError(f"element_id must be letters, digits, '_' or '-', starting with a letter; got {element_id!r}.")
     # JSON inside <script>: escape "<" so no "</script>" in a text value can close the element early.
-    blob = blob.replace("<", "\\u003c")
-    if not re.match(r"(\.{0,2}/|[A-Za-z][A-Za-z0-9+.-]*:)", base_url):
-        base_url = "./" + base_url  # a module specifier must be a URL or start with /, ./ or ../
-    url = json.dumps(f"{base_url}{name}.js")
-    script = f"import widget from {url};\n" + _STANDIN.format(state=blob, id=element_id)
+    standin = _STANDIN.format(state=blob.replace("<", "\\u003c"), id=element_id)
+    if inline:
+        code = esm(name)
+        if "</script" in code.lower() or "<!--" in code:
+            raise RuntimeError(f"static/{name}.js holds '</script' or '<!--' and cannot be inlined in a <script>.")
+        # the module's own render, then the stand-in in a block of its own (no name clashes with the module)
+        script = f"{code}\nconst widget = {{ render }};\n{{\n{standin}}}\n"
+    else:
+        if not isinstance(base_url, str) or not base_url.endswith("/"):
+            raise ValueError(f"base_url must be a str ending in '/' (the folder holding {name}.js), got {base_url!r}.")
+        if not re.match(r"(\.{0,2}/|[A-Za-z][A-Za-z0-9+.-]*:)", base_url):
+            base_url = "./" + base_url  # a module specifier must be a URL or start with /, ./ or ../
+        script = f"import widget from {json.dumps(base_url + name + '.js')};\n{standin}"
     return (f'<div class="ropelab-webexplorer-host" id="{element_id}" data-explorer="{name}"></div>\n'
             f'<script type="module">\n{script}</script>\n')
 
