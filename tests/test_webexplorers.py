@@ -562,7 +562,8 @@ def test_widget_in_jupyterlab_syncs_both_ways(browser, tmp_path):
         port = s.getsockname()[1]
     token = secrets.token_hex(16)
     repo = Path(webexplorers.__file__).parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    path = os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = {**os.environ, "PYTHONPATH": path,
            "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "IPYTHONDIR": str(tmp_path / "ipython")}
@@ -597,13 +598,20 @@ def test_widget_in_jupyterlab_syncs_both_ways(browser, tmp_path):
         readout.wait_for(state="visible", timeout=120_000)
         page.wait_for_function("() => document.querySelector('.jp-OutputArea-output .ropelab-readout')"
                                ".textContent.includes('10 pairs turned once')", timeout=30_000)
-        page.wait_for_timeout(2000)  # the second cell's observer is registered
+        page.wait_for_function("""() => {  // both cells ran (the observer is registered) and the kernel is idle
+            const w = window.jupyterapp.shell.currentWidget;
+            return w.sessionContext.session.kernel.status === 'idle'
+              && w.content.widgets.every((c) => c.model.toJSON().execution_count !== null);
+          }""", timeout=60_000)
         page.locator('.jp-OutputArea-output input[data-trait="position"]').first.fill("5000")
         # JS -> Python (position) -> the observer -> Python -> JS (dtype): the drop-down and the figure follow
         page.wait_for_function("() => document.querySelector('.jp-OutputArea-output .ropelab-readout')"
-                               ".textContent.includes('float16 angle vs float64')", timeout=60_000)
+                               ".textContent.includes('\\nfloat16 angle vs float64')", timeout=60_000)  # not bfloat16
         assert page.locator('.jp-OutputArea-output select[data-trait="dtype"]').first.input_value() == "float16"
-        assert "32 pairs turned once" not in readout.text_content()  # 5000 turns more than 10 of the 32 pairs
+        want = webexplorers.widget("ladder", position=5000, dtype="float16").compute()  # the Python package
+        text = readout.text_content()
+        assert f"{int(want['turned'].sum())} pairs turned once" in text, text
+        assert f"max {want['phase_error'].max():.2g} rad" in text, text
         assert not errors, errors
     finally:
         if page is not None:
