@@ -27,7 +27,9 @@ Two ways to show one:
   traitlets are the slider state, synced both ways, and ``compute()`` runs the Python package on that state;
 - on a static page (no kernel): ``embed_html("ladder", base_url="_static/explorers/", position=500)`` returns a
   ``<div>`` and a ``<script type="module">`` that imports ``<base_url>ladder.js`` and renders it with a small
-  local model; copy :func:`static_files` to ``base_url`` (the site build does).
+  local model; copy :func:`static_files` to ``base_url`` (the site build does). A page opened from disk
+  (``file://``) cannot import modules in Chromium: ``embed_html(..., inline=True)`` puts the module in the
+  snippet instead, and needs no file beside it.
 
 The one exception to "the same numbers": the decay explorer's Gaussian band is the closed form
 (mean 0, spread :math:`\sqrt d`) rather than the Python explorer's seeded sample of 64 pairs.
