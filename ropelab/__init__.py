@@ -54,6 +54,8 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
 - ``figures``: the notebook runner, the ``setup`` / ``save`` / ``answer`` helpers notebooks call, and the run record;
 - ``manifest``: the notebooks and their figures: order, source hashes, footers, the figure manifest;
 - ``explorers``: the notebooks' interactive explorers (ipywidgets over pure compute functions);
+- ``webexplorers``: the same explorers with their compute in JavaScript: anywidgets in JupyterLab, and
+  ``embed_html`` snippets that respond on a static page with no kernel;
 - ``nbclean``: keeps notebook outputs out of git (Jupyter pre-save hook, nbstripout filter);
 - ``kernels``: a fused Triton RoPE (forward and backward), ``backend="compile"`` for the CPU, the decode kernel
   and the byte model; ``apply_rope`` imports them on first use, ``core`` never;
