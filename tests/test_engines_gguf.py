@@ -360,7 +360,7 @@ def test_mrope_arch_without_sections_is_a_read_error(tmp_path):
 
 
 def test_committed_table_matches_a_fresh_parse_of_the_sdist():
-    from ropelab.engines._llamacpp_parse import parse
+    from ropelab.engines.llamacpp_parse import parse
 
     fresh = parse(converter.converter_dir())
     assert fresh["commit"] == llamacpp_table.LLAMA_CPP_COMMIT

@@ -115,7 +115,7 @@ def _extract(root: Path, version: str, cache: Path) -> Path:
 
 def llama_cpp_commit(root: Path | None = None) -> str | None:
     """The llama.cpp commit vendored in the extracted sdist (its submodule's ``HEAD``)."""
-    from ._llamacpp_parse import commit_of
+    from .llamacpp_parse import commit_of
 
     return commit_of(root or converter_dir())
 

@@ -1,6 +1,6 @@
 """llama.cpp's RoPE conventions per GGUF architecture. GENERATED: do not edit by hand.
 
-Regenerate with ``python -m ropelab.engines.llamacpp_table --source DIR`` (ropelab.engines._llamacpp_parse
+Regenerate with ``python -m ropelab.engines.llamacpp_table --source DIR`` (ropelab.engines.llamacpp_parse
 documents what is read from which file). Read from llama.cpp commit
 0c1e57098bba43ac29e6e3b677cdceebdd22334f (llama-cpp-python 0.3.36 sdist, vendor/llama.cpp):
 
@@ -1595,7 +1595,7 @@ ARCHS = {'afmoe': {'class': 'llama_model_afmoe',
 
 def main(argv=None) -> int:
     """``python -m ropelab.engines.llamacpp_table --source DIR``: regenerate this module."""
-    from ._llamacpp_parse import main as _main
+    from .llamacpp_parse import main as _main
 
     return _main(argv)
 

@@ -24,6 +24,8 @@ import ast
 import re
 from pathlib import Path
 
+__all__ = ["ROPE_TYPE_NAMES", "llama_cpp_dir", "commit_of", "parse", "render", "source_label", "main"]
+
 ROPE_TYPE_NAMES = ("NONE", "NORM", "NEOX", "MROPE", "IMROPE", "VISION")
 
 
@@ -367,7 +369,7 @@ def render(table: dict, source_label: str) -> str:
     lines = [
         '"""llama.cpp\'s RoPE conventions per GGUF architecture. GENERATED: do not edit by hand.',
         "",
-        "Regenerate with ``python -m ropelab.engines.llamacpp_table --source DIR`` (ropelab.engines._llamacpp_parse",
+        "Regenerate with ``python -m ropelab.engines.llamacpp_table --source DIR`` (ropelab.engines.llamacpp_parse",
         "documents what is read from which file). Read from llama.cpp commit",
         f"{table['commit']} ({source_label}):",
         "",
@@ -391,7 +393,7 @@ def render(table: dict, source_label: str) -> str:
         "",
         "def main(argv=None) -> int:",
         '    """``python -m ropelab.engines.llamacpp_table --source DIR``: regenerate this module."""',
-        "    from ._llamacpp_parse import main as _main",
+        "    from .llamacpp_parse import main as _main",
         "",
         "    return _main(argv)",
         "",
