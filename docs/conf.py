@@ -46,6 +46,8 @@ html_theme_options = {
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
 }
+# The theme's light/dark mode follows the reader's system; unset, its script logs "Got invalid theme mode" as an error.
+html_context = {"default_mode": "auto"}
 html_static_path = ["_static"]
 html_css_files = ["ropelab.css"]
 html_show_sourcelink = False

@@ -184,7 +184,8 @@ def _banner(src: Path, smoke: bool) -> dict:
         lines += ["", "*This page shows a smoke run (tiny sizes, `python -m ropelab.figures --smoke`): its numbers "
                   "are not the full run's, which `make figures` then `make site` show.*"]
     lines.append(":::")
-    return {"cell_type": "markdown", "metadata": {"tags": [BANNER_CLASS]}, "source": "\n".join(lines)}
+    return {"cell_type": "markdown", "id": BANNER_CLASS, "metadata": {"tags": [BANNER_CLASS]},
+            "source": "\n".join(lines)}
 
 
 def explorer_html(name: str) -> str | None:
@@ -208,9 +209,9 @@ def _explorer_output(source: str) -> dict:
     name = m.group(1) if m else None
     twin = explorer_html(name) if name else None
     if twin is None:
-        twin = ("<p class='ropelab-explorer-note'><em>Interactive explorer" + (f" ({html.escape(name)})" if name else "")
-                + ": its sliders need a running kernel (<code>make lab</code>); the figure above is its default "
-                "view.</em></p>")
+        label = f" ({html.escape(name)})" if name else ""
+        twin = (f"<p class='ropelab-explorer-note'><em>Interactive explorer{label}: its sliders need a running "
+                "kernel (<code>make lab</code>); the figure above is its default view.</em></p>")
     return {"output_type": "display_data", "metadata": {}, "data": {"text/html": twin, "text/plain": "explorer"}}
 
 
@@ -335,7 +336,8 @@ def stage(executed: dict[Path, tuple[dict, Path]], src_dir: Path, smoke: bool = 
     for path in sorted(DOCS_DIR.rglob("*")):
         rel = path.relative_to(DOCS_DIR).as_posix()
         # conf.py and _static/ (html_static_path) Sphinx reads from docs/ itself
-        if path.is_file() and rel != "conf.py" and not rel.startswith(("_static/", "_build/")) and "__pycache__" not in rel:
+        skip = rel == "conf.py" or rel.startswith(("_static/", "_build/")) or "__pycache__" in rel
+        if path.is_file() and not skip:
             pages[rel] = path.read_bytes()
     if "index.md" not in pages or MAP_MARKER not in pages["index.md"].decode():
         raise SystemExit(f"{DOCS_DIR / 'index.md'} must hold the line {MAP_MARKER} (where the notebook map goes).")
@@ -411,8 +413,8 @@ def build(smoke: bool = False, out: str | os.PathLike | None = None, run_missing
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-c", str(DOCS_DIR), "-d", str(out / ".doctrees"),
            "-w", str(warnings_file), "-j", str(jobs), str(src_dir), str(out)] + (["-q"] if quiet else [])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "MPLBACKEND": "Agg"}
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = {**os.environ, "PYTHONPATH": path, "MPLBACKEND": "Agg"}
     proc = subprocess.run(cmd, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"sphinx-build failed (exit {proc.returncode}); its warnings are in {warnings_file}")
