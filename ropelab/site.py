@@ -57,8 +57,8 @@ MODULES_MARKER = "<!-- ropelab:modules -->"  # in docs/api/index.md: replaced by
 BANNER_CLASS = "ropelab-banner"  # the run-locally / previous / next banner of a notebook page
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 INJECTED_TAG = "injected-parameters"  # the cell ropelab.figures inserts after the parameters cell
-# Where the front page's "[README](../README.md)" goes: the README is a front page whose paragraphs live on the site.
-SITE_TARGETS = {"README.md": "index.md", "notebooks/index.ipynb": "index.md"}
+# Pages of the site that are not at their repository path: the README (a page of its own) and the map (the front page).
+SITE_TARGETS = {"README.md": "readme.md", "notebooks/index.ipynb": "index.md"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -138,37 +138,43 @@ def executed_notebooks(smoke: bool = False, run_missing: bool = False) -> dict[P
 # Staging: a copy of each executed notebook, made into a page
 # --------------------------------------------------------------------------------------------------
 
-_LINK = re.compile(r"(\]\()([^)\s]+)(\))")
+_LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^)\s]+)\)")  # [text](target) and ![alt](image)
 
 
-def _site_target(repo_path: str) -> str | None:
-    """The staged path (from the site's root) of a repository path a page links to, or None if the site has none."""
+def _site_target(repo_path: str, modules: set[str]) -> str | None:
+    """The staged path (from the site's root) of a repository path a page links to, or None if the site has none:
+    a notebook, a committed PNG figure, a page of ``docs/``, the README, or a module of ``modules`` (its API page)."""
     if repo_path in SITE_TARGETS:
         return SITE_TARGETS[repo_path]
     if re.fullmatch(r"notebooks/[0-9]{2}_[^/]+\.ipynb", repo_path) or re.fullmatch(r"figures/[^/]+\.png", repo_path):
         return repo_path
     if repo_path.startswith("docs/"):
         return repo_path[len("docs/"):]
+    if repo_path.startswith("ropelab/"):
+        module = re.sub(r"(/__init__)?\.py$", "", repo_path.rstrip("/")).replace("/", ".")
+        if module in modules:
+            return "api/index.md" if module == "ropelab" else f"api/{module}.md"
     return None
 
 
-def _rewrite_links(text: str, repo_dir: str, site_dir: str, images: set[str]) -> str:
+def _rewrite_links(text: str, repo_dir: str, site_dir: str, images: set[str], modules: set[str] = frozenset()) -> str:
     """Markdown links and images of a page written at ``repo_dir`` (repository-relative) and staged at ``site_dir``
-    (site-relative), pointed at the staged pages; the figures it shows are added to ``images``. A link to a file
-    the site does not carry stays as it is (Sphinx then warns about it)."""
+    (site-relative), pointed at the staged pages (:func:`_site_target`); the figures it shows are added to
+    ``images``. A link to a file the site does not carry (``LICENSE``, ``data/...``) becomes its text and path in
+    code, with no link; such an image stays as it is (Sphinx warns, and the site's test fails on it)."""
 
     def fix(m: re.Match) -> str:
-        target = m.group(2)
+        bang, label, target = m.groups()
         if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
             return m.group(0)
         path, _, anchor = target.partition("#")
-        staged = _site_target(posixpath.normpath(posixpath.join(repo_dir, path)))
+        staged = _site_target(posixpath.normpath(posixpath.join(repo_dir, path)), modules)
         if staged is None:
-            return m.group(0)
+            return m.group(0) if bang else (label if label.strip("`") == path else f"{label} (`{path}`)")
         if staged.startswith("figures/"):
             images.add(staged)
         rel = posixpath.relpath(staged, site_dir or ".")
-        return m.group(1) + rel + (f"#{anchor}" if anchor else "") + m.group(3)
+        return f"{bang}[{label}]({rel}{'#' + anchor if anchor else ''})"
 
     return _LINK.sub(fix, text)
 
@@ -220,7 +226,8 @@ def _figure_output(png: Path) -> dict:
     return {"output_type": "display_data", "metadata": {}, "data": {"image/png": data, "text/plain": png.stem}}
 
 
-def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: set[str]) -> dict:
+def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: set[str],
+                   modules: set[str] = frozenset()) -> dict:
     """The page made of notebook ``src``'s executed copy ``nb`` (a new dict; ``nb`` is left as it is): banner after
     the title, each saved figure shown under the cell that saved it (from ``figures_dir``), explorer widgets
     replaced (:func:`explorer_html`), links pointed at the site, the runner's absolute paths made relative."""
@@ -231,7 +238,7 @@ def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: 
     for cell in nb["cells"]:
         source = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
-            cell["source"] = _rewrite_links(source, "notebooks", "notebooks", images)
+            cell["source"] = _rewrite_links(source, "notebooks", "notebooks", images, modules)
         elif cell["cell_type"] == "code":
             if INJECTED_TAG in cell.get("metadata", {}).get("tags", []):
                 cell["source"] = source.replace(repr(str(REPO) + "/")[:-1], "'../").replace(str(REPO), "..")
@@ -244,12 +251,18 @@ def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: 
         cells.append(cell)
     title = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
                   and "".join(c["source"]).lstrip().startswith("# ")), -1)
+    if title >= 0:  # the banner goes right under the title line: split it from the rest of its cell
+        head, _, rest = "".join(cells[title]["source"]).lstrip().partition("\n")
+        if rest.strip():
+            rest_id = f"{cells[title].get('id', 'title')}-rest"
+            first = {**cells[title], "source": head}
+            cells[title : title + 1] = [first, {**cells[title], "id": rest_id, "source": rest}]
     cells.insert(title + 1, _banner(src, smoke))
     nb["cells"] = cells
     return nb
 
 
-def render_map(images: set[str]) -> str:
+def render_map(images: set[str], modules: set[str] = frozenset()) -> str:
     """The front page's notebook map: the markdown cells of ``notebooks/index.ipynb`` (its run table rendered by
     the runner from ``figures/runs.json``), links pointed at the site's pages, its title left to ``docs/index.md``."""
     cells = json.loads((NOTEBOOK_DIR / "index.ipynb").read_text(encoding="utf-8"))["cells"]
@@ -260,7 +273,7 @@ def render_map(images: set[str]) -> str:
     text = "\n\n".join(p.strip() for p in parts if p.strip())
     text = re.sub(r"^(#{2,5}) ", r"#\1 ", text, flags=re.M)  # below docs/index.md's own headings
     text = re.sub(r"<!--.*?-->\n?", "", text, flags=re.S)
-    return _rewrite_links(text, "notebooks", "", images)
+    return _rewrite_links(text, "notebooks", "", images, modules)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -327,28 +340,52 @@ def _write(path: Path, text: str | bytes) -> None:
     path.write_bytes(data)
 
 
+def _notebooks_index() -> str:
+    """The Notebooks section's page: the notebooks in the runner's order (:func:`ropelab.manifest.notebooks`)."""
+    intro = ("Each notebook as the runner executed it, outputs and figures included; read them in order, each builds "
+             "on the ones before. The [map](../index.md) says what each found.")
+    toc = ["```{toctree}", ":maxdepth: 1", "", *[p.stem for p in notebooks()], "```", ""]
+    return "\n".join(["# Notebooks", "", intro, "", *toc])
+
+
+def _guides_index(has_guides: bool) -> str:
+    """The Guides section's page, when ``docs/guides/`` brings none: every page of ``docs/guides/``."""
+    if not has_guides:
+        return "# Guides\n\nNo guide yet: each is a page of `docs/guides/`.\n"
+    return "# Guides\n\n```{toctree}\n:maxdepth: 1\n:glob:\n\n*\n```\n"
+
+
 def stage(executed: dict[Path, tuple[dict, Path]], src_dir: Path, smoke: bool = False) -> list[Path]:
-    """Write the site's sources into ``src_dir``: ``docs/`` (its ``conf.py`` aside, Sphinx reads it in place), the
-    front page with the map, one API page per module, the staged notebooks, the figures the markdown shows.
-    Files from an earlier staging that are no longer part of the site are removed. Returns the files written."""
+    """Write the site's sources into ``src_dir``: ``docs/`` (its ``conf.py`` and ``_static/`` aside, which Sphinx
+    reads in place), the front page with the map, the README as a page, one API page per module, the staged
+    notebooks, the figures the markdown shows. Markdown links everywhere are pointed at the staged pages. Files from
+    an earlier staging that are no longer part of the site are removed. Returns the files written."""
     images: set[str] = set()
+    modules = api_modules()
+    names = {m for m, _ in modules} | {"ropelab"}
     pages: dict[str, str | bytes] = {}
     for path in sorted(DOCS_DIR.rglob("*")):
         rel = path.relative_to(DOCS_DIR).as_posix()
-        # conf.py and _static/ (html_static_path) Sphinx reads from docs/ itself
         skip = rel == "conf.py" or rel.startswith(("_static/", "_build/")) or "__pycache__" in rel
         if path.is_file() and not skip:
-            pages[rel] = path.read_bytes()
-    if "index.md" not in pages or MAP_MARKER not in pages["index.md"].decode():
+            data = path.read_bytes()
+            if path.suffix == ".md":
+                where = posixpath.dirname(rel)
+                data = _rewrite_links(data.decode(), posixpath.join("docs", where), where, images, names)
+            pages[rel] = data
+    if MAP_MARKER not in pages.get("index.md", ""):
         raise SystemExit(f"{DOCS_DIR / 'index.md'} must hold the line {MAP_MARKER} (where the notebook map goes).")
-    pages["index.md"] = pages["index.md"].decode().replace(MAP_MARKER, render_map(images))
-    api_template = pages.get("api/index.md", f"# API reference\n\n{MODULES_MARKER}\n".encode()).decode()
-    modules = api_modules()
+    pages["index.md"] = pages["index.md"].replace(MAP_MARKER, render_map(images, names))
+    pages["readme.md"] = _rewrite_links((REPO / "README.md").read_text(encoding="utf-8"), "", "", images, names)
+    pages["notebooks/index.md"] = _notebooks_index()
+    if "guides/index.md" not in pages:
+        pages["guides/index.md"] = _guides_index(any(p.startswith("guides/") for p in pages))
+    api_template = pages.get("api/index.md", f"# API reference\n\n{MODULES_MARKER}\n")
     pages["api/index.md"] = _api_index(api_template, modules)
     for module, _ in modules:
         pages[f"api/{module}.md"] = _api_page(module)
     for src, (nb, figures_dir) in executed.items():
-        page = stage_notebook(src, nb, figures_dir, smoke, images)
+        page = stage_notebook(src, nb, figures_dir, smoke, images, names)
         pages[f"notebooks/{src.name}"] = json.dumps(page, indent=1, ensure_ascii=False) + "\n"
     for image in sorted(images):
         pages[image] = (REPO / image).read_bytes()  # the committed figures the markdown shows (the map, explorers)
