@@ -17,6 +17,7 @@ and Sphinx builds that with ``docs/conf.py``. On each staged copy (:func:`stage_
   figures) is shown under that cell, since the runner draws on matplotlib's Agg backend and so records none;
 - an explorer's widget output (it needs a kernel) is replaced by its browser twin, :func:`explorer_html`
   (the hook: ``ropelab.webexplorers.embed_html`` when that module is importable), else by a note;
+- a cell collapsed in the lab (an exercise's solution, ``jupyter.source_hidden``) is collapsed on the page too;
 - links to other notebooks, the map, ``../figures/`` and ``../README.md`` point at the site's pages.
 
 The front page is ``docs/index.md`` with the notebook map rendered in (:func:`render_map`: the markdown cells of
@@ -150,7 +151,7 @@ def _site_target(repo_path: str, modules: set[str]) -> str | None:
         return repo_path
     if repo_path.startswith("docs/"):
         return repo_path[len("docs/"):]
-    if repo_path.startswith("ropelab/"):
+    if repo_path == "ropelab" or repo_path.startswith("ropelab/"):
         module = re.sub(r"(/__init__)?\.py$", "", repo_path.rstrip("/")).replace("/", ".")
         if module in modules:
             return "api/index.md" if module == "ropelab" else f"api/{module}.md"
@@ -240,7 +241,10 @@ def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: 
         if cell["cell_type"] == "markdown":
             cell["source"] = _rewrite_links(source, "notebooks", "notebooks", images, modules)
         elif cell["cell_type"] == "code":
-            if INJECTED_TAG in cell.get("metadata", {}).get("tags", []):
+            meta = cell.setdefault("metadata", {})
+            if meta.get("jupyter", {}).get("source_hidden"):  # an exercise's solution: collapsed, as in the lab
+                meta["tags"] = [*meta.get("tags", []), "hide-input"]
+            if INJECTED_TAG in meta.get("tags", []):
                 cell["source"] = source.replace(repr(str(REPO) + "/")[:-1], "'../").replace(str(REPO), "..")
             outputs = []
             for out in cell.get("outputs", []):
