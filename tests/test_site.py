@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import os
 import threading
 import time
@@ -51,8 +52,15 @@ _missing = (
 )
 if _missing and REQUIRED:
     raise RuntimeError(f"ROPELAB_REQUIRE_BROWSER=1 but {_missing}")
-pytestmark = [pytest.mark.skipif(_missing is not None, reason=_missing or ""), pytest.mark.timeout(1800),
-              pytest.mark.lab]
+# The browser tests; the staging tests at the end need neither a browser nor Sphinx.
+browser_test = [pytest.mark.skipif(_missing is not None, reason=_missing or ""), pytest.mark.timeout(1800),
+                pytest.mark.lab]
+
+
+def in_browser(f):
+    for mark in browser_test:
+        f = mark(f)
+    return f
 
 NOTEBOOKS = [p.stem for p in manifest.notebooks()]
 
@@ -158,6 +166,7 @@ def crawl(served, browser):
     return pages
 
 
+@in_browser
 def test_every_notebook_is_a_page_with_outputs_and_figures(built, crawl, served):
     for stem in NOTEBOOKS:
         url = f"{served}/notebooks/{stem}.html"
@@ -168,11 +177,13 @@ def test_every_notebook_is_a_page_with_outputs_and_figures(built, crawl, served)
     assert "cell_output" in html, "the notebook page has no cell outputs"
 
 
+@in_browser
 def test_every_page_loads_without_a_console_error_or_an_off_site_request(crawl):
     problems = {url: p["problems"] for url, p in crawl.items() if p["problems"]}
     assert not problems, problems
 
 
+@in_browser
 def test_every_internal_link_and_image_resolves(crawl, served):
     broken, status = [], {}
     for url, p in crawl.items():
@@ -197,6 +208,7 @@ def test_every_internal_link_and_image_resolves(crawl, served):
     assert not broken, "\n".join(broken[:40])
 
 
+@in_browser
 def test_math_renders(browser, served):
     page = _page(browser, served)
     try:
@@ -210,6 +222,7 @@ def test_math_renders(browser, served):
         page.close()
 
 
+@in_browser
 def test_search_finds_rotate_half(browser, served):
     page = _page(browser, served)
     try:
@@ -222,6 +235,7 @@ def test_search_finds_rotate_half(browser, served):
         page.close()
 
 
+@in_browser
 def test_every_notebook_page_links_to_the_previous_and_next_notebook(crawl, served):
     for i, stem in enumerate(NOTEBOOKS):
         url = f"{served}/notebooks/{stem}.html"
@@ -231,3 +245,84 @@ def test_every_notebook_page_links_to_the_previous_and_next_notebook(crawl, serv
             assert f"{served}/notebooks/{other}.html" in links, f"{stem}: no link to {other}"
         text = crawl[url]["bannerText"]
         assert "make lab" in text and f"notebooks/{stem}.ipynb" in text, f"{stem}: no run-it-locally banner: {text!r}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Staging, without a browser: what the builder makes of an executed notebook
+# --------------------------------------------------------------------------------------------------
+
+
+def _source(stem: str) -> dict:
+    return json.loads((manifest.NOTEBOOK_DIR / f"{stem}.ipynb").read_text())
+
+
+def test_a_missing_or_stale_run_names_the_make_target(monkeypatch, tmp_path):
+    from ropelab import site
+
+    monkeypatch.setattr(site, "BUILD_DIR", tmp_path)
+    with pytest.raises(SystemExit, match="make figures-smoke"):
+        site.executed_notebooks(smoke=True)
+    with pytest.raises(SystemExit, match=r"`make figures`"):
+        site.executed_notebooks(smoke=False)
+    # A copy of the current source counts (outputs do not enter the hash); one with a changed cell does not.
+    src = manifest.notebooks()[0]
+    nb = _source(src.stem)
+    want = manifest.notebook_hash(src)
+    (tmp_path / src.name).write_text(json.dumps(nb))
+    assert site._read_executed(tmp_path / src.name, want) is not None
+    nb["cells"][1]["source"] = "changed"
+    (tmp_path / src.name).write_text(json.dumps(nb))
+    assert site._read_executed(tmp_path / src.name, want) is None
+
+
+def test_a_staged_notebook_gets_its_banner_figures_and_links(tmp_path):
+    from ropelab import site
+
+    src = manifest.notebooks()[0]
+    before = src.read_bytes()
+    nb = _source(src.stem)
+    saving = next(c for c in nb["cells"] if c["cell_type"] == "code" and '"00_pair_rotation"' in "".join(c["source"]))
+    explorer = next(c for c in nb["cells"] if "explorers.LadderExplorer()" in "".join(c["source"]))
+    explorer["outputs"] = [{"output_type": "display_data", "metadata": {},
+                            "data": {site.WIDGET_MIME: {"model_id": "x"}, "text/plain": "VBox(...)"}}]
+    images = set()
+    page = site.stage_notebook(src, nb, manifest.FIGURES_DIR, smoke=True, images=images)
+    assert src.read_bytes() == before, "staging wrote into notebooks/"
+    cells = page["cells"]
+    assert "".join(cells[0]["source"]).startswith("# ") and "\n" not in "".join(cells[0]["source"]).strip()
+    banner = "".join(cells[1]["source"])
+    assert site.BANNER_CLASS in banner and "make lab" in banner and f"notebooks/{src.name}" in banner
+    assert "smoke run" in banner and f"({manifest.notebooks()[1].name})" in banner and "(../index.md)" in banner
+    staged = next(c for c in cells if c.get("id") == saving.get("id"))
+    assert any("image/png" in o.get("data", {}) for o in staged["outputs"]), "the saved figure is not shown"
+    outputs = next(c for c in cells if c.get("id") == explorer.get("id"))["outputs"]
+    assert not any(site.WIDGET_MIME in o.get("data", {}) for o in outputs), "a widget output is left for no kernel"
+    assert "widgets" not in page["metadata"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    assert "](index.ipynb)" not in text and "](../README.md)" not in text and "](../readme.md)" in text
+    assert "figures/00_explore_ladder.png" in images
+
+
+@pytest.mark.parametrize("target, want", [
+    ("01_rotate_half_vs_interleaved.ipynb", "[x](01_rotate_half_vs_interleaved.ipynb)"),
+    ("index.ipynb#the-map", "[x](../index.md#the-map)"),
+    ("../ropelab/core.py", "[x](../api/ropelab.core.md)"),
+    ("../docs/guides/diagnose.md", "[x](../guides/diagnose.md)"),
+    ("../LICENSE", "x (`../LICENSE`)"),
+    ("https://arxiv.org/abs/2104.09864", "[x](https://arxiv.org/abs/2104.09864)"),
+])
+def test_links_point_at_the_site(target, want):
+    from ropelab import site
+
+    assert site._rewrite_links(f"[x]({target})", "notebooks", "notebooks", set(), {"ropelab.core"}) == want
+
+
+def test_every_public_module_has_an_api_page():
+    from ropelab import site
+
+    pages = {m for m, _ in site.api_modules()}
+    for p in sorted((manifest.REPO / "ropelab").iterdir()):
+        name = p.stem if p.suffix == ".py" else p.name if (p / "__init__.py").is_file() else None
+        if name is None or name.startswith("_") or name == "diagnose":  # diagnose: the deprecated module alias
+            continue
+        assert f"ropelab.{name}" in pages or any(m.startswith(f"ropelab.{name}.") for m in pages), name
