@@ -436,7 +436,7 @@ def _copy_explorer_files(out: Path) -> None:
 
 
 def _size(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and ".doctrees" not in p.parts)
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def build(smoke: bool = False, out: str | os.PathLike | None = None, run_missing: bool = False,
@@ -451,8 +451,9 @@ def build(smoke: bool = False, out: str | os.PathLike | None = None, run_missing
     executed = executed_notebooks(smoke=smoke, run_missing=run_missing)
     stage(executed, src_dir, smoke=smoke)
     warnings_file = out.parent / f"{out.name}-warnings.txt"
+    doctrees = out.parent / f"{out.name}-doctrees"  # Sphinx's cache, beside the site (not published with it)
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-c", str(DOCS_DIR), "-d", str(out / ".doctrees"),
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-c", str(DOCS_DIR), "-d", str(doctrees),
            "-w", str(warnings_file), "-j", str(jobs), str(src_dir), str(out)] + (["-q"] if quiet else [])
     path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env = {**os.environ, "PYTHONPATH": path, "MPLBACKEND": "Agg"}
