@@ -15,7 +15,7 @@ and Sphinx builds that with ``docs/conf.py``. On each staged copy (:func:`stage_
   previous and next notebook along :func:`ropelab.manifest.notebooks` (:func:`ropelab.manifest.navigation`);
 - every figure a code cell saved (``save(fig, "NN_name", ...)``: a string literal naming one of the notebook's
   figures) is shown under that cell, since the runner draws on matplotlib's Agg backend and so records none;
-- an explorer's widget output (it needs a kernel) is replaced by its browser twin, :func:`explorer_html`
+- an explorer's widget output (it needs a kernel) is replaced by its browser twins, :func:`explorer_html`
   (the hook: ``ropelab.webexplorers.embed_html`` when that module is importable), else by a note;
 - a cell collapsed in the lab (an exercise's solution, ``jupyter.source_hidden``) is collapsed on the page too;
 - links to other notebooks, the map, ``../figures/`` and ``../README.md`` point at the site's pages.
@@ -47,7 +47,7 @@ from pathlib import Path
 from .manifest import NAV_TAG, cells_hash, navigation, notebooks
 from .paths import BUILD_DIR, FIGURES_DIR, NOTEBOOK_DIR, REPO
 
-__all__ = ["DOCS_DIR", "SITE_DIR", "MAP_MARKER", "MODULES_MARKER", "BANNER_CLASS", "WIDGET_MIME",
+__all__ = ["DOCS_DIR", "SITE_DIR", "MAP_MARKER", "MODULES_MARKER", "BANNER_CLASS", "WIDGET_MIME", "EXPLORER_TWINS",
            "executed_notebooks", "stage_notebook", "render_map", "api_modules", "explorer_html", "stage", "build",
            "main"]
 
@@ -195,20 +195,33 @@ def _banner(src: Path, smoke: bool) -> dict:
             "source": "\n".join(lines)}
 
 
+# Each notebook explorer (its class in ropelab.explorers) -> the names of its browser twins in ropelab.webexplorers.
+EXPLORER_TWINS = {
+    "LadderExplorer": ("ladder", "rotation"),  # notebook 00's explorer: the frequency ladder and a pair's rotation
+    "DecayExplorer": ("decay",),
+    "DriftExplorer": ("drift",),
+    "ExtensionExplorer": ("extension",),
+    "CoPEExplorer": ("cope",),
+}
+
+
 def explorer_html(name: str) -> str | None:
-    """The hook where an explorer's widget (``explorers.<name>()``'s ``.widget()``, which needs a kernel) becomes
-    its browser twin on the site: ``ropelab.webexplorers.embed_html(name)`` with ``name`` the explorer's class name
-    (``"LadderExplorer"``...), when that module is importable; None when it is not or has no twin of that name
-    (the page then says the explorer needs a kernel). The twin's ``static_files()`` are copied to
-    ``_static/webexplorers/`` of the built site (:func:`build`)."""
+    """The hook where an explorer's widget (``explorers.<name>().widget()``, which needs a kernel) becomes its
+    browser twin on the site: for each twin :data:`EXPLORER_TWINS` names, ``ropelab.webexplorers.embed_html(twin,
+    inline=True)``, the module inlined in the page so it runs from ``file://`` too (Chromium refuses to import a
+    module file there). None when ``ropelab.webexplorers`` is not importable or has no such twin: the page then
+    says the explorer needs a kernel. The twins' ``static_files()`` are also copied to ``_static/explorers/`` of the
+    built site (:func:`build`), for a page that imports them instead."""
     try:
         webexplorers = importlib.import_module("ropelab.webexplorers")
     except ImportError:
         return None
+    twins = EXPLORER_TWINS.get(name, ())
     try:
-        return webexplorers.embed_html(name)
-    except (KeyError, ValueError):
+        parts = [webexplorers.embed_html(twin, inline=True) for twin in twins]
+    except (KeyError, ValueError, TypeError):
         return None
+    return "\n".join(parts) or None
 
 
 def _explorer_output(source: str) -> dict:
@@ -423,13 +436,13 @@ def _prune_mathjax(out: Path) -> None:
 
 def _copy_explorer_files(out: Path) -> None:
     """The browser twins' files (``ropelab.webexplorers.static_files()``, when that module is importable) into
-    ``_static/webexplorers/`` of the site, where :func:`explorer_html`'s markup finds them."""
+    ``_static/explorers/`` of the site (``embed_html``'s default ``base_url``)."""
     try:
         webexplorers = importlib.import_module("ropelab.webexplorers")
     except ImportError:
         return
     if hasattr(webexplorers, "static_files"):
-        target = out / "_static" / "webexplorers"
+        target = out / "_static" / "explorers"
         target.mkdir(parents=True, exist_ok=True)
         for f in webexplorers.static_files():
             shutil.copy2(f, target / Path(f).name)
