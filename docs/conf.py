@@ -51,4 +51,7 @@ html_context = {"default_mode": "auto"}
 html_static_path = ["_static"]
 html_css_files = ["ropelab.css"]
 html_show_sourcelink = False
+# Search results without page excerpts: an excerpt is a fetch() of the page, which Chromium refuses from file://
+# (build/site/index.html opened from disk); the results themselves come from searchindex.js and work there too.
+html_show_search_summary = False
 html_copy_source = False

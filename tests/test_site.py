@@ -326,3 +326,24 @@ def test_every_public_module_has_an_api_page():
         if name is None or name.startswith("_") or name == "diagnose":  # diagnose: the deprecated module alias
             continue
         assert f"ropelab.{name}" in pages or any(m.startswith(f"ropelab.{name}.") for m in pages), name
+
+
+@in_browser
+def test_the_site_reads_from_disk_too(built, browser):
+    """Opened from ``build/site/index.html`` (``file://``), with no server: the pages load with no console error and
+    render their math, and search finds ``rotate_half``."""
+    root = Path(built["out"]).resolve().as_uri()
+    page = browser.new_page()
+    problems = []
+    page.on("console", lambda m: m.type == "error" and problems.append(f"{page.url}: {m.text}"))
+    page.on("pageerror", lambda e: problems.append(f"{page.url}: {e}"))
+    try:
+        for path in ("index.html", f"notebooks/{NOTEBOOKS[0]}.html"):
+            page.goto(f"{root}/{path}", wait_until="load")
+        page.wait_for_selector("mjx-container", timeout=30_000)
+        page.goto(f"{root}/search.html?q=rotate_half", wait_until="load")
+        page.wait_for_selector("#search-results ul.search li a", timeout=30_000)
+        page.wait_for_timeout(500)
+    finally:
+        page.close()
+    assert not problems, problems
