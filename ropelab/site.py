@@ -21,10 +21,16 @@ and Sphinx builds that with ``docs/conf.py``. On each staged copy (:func:`stage_
 - links to other notebooks, the map, ``../figures/`` and ``../README.md`` point at the site's pages.
 
 The front page is ``docs/index.md`` with the notebook map rendered in (:func:`render_map`: the markdown cells of
-``notebooks/index.ipynb``, whose run table the runner renders from ``figures/runs.json``); the API reference is
-one page per public module (:func:`api_modules`, read from ``ropelab``'s docstring, members from ``__all__``);
-the guides are ``docs/guides/*.md``. Search is Sphinx's own; MathJax is served from the site itself
-(``sphinx-mathjax-offline``), so a page renders its math with no network.
+``notebooks/index.ipynb``, whose run table the runner renders from ``figures/runs.json``). Its sections, in the
+header: Notebooks (in :func:`ropelab.manifest.notebooks`' order), Guides (every ``docs/guides/*.md``, or that
+folder's own ``index.md``), API reference (one page per public module, :func:`api_modules`: read from ``ropelab``'s
+docstring, members from each ``__all__``) and the README as a page. Markdown links in all of them are pointed at
+the site's pages (a link to ``ropelab/x.py`` at its API page); one to a file the site does not carry loses its link.
+Search is Sphinx's own; MathJax is served from the site itself (``sphinx-mathjax-offline``, pruned to what a page
+loads), so a page renders its math with no network, and from ``file://`` too.
+
+Build time and size (measured by :func:`build`, which prints both): about 20 s from scratch for the full site of
+64 pages on 2 shared cores, about 17 MB (MathJax 4 MB, the figures 6 MB, the API pages 2.5 MB).
 """
 
 from __future__ import annotations
