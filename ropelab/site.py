@@ -29,8 +29,7 @@ the site's pages (a link to ``ropelab/x.py`` at its API page); one to a file the
 Search is Sphinx's own; MathJax is served from the site itself (``sphinx-mathjax-offline``, pruned to what a page
 loads), so a page renders its math with no network, and from ``file://`` too.
 
-Build time and size (measured by :func:`build`, which prints both): about 20 s from scratch for the full site of
-64 pages on 2 shared cores, about 17 MB (MathJax 4 MB, the figures 6 MB, the API pages 2.5 MB).
+:func:`build` measures the build's time and the site's size and prints both (no number is kept here to go stale).
 """
 
 from __future__ import annotations
