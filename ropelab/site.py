@@ -102,8 +102,9 @@ def _read_executed(path: Path, source_hash: str, attempts: int = 3) -> dict | No
 def executed_notebooks(smoke: bool = False, run_missing: bool = False) -> dict[Path, tuple[dict, Path]]:
     """Source notebook -> (its executed copy, where that copy's figures are), for every notebook. A copy counts
     when it ran the notebook's current source (:func:`ropelab.manifest.cells_hash`) without an error. With
-    ``run_missing`` the runner executes the notebooks that have none (:func:`ropelab.figures.run_notebook`, a full
-    run writing ``figures/`` unless ``smoke``); without it their absence is a ``SystemExit`` naming the command."""
+    ``run_missing`` the runner (``python -m ropelab.figures [--smoke] --only ...``, in a process of its own: no
+    module imports the runner) executes the notebooks that have none, a full run writing ``figures/`` and
+    ``figures/runs.json`` as ``make figures`` does; without it their absence is a ``SystemExit`` naming the command."""
     from .manifest import notebook_hash
 
     found, missing = {}, []
@@ -124,19 +125,13 @@ def executed_notebooks(smoke: bool = False, run_missing: bool = False) -> dict[P
             f"{BUILD_DIR / 'smoke' if smoke else BUILD_DIR} (missing, failed, or run from an older source): run "
             f"`{cmd}` (or python -m ropelab.figures {'--smoke ' if smoke else ''}--only {only}), or pass --run-missing."
         )
-    if missing:
-        from .figures import record_run, run_notebook, write_manifest
-
-        for src in missing:
-            print(f"running {src.name} ({'smoke' if smoke else 'full'}): no current executed copy", flush=True)
-            result = run_notebook(src, smoke=smoke)
-            if not smoke:  # what `make figures` records after a notebook of a full run
-                write_manifest([src])
-                record_run(src, result["seconds"], result["executed"])
-            nb = _read_executed(Path(result["executed"]), notebook_hash(src))
-            if nb is None:
-                raise SystemExit(f"{src.name}: its run at {result['executed']} is not current or raised an error.")
-            found[src] = (nb, Path(result["executed"]).parent / "figures" if smoke else FIGURES_DIR)
+    if missing:  # the runner itself, as `make figures` runs it (a full run also records its figures and run times)
+        only = [p.stem for p in missing]
+        print(f"running the figures runner for {', '.join(only)}: no current executed copy", flush=True)
+        cmd = [sys.executable, "-m", "ropelab.figures", *(["--smoke"] if smoke else []), "--only", *only]
+        if subprocess.run(cmd, env=_env()).returncode != 0:
+            raise SystemExit(f"the figures runner failed: {' '.join(cmd[1:])}")
+        return executed_notebooks(smoke=smoke, run_missing=False)
     return {src: found[src] for src in notebooks()}
 
 
@@ -453,6 +448,12 @@ def _copy_explorer_files(out: Path) -> None:
             shutil.copy2(f, target / Path(f).name)
 
 
+def _env() -> dict:
+    """The environment of the processes the builder starts (Sphinx, the runner): this checkout's package first."""
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return {**os.environ, "PYTHONPATH": path, "MPLBACKEND": "Agg"}
+
+
 def _size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
@@ -473,9 +474,7 @@ def build(smoke: bool = False, out: str | os.PathLike | None = None, run_missing
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-c", str(DOCS_DIR), "-d", str(doctrees),
            "-w", str(warnings_file), "-j", str(jobs), str(src_dir), str(out)] + (["-q"] if quiet else [])
-    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env = {**os.environ, "PYTHONPATH": path, "MPLBACKEND": "Agg"}
-    proc = subprocess.run(cmd, env=env)
+    proc = subprocess.run(cmd, env=_env())
     if proc.returncode != 0:
         raise SystemExit(f"sphinx-build failed (exit {proc.returncode}); its warnings are in {warnings_file}")
     _prune_mathjax(out)
