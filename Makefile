@@ -5,12 +5,14 @@ PY := $(VENV)/bin/python
 # A CPU build of torch lies on this machine's disk; an unpinned torch would pull a multi-GB CUDA build.
 # Override for another build, e.g. `make test TORCH_SPEC="torch==2.5.1"`.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= notebooks,dev,engines
+EXTRAS ?= notebooks,dev,engines,site
 JOBS ?= 2
 # Extra arguments for JupyterLab, e.g. make lab LAB_ARGS="--no-browser --port=8899"
 LAB_ARGS ?=
+# Extra arguments for the site builder, e.g. make site SITE_ARGS=--smoke (from make figures-smoke's runs)
+SITE_ARGS ?=
 
-.PHONY: setup test lint figures figures-smoke lab bench lm cope conformance clean
+.PHONY: setup test lint figures figures-smoke site lab bench lm cope conformance clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +35,12 @@ figures: setup
 
 figures-smoke: setup
 	$(PY) -m ropelab.figures --smoke --jobs $(JOBS)
+
+# The static site under build/site/ (ropelab.site: Sphinx + myst-nb), from the executed notebooks make figures leaves
+# in build/ (nothing runs again); fails naming the make target when a notebook has no current run. Open
+# build/site/index.html, or serve it: python -m http.server -d build/site
+site: setup
+	$(PY) -m ropelab.site $(SITE_ARGS)
 
 # JupyterLab at the repository root, on the notebook map; saves strip outputs (.jupyter/jupyter_server_config.py).
 lab: setup

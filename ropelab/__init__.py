@@ -57,6 +57,8 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
 - ``webexplorers``: the same explorers with their compute in JavaScript: anywidgets in JupyterLab, and
   ``embed_html`` snippets that respond on a static page with no kernel;
 - ``nbclean``: keeps notebook outputs out of git (Jupyter pre-save hook, nbstripout filter);
+- ``site``: the static site of the executed notebooks (``make site``: Sphinx with myst-nb; the notebook map, one
+  page per notebook, the API reference from these docstrings, the guides under ``docs/``);
 - ``kernels``: a fused Triton RoPE (forward and backward), ``backend="compile"`` for the CPU, the decode kernel
   and the byte model; ``apply_rope`` imports them on first use, ``core`` never;
 - ``machine``: the CPU, threads and library versions a measurement ran on;

@@ -422,9 +422,8 @@ def temperature_summary(study: dict, n_boot: int = 2000, seed: int = 0) -> dict:
 
 
 def plot_ramp(ax, turns, gamma, gamma_paper, scale: float) -> None:
-    r"""NTK-by-parts' ramp :math:`\gamma_i` against the turns :math:`
-ho_i` within :math:`L_0`: the code's (linear in
-    pair index) and the paper's eq. 18 (linear in turns), with :math:`lpha = 1` and :math:`eta = 32` marked."""
+    r"""NTK-by-parts' ramp :math:`\gamma_i` against the turns :math:`\rho_i` within :math:`L_0`: the code's (linear in
+    pair index) and the paper's eq. 18 (linear in turns), with :math:`\alpha = 1` and :math:`\beta = 32` marked."""
     ax.semilogx(turns, gamma, "o-", label="code: linear in pair index")
     ax.semilogx(turns, gamma_paper, "s--", label="paper eq. 18: linear in turns")
     for beta, name in ((1, r"$\alpha$ = beta_slow = 1"), (32, r"$\beta$ = beta_fast = 32")):

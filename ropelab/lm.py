@@ -2,7 +2,7 @@
 
 The corpus is the Python Language Reference as CPython ships it for ``pydoc`` (``pydoc_data/topics.py``,
 PSF License 2.0; about 465 kB of English technical prose), written to ``data/corpus/`` by
-``build_corpus``. The model is ``ropelab.models.TinyLM`` with RoPE, trained at context ``L0 = 256``.
+``build_corpus``. The model is ``ropelab.models.TinyLM`` with RoPE, trained at context ``L0 = 256``. Its commands::
 
     python -m ropelab.lm corpus       # (re)build data/corpus/python_reference.txt
     python -m ropelab.lm train        # train and write data/lm/tinylm_rope_L256.pt (+ history JSON)

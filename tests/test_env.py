@@ -26,7 +26,7 @@ def test_environment_yml_mirrors_pyproject():
     want_conda = dict(_split(r) for r in project["dependencies"] + project["optional-dependencies"]["notebooks"])
     want_pip = {k: want_conda.pop(k) for k in PIP_ONLY}
     want_conda = {CONDA_NAMES.get(k, k): v.replace("==", "=") for k, v in want_conda.items()}
-    want_pip |= dict(_split(r) for r in project["optional-dependencies"]["dev"])
+    want_pip |= dict(_split(r) for extra in ("dev", "site") for r in project["optional-dependencies"][extra])
 
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     conda, pip = {}, {}

@@ -100,7 +100,7 @@ def lag_copy(gen: torch.Generator, batch: int, seq_len: int, vocab: int, lag: in
 
 
 def plot_mixing_cost(rel: dict, kl: dict):
-    """Layer 0's relative logit error (``rel``) and |KL| of the attention rows (``kl``) against the trained model,
+    """Layer 0's relative logit error (``rel``) and ``|KL|`` of the attention rows (``kl``) against the trained model,
     per query position, for the ``"mixed"`` and ``"converted"`` models, on symlog axes that show round-off
     (1e-16) and order-one errors together. Returns the figure (notebook 01, section 3)."""
     import matplotlib.pyplot as plt

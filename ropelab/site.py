@@ -1,0 +1,508 @@
+"""The static site of the executed notebooks (``make site``): Sphinx with myst-nb, read without installing anything.
+
+::
+
+    python -m ropelab.site                 # from build/*.ipynb (make figures) into build/site/
+    python -m ropelab.site --smoke         # from build/smoke/*.ipynb (figures --smoke) into build/smoke/site/
+    python -m ropelab.site --run-missing   # first run the figures runner for the notebooks with no current run
+
+The notebooks are never executed here (myst-nb's ``nb_execution_mode = "off"``) and the sources in ``notebooks/``
+are never touched: the builder stages copies of the executed notebooks under ``build/site-src/``
+(``build/smoke/site-src/``), laid out like the repository (``notebooks/``, ``figures/``, and ``docs/`` at the root),
+and Sphinx builds that with ``docs/conf.py``. On each staged copy (:func:`stage_notebook`):
+
+- a banner after the title: how to run it locally (``make lab`` and the notebook's path) and links to the
+  previous and next notebook along :func:`ropelab.manifest.notebooks` (:func:`ropelab.manifest.navigation`);
+- every figure a code cell saved (``save(fig, "NN_name", ...)``: a string literal naming one of the notebook's
+  figures) is shown under that cell, since the runner draws on matplotlib's Agg backend and so records none;
+- an explorer's widget output (it needs a kernel) is replaced by its browser twins, :func:`explorer_html`
+  (the hook: ``ropelab.webexplorers.embed_html`` when that module is importable), else by a note;
+- a cell collapsed in the lab (an exercise's solution, ``jupyter.source_hidden``) is collapsed on the page too;
+- links to other notebooks, the map, ``../figures/`` and ``../README.md`` point at the site's pages.
+
+The front page is ``docs/index.md`` with the notebook map rendered in (:func:`render_map`: the markdown cells of
+``notebooks/index.ipynb``, whose run table the runner renders from ``figures/runs.json``). Its sections, in the
+header: Notebooks (in :func:`ropelab.manifest.notebooks`' order), Guides (every ``docs/guides/*.md``, or that
+folder's own ``index.md``), API reference (one page per public module, :func:`api_modules`: read from ``ropelab``'s
+docstring, members from each ``__all__``) and the README as a page. Markdown links in all of them are pointed at
+the site's pages (a link to ``ropelab/x.py`` at its API page); one to a file the site does not carry loses its link.
+Search is Sphinx's own; MathJax is served from the site itself (``sphinx-mathjax-offline``, pruned to what a page
+loads), so a page renders its math with no network, and from ``file://`` too.
+
+:func:`build` measures the build's time and the site's size and prints both (no number is kept here to go stale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import importlib
+import json
+import os
+import pkgutil
+import posixpath
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .manifest import NAV_TAG, cells_hash, navigation, notebooks
+from .paths import BUILD_DIR, FIGURES_DIR, NOTEBOOK_DIR, REPO
+
+__all__ = ["DOCS_DIR", "SITE_DIR", "MAP_MARKER", "MODULES_MARKER", "BANNER_CLASS", "WIDGET_MIME", "EXPLORER_TWINS",
+           "executed_notebooks", "stage_notebook", "render_map", "api_modules", "explorer_html", "stage", "build",
+           "main"]
+
+DOCS_DIR = REPO / "docs"
+SITE_DIR = BUILD_DIR / "site"  # the full run's site; a smoke site goes to build/smoke/site
+MAP_MARKER = "<!-- ropelab:map -->"  # in docs/index.md: replaced by render_map()
+MODULES_MARKER = "<!-- ropelab:modules -->"  # in docs/api/index.md: replaced by the module table and toctree
+BANNER_CLASS = "ropelab-banner"  # the run-locally / previous / next banner of a notebook page
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+INJECTED_TAG = "injected-parameters"  # the cell ropelab.figures inserts after the parameters cell
+# Pages of the site that are not at their repository path: the README (a page of its own) and the map (the front page).
+SITE_TARGETS = {"README.md": "readme.md", "notebooks/index.ipynb": "index.md"}
+
+
+# --------------------------------------------------------------------------------------------------
+# Which executed notebooks
+# --------------------------------------------------------------------------------------------------
+
+
+def _candidates(name: str, smoke: bool) -> list[Path]:
+    """Where the runner leaves an executed copy of notebook ``name``: ``build/`` for a full run; for a smoke run
+    ``build/smoke/`` and the test suite's thread-pinned copies (``build/smoke/threads1``, ``threads2``)."""
+    if not smoke:
+        return [BUILD_DIR / name]
+    return [BUILD_DIR / "smoke" / name] + sorted((BUILD_DIR / "smoke").glob(f"threads*/{name}"))
+
+
+def _read_executed(path: Path, source_hash: str, attempts: int = 3) -> dict | None:
+    """The executed notebook at ``path`` if it ran the current source and raised nothing, else None. A file that
+    does not parse may be mid-write by a parallel run (the test suite's): it is read again after a pause."""
+    for attempt in range(attempts):
+        try:
+            nb = json.loads(path.read_text(encoding="utf-8"))
+            break
+        except (OSError, ValueError):
+            if not path.exists() or attempt == attempts - 1:
+                return None
+            time.sleep(2.0)
+    cells = [c for c in nb.get("cells", []) if INJECTED_TAG not in c.get("metadata", {}).get("tags", [])]
+    if cells_hash(cells) != source_hash:
+        return None
+    if any(o.get("output_type") == "error" for c in cells for o in c.get("outputs", [])):
+        return None
+    return nb
+
+
+def executed_notebooks(smoke: bool = False, run_missing: bool = False) -> dict[Path, tuple[dict, Path]]:
+    """Source notebook -> (its executed copy, where that copy's figures are), for every notebook. A copy counts
+    when it ran the notebook's current source (:func:`ropelab.manifest.cells_hash`) without an error. With
+    ``run_missing`` the runner (``python -m ropelab.figures [--smoke] --only ...``, in a process of its own: no
+    module imports the runner) executes the notebooks that have none, a full run writing ``figures/`` and
+    ``figures/runs.json`` as ``make figures`` does; without it their absence is a ``SystemExit`` naming the command."""
+    from .manifest import notebook_hash
+
+    found, missing = {}, []
+    for src in notebooks():
+        want = notebook_hash(src)
+        for path in _candidates(src.name, smoke):
+            nb = _read_executed(path, want)
+            if nb is not None:
+                found[src] = (nb, path.parent / "figures" if smoke else FIGURES_DIR)
+                break
+        else:
+            missing.append(src)
+    if missing and not run_missing:
+        only = " ".join(p.stem[:2] for p in missing)
+        cmd = "make figures-smoke" if smoke else "make figures"
+        raise SystemExit(
+            f"no current executed copy of {', '.join(p.name for p in missing)} under "
+            f"{BUILD_DIR / 'smoke' if smoke else BUILD_DIR} (missing, failed, or run from an older source): run "
+            f"`{cmd}` (or python -m ropelab.figures {'--smoke ' if smoke else ''}--only {only}), or pass --run-missing."
+        )
+    if missing:  # the runner itself, as `make figures` runs it (a full run also records its figures and run times)
+        only = [p.stem for p in missing]
+        print(f"running the figures runner for {', '.join(only)}: no current executed copy", flush=True)
+        cmd = [sys.executable, "-m", "ropelab.figures", *(["--smoke"] if smoke else []), "--only", *only]
+        if subprocess.run(cmd, env=_env()).returncode != 0:
+            raise SystemExit(f"the figures runner failed: {' '.join(cmd[1:])}")
+        return executed_notebooks(smoke=smoke, run_missing=False)
+    return {src: found[src] for src in notebooks()}
+
+
+# --------------------------------------------------------------------------------------------------
+# Staging: a copy of each executed notebook, made into a page
+# --------------------------------------------------------------------------------------------------
+
+_LINK = re.compile(r"(!?)\[((?:[^\[\]]|\[[^\]]*\])*)\]\(([^)\s]+)\)")  # [text](target) and ![alt](image)
+
+
+def _site_target(repo_path: str, modules: set[str]) -> str | None:
+    """The staged path (from the site's root) of a repository path a page links to, or None if the site has none:
+    a notebook, a committed PNG figure, a page of ``docs/``, the README, or a module of ``modules`` (its API page)."""
+    if repo_path in SITE_TARGETS:
+        return SITE_TARGETS[repo_path]
+    if re.fullmatch(r"notebooks/[0-9]{2}_[^/]+\.ipynb", repo_path) or re.fullmatch(r"figures/[^/]+\.png", repo_path):
+        return repo_path
+    if repo_path.startswith("docs/"):
+        return repo_path[len("docs/"):]
+    if repo_path == "ropelab" or repo_path.startswith("ropelab/"):
+        module = re.sub(r"(/__init__)?\.py$", "", repo_path.rstrip("/")).replace("/", ".")
+        if module in modules:
+            return "api/index.md" if module == "ropelab" else f"api/{module}.md"
+    return None
+
+
+def _rewrite_links(text: str, repo_dir: str, site_dir: str, images: set[str], modules: set[str] = frozenset()) -> str:
+    """Markdown links and images of a page written at ``repo_dir`` (repository-relative) and staged at ``site_dir``
+    (site-relative), pointed at the staged pages (:func:`_site_target`); the figures it shows are added to
+    ``images``. A link to a file the site does not carry (``LICENSE``, ``data/...``) becomes its text and path in
+    code, with no link; such an image stays as it is (Sphinx warns, and the site's test fails on it)."""
+
+    def fix(m: re.Match) -> str:
+        bang, label, target = m.groups()
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            return m.group(0)
+        path, _, anchor = target.partition("#")
+        staged = _site_target(posixpath.normpath(posixpath.join(repo_dir, path)), modules)
+        if staged is None:
+            return m.group(0) if bang else (label if label.strip("`") == path else f"{label} (`{path}`)")
+        if staged.startswith("figures/"):
+            images.add(staged)
+        rel = posixpath.relpath(staged, site_dir or ".")
+        return f"{bang}[{label}]({rel}{'#' + anchor if anchor else ''})"
+
+    return _LINK.sub(fix, text)
+
+
+def _banner(src: Path, smoke: bool) -> dict:
+    """The markdown cell a notebook page opens with (after its title): how to run it, previous and next."""
+    nav = navigation(src).split("\n\n", 1)[1]  # "**Previous:** [..](..) · **Map:** [..](index.ipynb) · **Next:** .."
+    nav = nav.replace("(index.ipynb)", "(../index.md)")
+    lines = [f":::{{container}} {BANNER_CLASS}",
+             f"**Run it locally:** `make lab`, then open `notebooks/{src.name}` "
+             f"(*Kernel → Restart Kernel and Run All Cells*).", "", nav]
+    if smoke:
+        lines += ["", "*This page shows a smoke run (tiny sizes, `python -m ropelab.figures --smoke`): its numbers "
+                  "are not the full run's, which `make figures` then `make site` show.*"]
+    lines.append(":::")
+    return {"cell_type": "markdown", "id": BANNER_CLASS, "metadata": {"tags": [BANNER_CLASS]},
+            "source": "\n".join(lines)}
+
+
+# Each notebook explorer (its class in ropelab.explorers) -> the names of its browser twins in ropelab.webexplorers.
+EXPLORER_TWINS = {
+    "LadderExplorer": ("ladder", "rotation"),  # notebook 00's explorer: the frequency ladder and a pair's rotation
+    "DecayExplorer": ("decay",),
+    "DriftExplorer": ("drift",),
+    "ExtensionExplorer": ("extension",),
+    "CoPEExplorer": ("cope",),
+}
+
+
+def explorer_html(name: str) -> str | None:
+    """The hook where an explorer's widget (``explorers.<name>().widget()``, which needs a kernel) becomes its
+    browser twin on the site: for each twin :data:`EXPLORER_TWINS` names, ``ropelab.webexplorers.embed_html(twin,
+    inline=True)``, the module inlined in the page so it runs from ``file://`` too (Chromium refuses to import a
+    module file there). None when ``ropelab.webexplorers`` is not importable or has no such twin: the page then
+    says the explorer needs a kernel. The twins' ``static_files()`` are also copied to ``_static/explorers/`` of the
+    built site (:func:`build`), for a page that imports them instead."""
+    try:
+        webexplorers = importlib.import_module("ropelab.webexplorers")
+    except ImportError:
+        return None
+    twins = EXPLORER_TWINS.get(name, ())
+    try:
+        parts = [webexplorers.embed_html(twin, inline=True) for twin in twins]
+    except (KeyError, ValueError, TypeError):
+        return None
+    return "\n".join(parts) or None
+
+
+def _explorer_output(source: str) -> dict:
+    m = re.search(r"explorers\.(\w+Explorer)\(", source)
+    name = m.group(1) if m else None
+    twin = explorer_html(name) if name else None
+    if twin is None:
+        label = f" ({html.escape(name)})" if name else ""
+        twin = (f"<p class='ropelab-explorer-note'><em>Interactive explorer{label}: its sliders need a running "
+                "kernel (<code>make lab</code>); the figure above is its default view.</em></p>")
+    return {"output_type": "display_data", "metadata": {}, "data": {"text/html": twin, "text/plain": "explorer"}}
+
+
+def _figure_output(png: Path) -> dict:
+    data = base64.b64encode(png.read_bytes()).decode()
+    return {"output_type": "display_data", "metadata": {}, "data": {"image/png": data, "text/plain": png.stem}}
+
+
+def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: set[str],
+                   modules: set[str] = frozenset()) -> dict:
+    """The page made of notebook ``src``'s executed copy ``nb`` (a new dict; ``nb`` is left as it is): banner after
+    the title, each saved figure shown under the cell that saved it (from ``figures_dir``), explorer widgets
+    replaced (:func:`explorer_html`), links pointed at the site, the runner's absolute paths made relative."""
+    nb = json.loads(json.dumps(nb))
+    nb.get("metadata", {}).pop("widgets", None)  # the widget state: a page has no kernel to give it to
+    own = {p.stem for p in figures_dir.glob(src.stem[:3] + "*.png")}
+    cells = []
+    for cell in nb["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            cell["source"] = _rewrite_links(source, "notebooks", "notebooks", images, modules)
+        elif cell["cell_type"] == "code":
+            meta = cell.setdefault("metadata", {})
+            if meta.get("jupyter", {}).get("source_hidden"):  # an exercise's solution: collapsed, as in the lab
+                meta["tags"] = [*meta.get("tags", []), "hide-input"]
+            if INJECTED_TAG in meta.get("tags", []):
+                cell["source"] = source.replace(repr(str(REPO) + "/")[:-1], "'../").replace(str(REPO), "..")
+            outputs = []
+            for out in cell.get("outputs", []):
+                outputs.append(_explorer_output(source) if WIDGET_MIME in out.get("data", {}) else out)
+            saved = [n for n in dict.fromkeys(re.findall(r"[\"']([0-9]{2}_\w+)[\"']", source)) if n in own]
+            outputs += [_figure_output(figures_dir / f"{n}.png") for n in saved]
+            cell["outputs"] = outputs
+        cells.append(cell)
+    title = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+                  and "".join(c["source"]).lstrip().startswith("# ")), -1)
+    if title >= 0:  # the banner goes right under the title line: split it from the rest of its cell
+        head, _, rest = "".join(cells[title]["source"]).lstrip().partition("\n")
+        if rest.strip():
+            rest_id = f"{cells[title].get('id', 'title')}-rest"
+            first = {**cells[title], "source": head}
+            cells[title : title + 1] = [first, {**cells[title], "id": rest_id, "source": rest}]
+    cells.insert(title + 1, _banner(src, smoke))
+    nb["cells"] = cells
+    return nb
+
+
+def render_map(images: set[str], modules: set[str] = frozenset()) -> str:
+    """The front page's notebook map: the markdown cells of ``notebooks/index.ipynb`` (its run table rendered by
+    the runner from ``figures/runs.json``), links pointed at the site's pages, its title left to ``docs/index.md``."""
+    cells = json.loads((NOTEBOOK_DIR / "index.ipynb").read_text(encoding="utf-8"))["cells"]
+    parts = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
+             and NAV_TAG not in c.get("metadata", {}).get("tags", [])]
+    if parts and parts[0].lstrip().startswith("# "):
+        parts[0] = parts[0].lstrip().split("\n", 1)[1] if "\n" in parts[0].lstrip() else ""
+    text = "\n\n".join(p.strip() for p in parts if p.strip())
+    text = re.sub(r"^(#{2,5}) ", r"#\1 ", text, flags=re.M)  # below docs/index.md's own headings
+    text = re.sub(r"<!--.*?-->\n?", "", text, flags=re.S)
+    return _rewrite_links(text, "notebooks", "", images, modules)
+
+
+# --------------------------------------------------------------------------------------------------
+# The API reference
+# --------------------------------------------------------------------------------------------------
+
+
+def api_modules() -> list[tuple[str, str]]:
+    """(module, its one-line job) for every public module: the list in ``ropelab``'s docstring (a deprecated alias
+    left out), and for a package that exports nothing itself (empty ``__all__``) its public submodules instead."""
+    import ropelab
+
+    listed = re.findall(r"^- ``(\w+)``( \(the module\))?: (.*?)(?=^- ``|\n\n|\Z)", ropelab.__doc__, re.M | re.S)
+    out = []  # ropelab itself: docs/api/index.md shows its docstring
+    for name, _, job in listed:
+        job = " ".join(job.split()).rstrip(";.")
+        if "deprecated alias" in job:
+            continue
+        full = f"ropelab.{name}"
+        module = importlib.import_module(full)
+        if hasattr(module, "__path__") and not getattr(module, "__all__", None):
+            for info in sorted(pkgutil.iter_modules(module.__path__), key=lambda i: i.name):
+                if not info.name.startswith("_"):
+                    sub = importlib.import_module(f"{full}.{info.name}")
+                    first = " ".join((sub.__doc__ or "").strip().split("\n\n")[0].split())
+                    out.append((f"{full}.{info.name}", re.split(r"(?<=[a-z)])[.:] ", first)[0].rstrip(".")))
+        else:
+            out.append((full, job))
+    return out
+
+
+def _api_page(module: str) -> str:
+    mod = importlib.import_module(module)
+    is_package = hasattr(mod, "__path__")
+    options = ["   :members:", "   :show-inheritance:"]
+    if module == "ropelab":  # the package's names are documented in their own modules; here only its docstring
+        options = []
+    elif is_package:
+        options.append("   :imported-members:")  # a package's __all__ re-exports its submodules' names
+    return "\n".join([f"# `{module}`", "", "```{eval-rst}", f".. automodule:: {module}", *options, "```", ""])
+
+
+def _api_index(template: str, modules: list[tuple[str, str]]) -> str:
+    def escape(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    rows = ["| module | its job |", "|---|---|"]
+    rows += [f"| [`{m}`]({m}.md) | {escape(job)} |" for m, job in modules]
+    toc = ["```{toctree}", ":hidden:", ":maxdepth: 1", "", *[m for m, _ in modules], "```"]
+    return template.replace(MODULES_MARKER, "\n".join(rows + [""] + toc))
+
+
+# --------------------------------------------------------------------------------------------------
+# Staging and building
+# --------------------------------------------------------------------------------------------------
+
+
+def _write(path: Path, text: str | bytes) -> None:
+    """Write only when the bytes change, so Sphinx's incremental build re-reads only what changed."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    if path.exists() and path.read_bytes() == data:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def _notebooks_index() -> str:
+    """The Notebooks section's page: the notebooks in the runner's order (:func:`ropelab.manifest.notebooks`)."""
+    intro = ("Each notebook as the runner executed it, outputs and figures included; read them in order, each builds "
+             "on the ones before. The [map](../index.md) says what each found.")
+    toc = ["```{toctree}", ":maxdepth: 1", "", *[p.stem for p in notebooks()], "```", ""]
+    return "\n".join(["# Notebooks", "", intro, "", *toc])
+
+
+def _guides_index(has_guides: bool) -> str:
+    """The Guides section's page, when ``docs/guides/`` brings none: every page of ``docs/guides/``."""
+    if not has_guides:
+        return "# Guides\n\nNo guide yet: each is a page of `docs/guides/`.\n"
+    return "# Guides\n\n```{toctree}\n:maxdepth: 1\n:glob:\n\n*\n```\n"
+
+
+def stage(executed: dict[Path, tuple[dict, Path]], src_dir: Path, smoke: bool = False) -> list[Path]:
+    """Write the site's sources into ``src_dir``: ``docs/`` (its ``conf.py`` and ``_static/`` aside, which Sphinx
+    reads in place), the front page with the map, the README as a page, one API page per module, the staged
+    notebooks, the figures the markdown shows. Markdown links everywhere are pointed at the staged pages. Files from
+    an earlier staging that are no longer part of the site are removed. Returns the files written."""
+    images: set[str] = set()
+    modules = api_modules()
+    names = {m for m, _ in modules} | {"ropelab"}
+    pages: dict[str, str | bytes] = {}
+    for path in sorted(DOCS_DIR.rglob("*")):
+        rel = path.relative_to(DOCS_DIR).as_posix()
+        skip = rel == "conf.py" or rel.startswith(("_static/", "_build/")) or "__pycache__" in rel
+        if path.is_file() and not skip:
+            data = path.read_bytes()
+            if path.suffix == ".md":
+                where = posixpath.dirname(rel)
+                data = _rewrite_links(data.decode(), posixpath.join("docs", where), where, images, names)
+            pages[rel] = data
+    if MAP_MARKER not in pages.get("index.md", ""):
+        raise SystemExit(f"{DOCS_DIR / 'index.md'} must hold the line {MAP_MARKER} (where the notebook map goes).")
+    pages["index.md"] = pages["index.md"].replace(MAP_MARKER, render_map(images, names))
+    pages["readme.md"] = _rewrite_links((REPO / "README.md").read_text(encoding="utf-8"), "", "", images, names)
+    pages["notebooks/index.md"] = _notebooks_index()
+    if "guides/index.md" not in pages:
+        pages["guides/index.md"] = _guides_index(any(p.startswith("guides/") for p in pages))
+    api_template = pages.get("api/index.md", f"# API reference\n\n{MODULES_MARKER}\n")
+    pages["api/index.md"] = _api_index(api_template, modules)
+    for module, _ in modules:
+        pages[f"api/{module}.md"] = _api_page(module)
+    for src, (nb, figures_dir) in executed.items():
+        page = stage_notebook(src, nb, figures_dir, smoke, images, names)
+        pages[f"notebooks/{src.name}"] = json.dumps(page, indent=1, ensure_ascii=False) + "\n"
+    for image in sorted(images):
+        pages[image] = (REPO / image).read_bytes()  # the committed figures the markdown shows (the map, explorers)
+    for rel, data in pages.items():
+        _write(src_dir / rel, data)
+    for old in sorted(src_dir.rglob("*"), reverse=True):
+        rel = old.relative_to(src_dir).as_posix()
+        if old.is_file() and rel not in pages:
+            old.unlink()
+    return [src_dir / rel for rel in pages]
+
+
+def _prune_mathjax(out: Path) -> None:
+    """sphinx-mathjax-offline copies all of MathJax 3 (24 MB); a page loads ``tex-chtml.js``, which fetches from
+    its own folder only the TeX extensions it autoloads, the menu's parts and the CommonHTML fonts. The other
+    combined builds, the SVG output and the speech rule engine are never fetched (``a11y`` stays: the menu's
+    accessibility options load it)."""
+    mathjax = out / "_static" / "mathjax"
+    if not mathjax.is_dir():
+        return
+    for p in mathjax.glob("*.js"):
+        if p.name != "tex-chtml.js":
+            p.unlink()
+    for sub in ("output/svg", "output/svg.js", "sre", "adaptors"):
+        target = mathjax / sub
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+
+
+def _copy_explorer_files(out: Path) -> None:
+    """The browser twins' files (``ropelab.webexplorers.static_files()``, when that module is importable) into
+    ``_static/explorers/`` of the site (``embed_html``'s default ``base_url``)."""
+    try:
+        webexplorers = importlib.import_module("ropelab.webexplorers")
+    except ImportError:
+        return
+    if hasattr(webexplorers, "static_files"):
+        target = out / "_static" / "explorers"
+        target.mkdir(parents=True, exist_ok=True)
+        for f in webexplorers.static_files():
+            shutil.copy2(f, target / Path(f).name)
+
+
+def _env() -> dict:
+    """The environment of the processes the builder starts (Sphinx, the runner): this checkout's package first."""
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return {**os.environ, "PYTHONPATH": path, "MPLBACKEND": "Agg"}
+
+
+def _size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def build(smoke: bool = False, out: str | os.PathLike | None = None, run_missing: bool = False,
+          jobs: int = 1, quiet: bool = True) -> dict:
+    """Stage and build the site; returns ``out`` (the HTML folder), ``seconds`` (staging and Sphinx), ``bytes``
+    (the site's size), ``pages`` (HTML files) and ``warnings`` (Sphinx's, one string each). Raises SystemExit when
+    an executed notebook is missing (see :func:`executed_notebooks`) or Sphinx fails."""
+    base = BUILD_DIR / "smoke" if smoke else BUILD_DIR
+    out = Path(out) if out is not None else base / "site"
+    src_dir = base / "site-src"
+    start = time.perf_counter()
+    executed = executed_notebooks(smoke=smoke, run_missing=run_missing)
+    stage(executed, src_dir, smoke=smoke)
+    warnings_file = out.parent / f"{out.name}-warnings.txt"
+    doctrees = out.parent / f"{out.name}-doctrees"  # Sphinx's cache, beside the site (not published with it)
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-c", str(DOCS_DIR), "-d", str(doctrees),
+           "-w", str(warnings_file), "-j", str(jobs), str(src_dir), str(out)] + (["-q"] if quiet else [])
+    proc = subprocess.run(cmd, env=_env())
+    if proc.returncode != 0:
+        raise SystemExit(f"sphinx-build failed (exit {proc.returncode}); its warnings are in {warnings_file}")
+    _prune_mathjax(out)
+    _copy_explorer_files(out)
+    seconds = time.perf_counter() - start
+    warnings = [w for w in warnings_file.read_text().splitlines() if "WARNING" in w or "ERROR" in w]
+    return {"out": out, "seconds": round(seconds, 1), "bytes": _size(out),
+            "pages": len(list(out.rglob("*.html"))), "warnings": warnings}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ropelab.site [--smoke] [--out DIR] [--run-missing] [--jobs N]``."""
+    parser = argparse.ArgumentParser(prog="python -m ropelab.site", description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="from build/smoke/*.ipynb into build/smoke/site/")
+    parser.add_argument("--out", help="the HTML folder (default build/site/, or build/smoke/site/ with --smoke)")
+    parser.add_argument("--run-missing", action="store_true",
+                        help="run the figures runner for notebooks with no current executed copy")
+    parser.add_argument("--jobs", type=int, default=1, help="Sphinx's parallel jobs (default 1)")
+    parser.add_argument("--verbose", action="store_true", help="show Sphinx's progress")
+    args = parser.parse_args(argv)
+    r = build(smoke=args.smoke, out=args.out, run_missing=args.run_missing, jobs=args.jobs, quiet=not args.verbose)
+    for w in r["warnings"]:
+        print(w)
+    print(f"built {r['pages']} pages into {r['out']} in {r['seconds']:.0f} s, {r['bytes'] / 1e6:.1f} MB, "
+          f"{len(r['warnings'])} warnings; open {r['out'] / 'index.html'} or serve it: "
+          f"python -m http.server -d {r['out']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
