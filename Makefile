@@ -27,8 +27,11 @@ setup: $(VENV)/.installed
 lint: setup
 	$(VENV)/bin/ruff check ropelab tests notebooks
 
+# The site test (tests/test_site.py) runs second: it builds the site from the smoke-mode notebooks the first run
+# executed (tests/test_notebooks.py), instead of executing them again.
 test: lint
-	$(PY) -m pytest -n $(JOBS)
+	$(PY) -m pytest -n $(JOBS) --ignore=tests/test_site.py
+	$(PY) -m pytest -p no:xdist tests/test_site.py
 
 figures: setup
 	$(PY) -m ropelab.figures
