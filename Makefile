@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # A CPU build of torch lies on this machine's disk; an unpinned torch would pull a multi-GB CUDA build.
 # Override for another build, e.g. `make test TORCH_SPEC="torch==2.5.1"`.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= notebooks,dev
+EXTRAS ?= notebooks,dev,engines
 JOBS ?= 2
 # Extra arguments for JupyterLab, e.g. make lab LAB_ARGS="--no-browser --port=8899"
 LAB_ARGS ?=
