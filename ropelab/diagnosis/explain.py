@@ -34,8 +34,9 @@ def compare(
     max_position: int = 4096,
     names: tuple[str, str] = ("A", "B"),
 ) -> Comparison:
-    """Run ``fn_a`` and ``fn_b`` (torch functions, or MLX ones: detected as ``diagnose`` does) on the same random input (in ``dtype``, the probe sizes with positions
-    0 .. ``max_position`` along the sequence) and explain each difference.
+    """Run ``fn_a`` and ``fn_b`` (torch functions, or MLX ones: detected as ``diagnose`` does) on the same random
+    input (in ``dtype``, the probe sizes with positions 0 .. ``max_position`` along the sequence) and explain each
+    difference.
 
     Both are diagnosed (same sizes and arguments as ``diagnose``); every field where they differ becomes a
     sentence: the axis they rotate along, the pairing (with the ropelab.convert function that maps one onto

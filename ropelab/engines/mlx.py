@@ -64,7 +64,7 @@ import torch
 from ..precision import UNIT_ROUNDOFF
 from ..scaling import LENGTH_DEPENDENT
 from ..spec import RopeSpec
-from .reading import Reading, ReadError
+from .reading import ReadError, Reading
 
 __all__ = [
     "to_mx",
