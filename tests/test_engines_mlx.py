@@ -397,6 +397,53 @@ def test_read_mlx_qwen2_ignores_head_dim(tmp_path):
     assert any("does not read ['head_dim']" in n for n in reading.notes)
 
 
+DEEPSEEK_V3 = dict(model_type="deepseek_v3", num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=4,
+                   num_experts_per_tok=2, n_shared_experts=1, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+                   v_head_dim=16, qk_nope_head_dim=8, first_k_dense_replace=4, n_group=1, topk_group=1, rope_theta=1e4,
+                   rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
+                                 "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1})
+
+
+def test_read_mlx_deepseek_v3_yarn_agrees(tmp_path):
+    path = _write(tmp_path, DEEPSEEK_V3)
+    reading = M.read_mlx(path)
+    assert reading.head_dim == 8 and reading.layers[0].style == "interleaved"
+    for mine, theirs in zip(reading.layers, _transformers_specs(path)):
+        assert _differences(mine, theirs, 8) == []
+
+
+def test_read_mlx_deepseek_v3_ignores_rope_interleave(tmp_path):
+    """A real disagreement: transformers' DeepSeek-V3 reads rope_interleave (false: half pairs); mlx-lm's
+    deepseek_v3 passes traditional=True always."""
+    path = _write(tmp_path, {**DEEPSEEK_V3, "rope_interleave": False})
+    reading = M.read_mlx(path)
+    hf = _transformers_specs(path)
+    assert {tuple(_differences(m, t, 8)) for m, t in zip(reading.layers, hf)} == {("style",)}
+    assert any("does not read ['rope_interleave']" in n for n in reading.notes)
+
+
+def test_read_mlx_yarn_without_original_length_disagrees(tmp_path):
+    """A real disagreement: a yarn dict without original_max_position_embeddings is max_position_embeddings (512)
+    in transformers and YarnRoPE's default 4096 (read from its signature) in mlx-lm."""
+    assert M.yarn_defaults()["original_max_position_embeddings"] == 4096
+    path = _write(tmp_path, dict(model_type="qwen3", head_dim=16, rope_theta=1e6,
+                                 rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+    reading = M.read_mlx(path)
+    hf = _transformers_specs(path)
+    assert reading.layers[0].scaling["original_max_position_embeddings"] == 4096
+    assert "inv_freq@16" in _differences(reading.layers[0], hf[0], 16)
+    assert any("'original_max_position_embeddings': 4096" in n for n in reading.notes)
+
+
+def test_read_mlx_llama3_defaults_it_cannot_read_are_a_read_error(tmp_path):
+    """Llama3RoPE fills a missing original_max_position_embeddings (8192 in its body, not its signature): ropelab
+    cannot read that default, and the check of the periods says so instead of guessing."""
+    scaling = {k: v for k, v in SCALINGS["llama3"].items() if k != "original_max_position_embeddings"}
+    path = _write(tmp_path, dict(model_type="llama", rope_theta=5e5, rope_scaling=scaling))
+    with pytest.raises(ReadError, match="layer 0 .*Llama3RoPE.*do not give these periods"):
+        M.read_mlx(path)
+
+
 def test_read_mlx_bad_input(tmp_path):
     with pytest.raises(ReadError, match="no config.json"):
         M.read_mlx(tmp_path)

@@ -31,10 +31,21 @@ Not expressible on one side:
 - by one ``fast.rope`` call (:func:`fast_rope_kwargs` raises): an attention factor other than 1 (yarn, longrope;
   mlx-lm multiplies ``x`` first), the length-dependent types (dynamic, longrope) without a ``seq_len``, a layer
   without RoPE, multi-axis RoPE (M-RoPE, vision); a rotary slice that is not the leading dims;
-- in mlx-lm's classes: longrope's switch to ``short_factor`` below the original length, a longrope or interleaved
-  proportional... (SuScaledRoPE is always ``"half"``), yarn's ``truncate=False`` and ``attention_factor`` key
-  (YarnRoPE always floors/ceils and derives its mscale); ropelab has no ``mrope`` 1D type (mlx-lm drops the
-  sections, ropelab's sections live in :mod:`ropelab.multiaxis`).
+- in mlx-lm's classes: longrope's switch to ``short_factor`` below the original length, and an interleaved longrope
+  (SuScaledRoPE is always ``"half"``); yarn's ``truncate=False`` and ``attention_factor`` keys (YarnRoPE always
+  floors/ceils and derives its input scale from ``mscale`` / ``mscale_all_dim``); M-RoPE's sections (mlx-lm's
+  ``mrope`` is a 1D ``nn.RoPE``; ropelab's sections live in :mod:`ropelab.multiaxis`);
+- in ropelab: nothing of what mlx-lm's classes compute (each is one of its rope types; an input scale is the
+  attention factor), except ``Llama3RoPE``'s defaults for keys a config leaves out, which live in its body and
+  cannot be read: such a config is a :class:`ReadError` naming the pair that differs.
+
+Measured disagreements between mlx-lm 0.32.2 and transformers on the same ``config.json`` (the tests assert each):
+Phi-3's longrope below the original length (long_factor everywhere); yarn with ``mscale`` but no
+``mscale_all_dim`` (mlx-lm scales by 0.1 mscale ln s + 1, transformers by 0.1 ln s + 1); yarn without
+``original_max_position_embeddings`` (mlx-lm 4096, transformers ``max_position_embeddings``); DeepSeek-V3's
+``rope_interleave: false`` (mlx-lm rotates interleaved pairs always); Llama configs written by transformers 5
+(``rope_parameters``: mlx-lm's llama reads ``rope_theta`` / ``rope_scaling`` only, so it runs base 10000 unscaled);
+Qwen2's ``head_dim`` (mlx-lm takes ``hidden_size // num_attention_heads``).
 
 :func:`read_mlx` builds the mlx-lm model from ``config.json`` as ``mlx_lm.utils.load_model`` does
 (``_get_classes``, ``ModelArgs.from_dict``, ``Model(args)``; no weights: MLX arrays are lazy) and reads every
@@ -75,6 +86,7 @@ __all__ = [
     "spec_from_fast_rope",
     "spec_from_mlx_rope",
     "MLX_LM_ROPE_CLASSES",
+    "yarn_defaults",
     "read_mlx",
     "is_mlx_model_dir",
 ]
@@ -326,6 +338,17 @@ def _scaling_keys(d: dict, rope_type: str) -> dict:
     return {k: v for k, v in d.items() if k in keep or k == "rope_type"}
 
 
+def yarn_defaults(cls: type | None = None) -> dict:
+    """The defaults mlx-lm's ``YarnRoPE`` takes for the yarn keys a config leaves out (read from its signature:
+    ``original_max_position_embeddings`` 4096 in mlx-lm 0.32.2, where transformers takes
+    ``max_position_embeddings``)."""
+    if cls is None:
+        from mlx_lm.models.rope_utils import YarnRoPE as cls
+    params = inspect.signature(cls).parameters
+    return {k: params[k].default for k in ("original_max_position_embeddings", "beta_fast", "beta_slow")
+            if k in params and params[k].default is not inspect.Parameter.empty}
+
+
 def spec_from_mlx_rope(module: Any, *, head_dim: int, base: float | None = None,
                        scaling_config: Mapping[str, Any] | None = None,
                        max_position_embeddings: int | None = None) -> RopeSpec:
@@ -365,6 +388,8 @@ def spec_from_mlx_rope(module: Any, *, head_dim: int, base: float | None = None,
         d["rope_type"] = "llama3"
     elif name == "YarnRoPE":
         d["rope_type"] = "yarn"  # also deepseek_yarn, telechat3-yarn: one class
+        # initialize_rope passes only the keys the config has; YarnRoPE's own defaults fill the rest.
+        d = {**yarn_defaults(type(module)), **d}
     elif name == "ProportionalRoPE":
         d["rope_type"] = "proportional"
     d = _scaling_keys(d, d["rope_type"])
@@ -520,6 +545,10 @@ def read_mlx(source: str | Path | Mapping[str, Any]) -> Reading:
         notes.append(f"mlx-lm's {module_name}.ModelArgs does not read {ignored} (the model runs without them)")
     if "SuScaledRoPE" in classes:
         notes.append("mlx-lm's SuScaledRoPE applies long_factor at every length (short_factor unused)")
+    if "YarnRoPE" in classes and isinstance(scaling, Mapping):
+        filled = {k: v for k, v in yarn_defaults().items() if k not in scaling}
+        if filled:
+            notes.append(f"mlx-lm's YarnRoPE takes its defaults {filled} for keys the config leaves out")
     if isinstance(scaling, Mapping) and (scaling.get("type") or scaling.get("rope_type")) == "mrope":
         notes.append("mlx-lm's mrope is nn.RoPE: the sections are dropped (exact for text positions)")
     return Reading(source=where, format="mlx", architecture=module_name,
