@@ -366,23 +366,36 @@ def test_read_mlx_phi3_longrope_disagrees_below_the_original_length(tmp_path):
     assert any("long_factor at every length" in n for n in reading.notes)
 
 
-def test_read_mlx_llama_drops_transformers5_rope_parameters(tmp_path):
-    """A real disagreement: a Llama config written by transformers 5 (rope_parameters, no rope_theta and
-    rope_scaling at the top) loses its base and its llama3 scaling in mlx-lm's llama, whose ModelArgs reads the
-    v4 keys only (it then runs base 10000, no scaling). read_mlx names the unread key."""
-    from transformers import LlamaConfig
+V5 = {  # (the transformers config class, its arguments, the bases mlx-lm's ModelArgs defaults give instead)
+    "llama": ("LlamaConfig", dict(rope_theta=5e5, rope_scaling=SCALINGS["llama3"]), [1e4] * 4),
+    "qwen2": ("Qwen2Config", dict(rope_theta=5e5), [1e6] * 4),
+    "gemma3_text": ("Gemma3TextConfig", dict(head_dim=16, rope_theta=2e6, rope_local_base_freq=5e4,
+                                             sliding_window_pattern=2), [1e4, 1e6, 1e4, 1e6]),
+}
 
-    cfg = LlamaConfig(**{k: v for k, v in COMMON.items()}, rope_theta=5e5, rope_scaling=SCALINGS["llama3"])
-    d = tmp_path / "llama5"
-    cfg.save_pretrained(d)
+
+@pytest.mark.parametrize("name", list(V5))
+def test_read_mlx_drops_transformers5_rope_parameters(tmp_path, name):
+    """A real disagreement: a config written by transformers 5 (rope_parameters, no rope_theta / rope_scaling /
+    rope_local_base_freq at the top) loses its bases and scaling in mlx-lm's llama, qwen2 and gemma3_text, whose
+    ModelArgs read the v4 keys only: they run their own default bases, unscaled. read_mlx names the unread key.
+    (mlx-lm's qwen3 reads rope_parameters.)"""
+    import transformers
+
+    cls, kwargs, mlx_bases = V5[name]
+    common = {k: v for k, v in COMMON.items() if k != "rms_norm_eps"}
+    d = tmp_path / name
+    getattr(transformers, cls)(**common, **kwargs).save_pretrained(d)
     written = json.loads((d / "config.json").read_text())
-    assert "rope_parameters" in written and "rope_theta" not in written
+    assert "rope_parameters" in written and written.get("rope_theta") is None
     reading = M.read_mlx(d)
     hf = _transformers_specs(str(d))
-    assert hf[0].base == 5e5 and hf[0].rope_type == "llama3"
-    assert reading.layers[0].base == 1e4 and reading.layers[0].rope_type == "default"
-    assert "inv_freq@16" in _differences(reading.layers[0], hf[0], reading.head_dim)
-    assert any("does not read ['rope_parameters']" in n for n in reading.notes)
+    assert [s.base for s in reading.layers] == mlx_bases
+    assert [s.base for s in hf] != mlx_bases
+    assert all("inv_freq@16" in _differences(m, t, reading.head_dim) for m, t in zip(reading.layers, hf))
+    if name == "llama":
+        assert hf[0].rope_type == "llama3" and reading.layers[0].rope_type == "default"
+    assert any("does not read ['rope_parameters'" in n for n in reading.notes)
 
 
 def test_read_mlx_qwen2_ignores_head_dim(tmp_path):
@@ -476,7 +489,7 @@ def test_is_mlx_model_dir(tmp_path):
     AutoModelForCausalLM.from_config(AutoConfig.for_model(**config)).save_pretrained(pt_dir)
     assert not M.is_mlx_model_dir(pt_dir)
     assert not M.is_mlx_model_dir(tmp_path / "absent")
-    assert M.read_mlx(mlx_dir).layers == M.read_mlx(pt_dir).layers  # mlx-lm reads the same config.json
+    assert M.read_mlx(mlx_dir).architecture == M.read_mlx(pt_dir).architecture == "qwen2"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -44,7 +44,8 @@ Phi-3's longrope below the original length (long_factor everywhere); yarn with `
 ``mscale_all_dim`` (mlx-lm scales by 0.1 mscale ln s + 1, transformers by 0.1 ln s + 1); yarn without
 ``original_max_position_embeddings`` (mlx-lm 4096, transformers ``max_position_embeddings``); DeepSeek-V3's
 ``rope_interleave: false`` (mlx-lm rotates interleaved pairs always); Llama configs written by transformers 5
-(``rope_parameters``: mlx-lm's llama reads ``rope_theta`` / ``rope_scaling`` only, so it runs base 10000 unscaled);
+(``rope_parameters``: mlx-lm's llama, qwen2 and gemma3_text read ``rope_theta`` / ``rope_scaling`` /
+``rope_local_base_freq`` only, so they run their own default bases, unscaled; its qwen3 reads ``rope_parameters``);
 Qwen2's ``head_dim`` (mlx-lm takes ``hidden_size // num_attention_heads``).
 
 :func:`read_mlx` builds the mlx-lm model from ``config.json`` as ``mlx_lm.utils.load_model`` does
@@ -552,8 +553,18 @@ def read_mlx(source: str | Path | Mapping[str, Any]) -> Reading:
     if isinstance(scaling, Mapping) and (scaling.get("type") or scaling.get("rope_type")) == "mrope":
         notes.append("mlx-lm's mrope is nn.RoPE: the sections are dropped (exact for text positions)")
     return Reading(source=where, format="mlx", architecture=module_name,
-                   head_dim=head_dims.pop() if head_dims else int(config.get("head_dim") or 2),
+                   head_dim=head_dims.pop() if head_dims else _config_head_dim(config, where),
                    layers=tuple(specs), declared=declared, notes=tuple(notes))
+
+
+def _config_head_dim(config: Mapping[str, Any], where: str) -> int:
+    """The head dim of a model whose layers all go without RoPE (no rope module to read it from)."""
+    try:
+        from ..spec import head_dim_of
+
+        return head_dim_of(config)
+    except (ValueError, TypeError, ZeroDivisionError) as e:
+        raise ReadError(f"{where}: no layer has RoPE and the config gives no head dim ({e}).") from e
 
 
 def _runs(names: list[str]) -> str:
