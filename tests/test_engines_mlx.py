@@ -240,6 +240,24 @@ def test_initialize_rope_parity(name, trad, offset):
     assert (ref_read - ref).abs().max() <= _bound(x, hf, seq_len, offset + T - 1)
 
 
+def test_what_initialize_rope_returns_per_type():
+    """The rope types of mlx-lm's initialize_rope, measured: 'su' is not among them (phi3 and phimoe build
+    SuScaledRoPE themselves), 'mrope' is a 1D nn.RoPE (its sections dropped), longrope is SuScaledRoPE."""
+    def make(scaling):
+        return rope_utils.initialize_rope(HEAD_DIM, 1e4, False, scaling_config=scaling, max_position_embeddings=MAX_POS)
+
+    long = {"rope_type": "longrope", "original_max_position_embeddings": MAX_POS, "short_factor": [1.0] * 16,
+            "long_factor": [2.0] * 16}
+    assert type(make(long)).__name__ == "SuScaledRoPE"
+    mrope = make({"rope_type": "mrope", "mrope_section": [4, 6, 6]})
+    assert type(mrope).__name__ == "RoPE"
+    assert M.spec_from_mlx_rope(mrope, head_dim=HEAD_DIM) == RopeSpec(base=1e4)
+    for kind in ("deepseek_yarn", "telechat3-yarn"):
+        assert type(make({"rope_type": kind, "factor": 4.0})).__name__ == "YarnRoPE"
+    with pytest.raises(ValueError, match="Unsupported RoPE type su"):
+        make({"type": "su", "short_factor": [1.0] * 16, "long_factor": [1.0] * 16})
+
+
 def test_su_scaled_rope_uses_long_factor_at_every_length():
     """A real disagreement: transformers' longrope uses short_factor up to the original length; mlx-lm's
     SuScaledRoPE (phi3, phimoe, minicpm3, initialize_rope's longrope) uses long_factor at every length, so at
