@@ -240,6 +240,36 @@ def test_initialize_rope_parity(name, trad, offset):
     assert (ref_read - ref).abs().max() <= _bound(x, hf, seq_len, offset + T - 1)
 
 
+@pytest.mark.parametrize("name", list(MLX_LM_TYPES))
+@pytest.mark.parametrize("trad", [False, True])
+def test_mlx_rope_from_spec_runs_the_spec(name, trad):
+    scaling, dims = MLX_LM_TYPES[name]
+    spec = _hf_spec(scaling, dims, trad)
+    module = M.mlx_rope_from_spec(spec, HEAD_DIM)
+    x = _x(6, t=2 * MAX_POS)
+    y = _run_mlx(lambda a: module(a, offset=3), x)
+    ref = apply_rope(x.double(), layout="b h s d", spec=spec, offset=3)
+    assert (y - ref).abs().max() <= _bound(x, spec, 2 * MAX_POS + 3, 2 * MAX_POS + 2)
+
+
+def test_mlx_rope_from_spec_refuses_what_mlx_lm_cannot_express():
+    short, long = [1.0] * 16, [1.0 + 0.2 * i for i in range(16)]
+    longrope = RopeSpec(scaling={"rope_type": "longrope", "short_factor": short, "long_factor": long,
+                                 "original_max_position_embeddings": MAX_POS}, max_position_embeddings=4 * MAX_POS)
+    with pytest.raises(ValueError, match="SuScaledRoPE cannot express this longrope spec: at length 1 "):
+        M.mlx_rope_from_spec(longrope, HEAD_DIM)
+    same = dataclasses.replace(longrope, scaling={**longrope.scaling, "short_factor": long})
+    M.mlx_rope_from_spec(same, HEAD_DIM)  # long_factor everywhere: what SuScaledRoPE does
+    with pytest.raises(ValueError, match="rotates 'half' pairs only"):
+        M.mlx_rope_from_spec(dataclasses.replace(same, style="interleaved"), HEAD_DIM)
+    yarn = RopeSpec(scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": MAX_POS,
+                             "attention_factor": 1.5}, max_position_embeddings=4 * MAX_POS)
+    with pytest.raises(ValueError, match="attention factor is 1.13863, the spec's 1.5"):
+        M.mlx_rope_from_spec(yarn, HEAD_DIM)
+    with pytest.raises(ValueError, match="without RoPE"):
+        M.mlx_rope_from_spec(RopeSpec.nope(), HEAD_DIM)
+
+
 def test_what_initialize_rope_returns_per_type():
     """The rope types of mlx-lm's initialize_rope, measured: 'su' is not among them (phi3 and phimoe build
     SuScaledRoPE themselves), 'mrope' is a 1D nn.RoPE (its sections dropped), longrope is SuScaledRoPE."""

@@ -86,6 +86,7 @@ __all__ = [
     "fast_rope_kwargs",
     "spec_from_fast_rope",
     "spec_from_mlx_rope",
+    "mlx_rope_from_spec",
     "MLX_LM_ROPE_CLASSES",
     "yarn_defaults",
     "read_mlx",
@@ -405,6 +406,47 @@ def spec_from_mlx_rope(module: Any, *, head_dim: int, base: float | None = None,
                                    rope_parameters={**d, "attention_factor": input_scale},
                                    max_position_embeddings=max_position_embeddings)
     return spec
+
+
+def mlx_rope_from_spec(spec: RopeSpec, head_dim: int, *, max_position_embeddings: int | None = None):
+    """The mlx-lm rope module for ``spec`` on a head of ``head_dim`` dims: ``initialize_rope(dims, base,
+    traditional, scaling_config, max_position_embeddings)`` with the spec's settings, checked to compute what the
+    spec computes (frequencies and attention factor at length 1, the trained length and four times it). Raises
+    ValueError naming what mlx-lm's class does instead, for what it cannot express (a NoPE layer; longrope's short
+    factors or an interleaved longrope; a yarn ``attention_factor`` or ``truncate=False`` it does not read)."""
+    if not isinstance(spec, RopeSpec):
+        raise ValueError(f"spec must be a ropelab.RopeSpec, got {type(spec).__name__}.")
+    head_dim = _check_head_dim(head_dim)
+    if spec.is_nope:
+        raise ValueError("spec is a layer without RoPE: mlx-lm has no rope module for it (SmolLM3 swaps in a no-op).")
+    from mlx_lm.models.rope_utils import initialize_rope
+
+    from ..scaling import ROPE_TYPES
+
+    rope_type = spec.rope_type
+    dims = head_dim if rope_type != "default" and ROPE_TYPES[rope_type].whole_head else spec.rotary_dim or head_dim
+    scaling = None if spec.scaling is None else dict(spec.scaling)
+    max_pos = spec.max_position_embeddings or max_position_embeddings
+    try:
+        module = initialize_rope(dims, spec.base, spec.style == "interleaved", scaling_config=scaling,
+                                 max_position_embeddings=max_pos)
+    except (ValueError, KeyError) as e:
+        raise ValueError(f"mlx-lm's initialize_rope refuses rope_type {rope_type!r}: {type(e).__name__}: {e}.") from e
+    read = spec_from_mlx_rope(module, head_dim=head_dim, base=spec.base, scaling_config=scaling,
+                              max_position_embeddings=max_pos)
+    if read.style != spec.style:
+        raise ValueError(f"mlx-lm's {type(module).__name__} rotates {read.style!r} pairs only; the spec's are "
+                         f"{spec.style!r}.")
+    for seq_len in dict.fromkeys((1, max_pos, 4 * max_pos) if max_pos else (None,)):
+        (inv_a, af_a), (inv_b, af_b) = read.frequencies(head_dim, seq_len=seq_len), spec.frequencies(head_dim,
+                                                                                                   seq_len=seq_len)
+        bad = _ladder_mismatch(inv_a, inv_b, _periods_tolerance(spec.base))
+        if bad is not None or abs(af_a - af_b) > 8 * _U32 * max(1.0, af_b):
+            what = (f"pair {bad[0]}'s frequency differs by {bad[1]:.3g} relative" if bad is not None else
+                    f"its attention factor is {af_a:.6g}, the spec's {af_b:.6g}")
+            raise ValueError(f"mlx-lm's {type(module).__name__} cannot express this {rope_type} spec: at length "
+                             f"{seq_len} {what} (it reads {read.scaling and dict(read.scaling)}).")
+    return module
 
 
 # --------------------------------------------------------------------------------------------------
