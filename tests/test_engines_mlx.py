@@ -266,6 +266,10 @@ def test_mlx_rope_from_spec_refuses_what_mlx_lm_cannot_express():
                              "attention_factor": 1.5}, max_position_embeddings=4 * MAX_POS)
     with pytest.raises(ValueError, match="attention factor is 1.13863, the spec's 1.5"):
         M.mlx_rope_from_spec(yarn, HEAD_DIM)
+    untruncated = RopeSpec(scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": MAX_POS,
+                                    "truncate": False}, max_position_embeddings=4 * MAX_POS)
+    with pytest.raises(ValueError, match="do not give these periods"):  # YarnRoPE always floors / ceils
+        M.mlx_rope_from_spec(untruncated, HEAD_DIM)
     with pytest.raises(ValueError, match="without RoPE"):
         M.mlx_rope_from_spec(RopeSpec.nope(), HEAD_DIM)
 
