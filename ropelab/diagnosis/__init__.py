@@ -34,6 +34,10 @@ the same for every head and batch element (Su et al. 2021, "RoFormer", arXiv 210
    pattern is matched against positions, ``inv_freq``, angles or cos/sin tables held in bf16/fp16 to
    name the cause.
 
+``fn`` may also be an MLX function (``functools.partial(mx.fast.rope, ...)``, an mlx-lm rope module):
+``framework="mlx"``, or detected from where fn is defined; its arrays convert at the boundary
+(``ropelab.engines.mlx.to_mx`` / ``to_torch``), so MLX is diagnosed like torch, float64 probes included.
+
 ``compare`` (``explain``) runs two implementations on the same input and explains every difference in
 words. ``sanity_checks`` runs the two usual checks (norms kept; scores depending on n - m only), which a
 rotation along the wrong axis passes, and ``rotation_angles`` returns the angle a pair actually gets at

@@ -10,7 +10,7 @@ from ..core import AXIS_NAMES, STYLES, Layout
 from ..precision import phase_tolerance
 from .ladder import LADDER_RTOL
 from .measure import check_args, diagnose
-from .probes import STRUCT_TOL, call, one_thread, probe_sizes
+from .probes import STRUCT_TOL, as_torch_fn, call, one_thread, probe_sizes
 from .report import Comparison, Diagnosis
 
 __all__ = ["compare"]
@@ -34,13 +34,15 @@ def compare(
     max_position: int = 4096,
     names: tuple[str, str] = ("A", "B"),
 ) -> Comparison:
-    """Run ``fn_a`` and ``fn_b`` on the same random input (in ``dtype``, the probe sizes with positions
-    0 .. ``max_position`` along the sequence) and explain each difference.
+    """Run ``fn_a`` and ``fn_b`` (torch functions, or MLX ones: detected as ``diagnose`` does) on the same random
+    input (in ``dtype``, the probe sizes with positions 0 .. ``max_position`` along the sequence) and explain each
+    difference.
 
     Both are diagnosed (same sizes and arguments as ``diagnose``); every field where they differ becomes a
     sentence: the axis they rotate along, the pairing (with the ropelab.convert function that maps one onto
     the other), rotary_dim, base and scaling, direction, norm scale, varlen restarts, precision.
     """
+    fn_a, fn_b = as_torch_fn(fn_a, None), as_torch_fn(fn_b, None)  # an MLX function converts at the boundary
     lay = check_args(fn_a, layout, dtype, max_position, None)
     check_args(fn_b, layout, dtype, max_position, None)
     sz = probe_sizes(lay, sizes)

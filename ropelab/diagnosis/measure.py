@@ -14,7 +14,7 @@ from ..precision import DTYPE_NAMES, UNIT_ROUNDOFF, perturbed_angle, phase_toler
 from ..scaling import default_inv_freq, frequencies
 from .axes import NOT_SINGLE_AXIS, SINGLE_AXIS_LENGTH, SPREAD_TOL, position_spread, single_axis_deviation
 from .ladder import LADDER_RESEMBLES, LADDER_RTOL, fit_ladder, fmt, head_base, rel_err
-from .probes import STRUCT_TOL, NotATensor, call, one_thread, probe_cu_seqlens, probe_sizes
+from .probes import STRUCT_TOL, NotATensor, as_torch_fn, call, one_thread, probe_cu_seqlens, probe_sizes
 from .report import Diagnosis
 from .structure import Structure, measure_structure
 
@@ -67,6 +67,7 @@ def diagnose(
     max_position: int = 4096,
     expect: Mapping[str, Any] | None = None,
     name: str | None = None,
+    framework: str | None = None,
 ) -> Diagnosis:
     """Probe ``fn`` and report what rotation it applies. See the module docstring for the method.
 
@@ -82,7 +83,12 @@ def diagnose(
             ``max_position_embeddings`` where the type needs it (dynamic), ``attention_factor``. The old key
             ``pairing`` is refused with a message naming ``style`` (one name per idea, as ``apply_rope``).
         name: how the report names fn.
+        framework: the arrays fn takes: ``"torch"``, or ``"mlx"`` (``mx.array`` in and out, converted at the
+            boundary by ``ropelab.engines.mlx``, so ``functools.partial(mx.fast.rope, dims=..., ...)`` or an mlx-lm
+            rope module is diagnosed like a torch function); None (the default) detects MLX from fn's module.
     """
+    name = name or _fn_name(fn)
+    fn = as_torch_fn(fn, framework)
     lay = check_args(fn, layout, dtype, max_position, expect)
     sz = probe_sizes(lay, sizes)
     with one_thread():

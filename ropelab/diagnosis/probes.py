@@ -26,6 +26,8 @@ __all__ = [
     "rotation_angles",
     "NotATensor",
     "call",
+    "as_torch_fn",
+    "FRAMEWORKS",
     "one_thread",
     "STRUCT_TOL",
     "ANGLE_TOL",
@@ -37,6 +39,28 @@ ANGLE_TOL = 2.0**-10
 COUPLE_TOL = 2.0**-30
 
 DEFAULT_SIZES = {"b": 2, "s": 6, "t": 12, "h": 3, "d": 32}
+# The array libraries a black box may take: torch, or MLX (its arrays converted at the boundary,
+# ropelab.engines.mlx.to_mx / to_torch). None detects MLX from where fn is defined.
+FRAMEWORKS = ("torch", "mlx")
+
+
+def as_torch_fn(fn: Callable, framework: str | None) -> Callable:
+    """``fn`` as a function of torch tensors: as it is for ``framework="torch"``; wrapped by
+    ``ropelab.engines.mlx.torch_callable`` for ``"mlx"`` (``mx.fast.rope`` partials, mlx-lm rope modules); None
+    picks "mlx" when fn (or the function a ``functools.partial`` wraps) is defined in ``mlx`` or ``mlx_lm``."""
+    if framework is not None and framework not in FRAMEWORKS:
+        raise ValueError(f"framework must be one of {FRAMEWORKS} or None (detect), got {framework!r}.")
+    if framework is None:
+        if not callable(fn):
+            return fn  # check_args refuses it with its own message
+        from ..engines.mlx import is_mlx_function
+
+        framework = "mlx" if is_mlx_function(fn) else "torch"
+    if framework == "torch":
+        return fn
+    from ..engines.mlx import torch_callable
+
+    return torch_callable(fn)
 
 
 def probe_sizes(layout: str | Layout, sizes: Mapping[str, int] | None = None) -> dict[str, int]:
