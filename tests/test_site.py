@@ -247,6 +247,40 @@ def test_every_notebook_page_links_to_the_previous_and_next_notebook(crawl, serv
         assert "make lab" in text and f"notebooks/{stem}.ipynb" in text, f"{stem}: no run-it-locally banner: {text!r}"
 
 
+@in_browser
+def test_every_explorer_responds_on_its_notebook_page_with_no_kernel(browser, served):
+    # The notebooks whose explorer has a browser twin (ropelab.site.EXPLORER_TWINS); on each page, every twin's
+    # first slider moves, and its printed number and its figure change. No kernel: the site is static files.
+    from ropelab import site
+
+    pages = [stem for stem in NOTEBOOKS
+             if any(name in json.dumps(_source(stem)) for name in site.EXPLORER_TWINS)]
+    assert len(pages) >= 5, pages
+    for stem in pages:
+        page = _page(browser, served)
+        try:
+            page.goto(f"{served}/notebooks/{stem}.html", wait_until="load")
+            roots = page.locator(".ropelab-webexplorer")
+            assert roots.count() >= 1, f"{stem}: no browser explorer on its page"
+            for i in range(roots.count()):
+                root = roots.nth(i)
+                root.locator(".ropelab-readout").wait_for(timeout=30_000)
+                page.wait_for_timeout(300)  # the first draw happens on the next animation frame
+                state = "r => [r.querySelector('.ropelab-readout').textContent, r.querySelector('.ropelab-figure')" \
+                        ".innerHTML + [...r.querySelectorAll('canvas')].map(c => c.toDataURL()).join()]"
+                before = root.evaluate(state)
+                slider = root.locator('input[type="range"]').first
+                slider.evaluate("s => { s.value = s.value === s.max ? s.min : s.max; "
+                                "s.dispatchEvent(new Event('input', {bubbles: true})); }")
+                page.wait_for_timeout(300)
+                after = root.evaluate(state)
+                assert after[0] != before[0], f"{stem}, explorer {i}: the printed number did not change"
+                assert after[1] != before[1], f"{stem}, explorer {i}: the figure did not change"
+            assert not page.problems, page.problems
+        finally:
+            page.close()
+
+
 # --------------------------------------------------------------------------------------------------
 # Staging, without a browser: what the builder makes of an executed notebook
 # --------------------------------------------------------------------------------------------------
