@@ -351,6 +351,20 @@ def _with_partial(config: Any, params: Mapping[str, Any], head_dim: int, conv: M
     return params
 
 
+def _top_level_original(config: Any, d: dict) -> dict:
+    """A top-level ``original_max_position_embeddings`` (Phi-3's configs keep it outside the rope dict) takes priority
+    over the one-for-all-layers dict's own, for the types that read it: transformers' ``standardize_rope_params``
+    ("an exception case where we give priority to `self.original_max_position_embeddings`", for ``llama3``, ``yarn``
+    and ``longrope``). Dropping it would read L0 as ``max_position_embeddings``: the attention factor becomes 1 and
+    LongRoPE switches to its long factors at the wrong length."""
+    top = _get(config, "original_max_position_embeddings")
+    rtype = d.get("rope_type", d.get("type"))
+    rec = ROPE_TYPES.get(rtype) if isinstance(rtype, str) else None
+    if top is not None and rec is not None and rec.original_key == "original_max_position_embeddings":
+        d = {**d, "original_max_position_embeddings": top}
+    return d
+
+
 def _rope_dicts(config: Any, layer_types: Sequence[str] | None, conv: Mapping[str, Any] | None = None,
                 skip: set | frozenset = frozenset()) -> dict[str | None, dict]:
     """{layer type (None for all layers): v5-style rope dict with rope_theta} from either schema."""
@@ -366,7 +380,7 @@ def _rope_dicts(config: Any, layer_types: Sequence[str] | None, conv: Mapping[st
                 f"rope_parameters has neither 'rope_type' nor an entry per layer type (keys {sorted(params)}, "
                 f"layer_types {sorted(set(layer_types or []))})."
             )
-        return {t: dict(params) for t in set(layer_types or [None])}
+        return {t: _top_level_original(config, dict(params)) for t in set(layer_types or [None])}
     # v4: rope_theta at the top, rope_scaling (may be None), partial_rotary_factor at the top.
     theta = _get(config, "rope_theta")
     if theta is None and (conv or {}).get("fixed_base") is not None:
@@ -377,6 +391,7 @@ def _rope_dicts(config: Any, layer_types: Sequence[str] | None, conv: Mapping[st
         top["partial_rotary_factor"] = _get(config, "partial_rotary_factor")
     scaling = _get(config, "rope_scaling")
     global_dict = {**top, **(dict(scaling) if scaling is not None else {"rope_type": "default"})}
+    global_dict = _top_level_original(config, global_dict)
     if layer_types is None:
         return {None: global_dict}
     out = {t: global_dict for t in set(layer_types) - set(skip)}

@@ -204,3 +204,25 @@ def test_validation_and_replace():
         with pytest.raises(ValueError, match=match):
             RopeSpec(**bad)
     assert RopeSpec(**dyn.to_dict()) == dyn and hash(RopeSpec(**dyn.to_dict())) == hash(dyn)
+
+
+@pytest.mark.parametrize("schema", ["v4", "v5"])
+def test_a_top_level_original_length_takes_priority_as_in_transformers(schema):
+    # Phi-3's config.json keeps original_max_position_embeddings outside rope_scaling; transformers'
+    # standardize_rope_params moves it in (with priority). Read as the raw dict, the spec must give what the config
+    # class gives: attention factor sqrt(1 + ln(s) / ln(L0)) and the switch to the long factors past L0.
+    transformers = pytest.importorskip("transformers")
+    rope = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+    raw = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, max_position_embeddings=256,
+               original_max_position_embeddings=64)
+    if schema == "v4":
+        raw |= {"rope_theta": 10000.0, "rope_scaling": dict(rope)}
+    else:
+        raw |= {"rope_parameters": {**rope, "rope_theta": 10000.0, "original_max_position_embeddings": 256}}
+    from_dict = RopeSpec.per_layer({**raw, "model_type": "phi3"})[0]
+    from_class = RopeSpec.per_layer(transformers.Phi3Config(**raw))[0]
+    assert from_dict.scaling["original_max_position_embeddings"] == 64
+    for seq_len in (64, 65):
+        (a, fa), (b, fb) = from_dict.frequencies(16, seq_len=seq_len), from_class.frequencies(16, seq_len=seq_len)
+        assert torch.equal(a, b) and fa == fb
+    assert from_dict.frequencies(16)[1] == pytest.approx((1 + math.log(4) / math.log(64)) ** 0.5, rel=1e-12)
