@@ -1,0 +1,178 @@
+"""ggml's RoPE inside llama.cpp: a tiny Hugging Face model, converted by llama.cpp's own converter, run through
+llama.cpp (llama-cpp-python, `make ggml`), gives transformers' logits on the same token ids.
+
+The oracle is transformers' forward in float64 on the same weights. llama.cpp computes in float32 throughout
+(ropelab.engines.ggml switches its float16 KV cache off), so its logits differ from the oracle by float32
+rounding only. The bound is Higham's: every value is a dot product or sum of at most K rounded terms, with
+K = hidden + intermediate + n_tokens (the longest accumulations of one block: a projection, the MLP's down
+projection, the attention average), so each block's output carries a relative error of at most gamma_K,
+and the L blocks and the output projection add theirs along the residual stream. To first order the logit
+error is then at most (L + 1) gamma_K times S, the largest sum of |terms| of the output projection,
+S = max_v sum_j |W_out[v, j]| |h_L[j]| (h_L the oracle's final normed hidden state); the RMSNorm's
+rescaling keeps the residual stream's errors relative, so no larger amplification arises at this depth.
+A wrong RoPE (a rope_theta changed after conversion) moves the logits by orders of magnitude more.
+
+The tiny models and their sentencepiece tokenizer are built here (a minimal local version of the tiny-model
+builder issue 22 shares; the lead reconciles it with ropelab.engines.tiny).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+import torch
+from _helpers import gamma
+
+from ropelab.engines import ggml
+
+transformers = pytest.importorskip("transformers")
+spm = pytest.importorskip("sentencepiece")
+
+N_TOKENS, HIDDEN, INTERMEDIATE, N_LAYERS, N_HEADS, N_KV, HEAD_DIM = 24, 64, 128, 2, 4, 2, 16
+
+ARCHS = {
+    # NORM type: the converter permutes q/k so that ggml's adjacent pairs equal transformers' half pairs.
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    # llama3 scaling: the converter writes it as the rope_freqs tensor (per-pair frequency divisors).
+    "llama3": ("LlamaConfig", "LlamaForCausalLM", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
+    # NEOX type: no permutation, ggml rotates (i, i + n/2) like transformers.
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
+}
+
+
+def _tokenizer_model() -> bytes:
+    """A tiny sentencepiece model trained in code: the converter reads tokenizer.model for both archs."""
+    words = ["rope", "angle", "base", "pair", "half", "norm", "neox", "ggml", "llama", "token", "phase", "scale"]
+    g = torch.Generator().manual_seed(0)
+    lines = [" ".join(words[i] for i in torch.randint(len(words), (8,), generator=g).tolist()) for _ in range(200)]
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=buf, vocab_size=64, model_type="bpe", character_coverage=1.0,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+    )
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_model() -> bytes:
+    return _tokenizer_model()
+
+
+def tiny_model(arch: str, tokenizer: bytes, directory, *, seed: int = 0):
+    """A seeded random tiny model of ``arch``, saved with its tokenizer in ``directory``; returns the model."""
+    config_cls, model_cls, extra = ARCHS[arch]
+    sp = spm.SentencePieceProcessor(model_proto=tokenizer)
+    config = getattr(transformers, config_cls)(
+        vocab_size=sp.vocab_size(), hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=N_LAYERS,
+        num_attention_heads=N_HEADS, num_key_value_heads=N_KV, head_dim=HEAD_DIM, max_position_embeddings=64,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, **extra,
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        # Weights of std 1/sqrt(fan_in) (not transformers' 0.02), so attention is far from uniform and the
+        # logits depend on RoPE strongly enough to see a wrong one.
+        for name, p in model.named_parameters():
+            if p.ndim == 2:
+                p.copy_(torch.randn(p.shape) / p.shape[-1] ** 0.5 * (HIDDEN**0.5 if "embed" in name else 1.0))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape))
+            else:  # RMSNorm weights
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape))
+    model.save_pretrained(directory)
+    (directory / "tokenizer.model").write_bytes(tokenizer)
+    (directory / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": False, "add_eos_token": False}))
+    return model
+
+
+def hf_logits(model, ids: list[int], **rope_override) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' float64 logits and S per position (the sum of |terms| of the output projection)."""
+    m = model
+    if rope_override:
+        config = type(model.config).from_dict({**model.config.to_dict(),
+                                               "rope_parameters": {**model.config.rope_parameters, **rope_override}})
+        m = type(model)(config).eval()
+        m.load_state_dict(model.state_dict())
+    m = m.to(torch.float64)
+    with torch.no_grad():
+        out = m(torch.tensor([ids]), output_hidden_states=True)
+    h = out.hidden_states[-1][0]  # the final normed hidden state (transformers applies the norm to the last)
+    s = (h.abs() @ m.lm_head.weight.abs().T).amax(dim=-1)
+    m.to(torch.float32)
+    return out.logits[0], s
+
+
+def bound(s: torch.Tensor) -> torch.Tensor:
+    return (N_LAYERS + 1) * gamma(HIDDEN + INTERMEDIATE + N_TOKENS, torch.float32) * s.max()
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, tokenizer_model):
+    """arch -> (transformers model, GGUF path), converted once per module."""
+    ggml.llama_cpp()  # fail early, naming `make ggml`, before the slow conversions
+    out = {}
+    for arch in ARCHS:
+        d = tmp_path_factory.mktemp(arch)
+        model = tiny_model(arch, tokenizer_model, d / "hf")
+        out[arch] = (model, ggml.convert_hf_to_gguf(d / "hf", d / f"{arch}.gguf"))
+    return out
+
+
+def token_ids(vocab: int) -> list[int]:
+    return torch.randint(3, vocab, (N_TOKENS,), generator=torch.Generator().manual_seed(7)).tolist()
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_llama_cpp_logits_match_transformers(converted, arch):
+    model, path = converted[arch]
+    ids = token_ids(model.config.vocab_size)
+    ref, s = hf_logits(model, ids)
+    got = ggml.logits(path, ids, n_threads=1)
+    assert got.shape == ref.shape
+    err = (got - ref).abs().max().item()
+    print(f"{arch}: max |llama.cpp - transformers float64| = {err:.3e}, bound {bound(s):.3e}, "
+          f"max |logit| {ref.abs().max():.3f}")
+    assert err <= bound(s)
+
+
+def test_wrong_rope_theta_is_caught(converted):
+    # The GGUF keeps freq_base 10000; the oracle's rope_theta changed after conversion must not pass.
+    model, path = converted["llama"]
+    ids = token_ids(model.config.vocab_size)
+    ref, s = hf_logits(model, ids, rope_theta=20000.0)
+    err = (ggml.logits(path, ids, n_threads=1) - ref).abs().max().item()
+    print(f"llama with rope_theta 20000 vs the GGUF's 10000: max |diff| = {err:.3e}, bound {bound(s):.3e}")
+    assert err > 100 * bound(s)
+
+
+def test_bad_input_is_a_clear_error(converted, tmp_path):
+    model, path = converted["llama"]
+    with pytest.raises(ValueError, match="n_threads"):
+        ggml.logits(path, [3, 4], n_threads=0)
+    with pytest.raises(ValueError, match="tokens"):
+        ggml.logits(path, [], n_threads=1)
+    with pytest.raises(ValueError, match=r"n_vocab"):
+        ggml.logits(path, [3, model.config.vocab_size], n_threads=1)
+    with pytest.raises(ValueError, match="gguf_path"):
+        ggml.logits(tmp_path / "missing.gguf", [3], n_threads=1)
+    with pytest.raises(ValueError, match="n_ctx"):
+        ggml.logits(path, [3, 4], n_threads=1, n_ctx=1)
+
+
+def test_missing_llama_cpp_names_the_make_target(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import raises ImportError
+    with pytest.raises(ImportError, match="make ggml"):
+        ggml.llama_cpp()
+
+
+def test_missing_converter_names_the_make_target(monkeypatch, tmp_path):
+    monkeypatch.setenv("ROPELAB_LLAMA_CPP_SRC", os.fspath(tmp_path))
+    with pytest.raises(FileNotFoundError, match="make ggml"):
+        ggml.llama_cpp_source()
