@@ -42,6 +42,10 @@ ARCHS = {
         "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
     # NEOX type: no permutation, ggml rotates (i, i + n/2) like transformers.
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
+    # yarn: the converter writes scaling.type, factor and original_context_length; ggml blends the frequencies
+    # over beta_fast..beta_slow and multiplies cos/sin by the attention factor 0.1 ln(factor) + 1.
+    "qwen2-yarn": ("Qwen2Config", "Qwen2ForCausalLM", {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16}}),
 }
 
 
@@ -90,14 +94,16 @@ def tiny_model(arch: str, tokenizer: bytes, directory, *, seed: int = 0):
     return model
 
 
-def hf_logits(model, ids: list[int], **rope_override) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' float64 logits and S per position (the sum of |terms| of the output projection)."""
+def hf_logits(model, ids: list[int], rope_parameters: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' float64 logits and S per position (the sum of |terms| of the output projection).
+
+    ``rope_parameters`` replaces the model's RoPE (same weights) for the deliberately wrong oracles.
+    """
     m = model
-    if rope_override:
-        config = type(model.config).from_dict({**model.config.to_dict(),
-                                               "rope_parameters": {**model.config.rope_parameters, **rope_override}})
-        m = type(model)(config).eval()
+    if rope_parameters is not None:
+        m = type(model)(type(model.config).from_dict({**model.config.to_dict(), "rope_parameters": rope_parameters}))
         m.load_state_dict(model.state_dict())
+        m.eval()
     m = m.to(torch.float64)
     with torch.no_grad():
         out = m(torch.tensor([ids]), output_hidden_states=True)
@@ -113,14 +119,18 @@ def bound(s: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory, tokenizer_model):
-    """arch -> (transformers model, GGUF path), converted once per module."""
+    """converted(arch) -> (transformers model, GGUF path), built and converted once per module, on first use."""
     ggml.llama_cpp()  # fail early, naming `make ggml`, before the slow conversions
-    out = {}
-    for arch in ARCHS:
-        d = tmp_path_factory.mktemp(arch)
-        model = tiny_model(arch, tokenizer_model, d / "hf")
-        out[arch] = (model, ggml.convert_hf_to_gguf(d / "hf", d / f"{arch}.gguf"))
-    return out
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            d = tmp_path_factory.mktemp(arch)
+            model = tiny_model(arch, tokenizer_model, d / "hf")
+            cache[arch] = (model, ggml.convert_hf_to_gguf(d / "hf", d / f"{arch}.gguf"))
+        return cache[arch]
+
+    return get
 
 
 def token_ids(vocab: int) -> list[int]:
@@ -129,7 +139,7 @@ def token_ids(vocab: int) -> list[int]:
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_llama_cpp_logits_match_transformers(converted, arch):
-    model, path = converted[arch]
+    model, path = converted(arch)
     ids = token_ids(model.config.vocab_size)
     ref, s = hf_logits(model, ids)
     got = ggml.logits(path, ids, n_threads=1)
@@ -140,18 +150,30 @@ def test_llama_cpp_logits_match_transformers(converted, arch):
     assert err <= bound(s)
 
 
-def test_wrong_rope_theta_is_caught(converted):
-    # The GGUF keeps freq_base 10000; the oracle's rope_theta changed after conversion must not pass.
-    model, path = converted["llama"]
+# Each GGUF against an oracle whose RoPE differs in one thing the GGUF encodes: the parity tests above would
+# fail if llama.cpp dropped or misread that thing.
+WRONG = {
+    "rope_theta changed after conversion": ("llama", {"rope_type": "default", "rope_theta": 20000.0}),
+    "llama3 scaling dropped (no rope_freqs)": ("llama3", {"rope_type": "default", "rope_theta": 500000.0}),
+    "yarn dropped": ("qwen2-yarn", {"rope_type": "default", "rope_theta": 10000.0}),
+    "yarn without its attention factor": ("qwen2-yarn", {**ARCHS["qwen2-yarn"][2]["rope_parameters"],
+                                                         "attention_factor": 1.0}),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG))
+def test_a_wrong_rope_is_caught(converted, case):
+    arch, rope_parameters = WRONG[case]
+    model, path = converted(arch)
     ids = token_ids(model.config.vocab_size)
-    ref, s = hf_logits(model, ids, rope_theta=20000.0)
+    ref, s = hf_logits(model, ids, rope_parameters)
     err = (ggml.logits(path, ids, n_threads=1) - ref).abs().max().item()
-    print(f"llama with rope_theta 20000 vs the GGUF's 10000: max |diff| = {err:.3e}, bound {bound(s):.3e}")
+    print(f"{arch} vs {case}: max |diff| = {err:.3e}, bound {bound(s):.3e}")
     assert err > 100 * bound(s)
 
 
 def test_bad_input_is_a_clear_error(converted, tmp_path):
-    model, path = converted["llama"]
+    model, path = converted("llama")
     with pytest.raises(ValueError, match="n_threads"):
         ggml.logits(path, [3, 4], n_threads=0)
     with pytest.raises(ValueError, match="tokens"):

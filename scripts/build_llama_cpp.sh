@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Build llama-cpp-python for the CPU once per (version, flags), cache the wheel, install it into PYTHON's environment,
+# and extract the sdist's llama.cpp tree (convert_hf_to_gguf.py) under build/. Used by `make ggml`.
+#
+#   scripts/build_llama_cpp.sh PYTHON VERSION
+#
+# The wheel is cached in $ROPELAB_WHEEL_CACHE (default build/wheels) under a key of the version and the CMake flags,
+# and reused while both are unchanged: the compile is the slow part (see the Makefile's `ggml` target). The flags make
+# a portable, minimal build: GGML_NATIVE=OFF (the machine that runs the tests may not be the one that built it), no
+# BLAS, CUDA or OpenMP, no llamafile sgemm, no multimodal library (mtmd), no tests, examples, tools or server.
+set -euo pipefail
+PY=${1:?usage: scripts/build_llama_cpp.sh PYTHON VERSION}
+VERSION=${2:?usage: scripts/build_llama_cpp.sh PYTHON VERSION}
+CACHE=${ROPELAB_WHEEL_CACHE:-build/wheels}
+FLAGS="-DGGML_NATIVE=OFF -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_OPENMP=OFF -DGGML_LLAMAFILE=OFF -DLLAVA_BUILD=OFF"
+FLAGS+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+FLAGS+=" -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF"
+KEY=$(printf '%s\n%s\n' "$VERSION" "$FLAGS" | sha256sum | cut -c1-12)
+WHEELS="$CACHE/llama_cpp_python-$VERSION-$KEY"
+SDIST="build/dl/llama_cpp_python-$VERSION.tar.gz"
+
+if [ ! -f "$SDIST" ]; then
+	mkdir -p build/dl
+	"$PY" -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps -d build/dl \
+		"llama-cpp-python==$VERSION"
+fi
+if [ ! -f "build/llama_cpp_python-$VERSION/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
+	tar -xzf "$SDIST" -C build
+fi
+if ! ls "$WHEELS"/llama_cpp_python-"$VERSION"-*.whl >/dev/null 2>&1; then
+	echo "Building llama-cpp-python $VERSION for the CPU into $WHEELS (flags: $FLAGS)"
+	mkdir -p "$WHEELS"
+	CMAKE_ARGS="$FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="${JOBS:-2}" \
+		"$PY" -m pip wheel -q --disable-pip-version-check --no-deps -w "$WHEELS" "$SDIST"
+fi
+"$PY" -m pip install -q --disable-pip-version-check "$WHEELS"/llama_cpp_python-"$VERSION"-*.whl
