@@ -5,22 +5,33 @@ PY := $(VENV)/bin/python
 # A CPU build of torch lies on this machine's disk; an unpinned torch would pull a multi-GB CUDA build.
 # Override for another build, e.g. `make test TORCH_SPEC="torch==2.5.1"`.
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= notebooks,dev
+EXTRAS ?= notebooks,dev,ggml
 JOBS ?= 2
 # Extra arguments for JupyterLab, e.g. make lab LAB_ARGS="--no-browser --port=8899"
 LAB_ARGS ?=
+# llama-cpp-python (the `ggml` extra) compiles llama.cpp: about 9.5 CPU-minutes, so scripts/build_llama_cpp.sh builds
+# it once per version and CMake flags into this cache (outside the checkout, so fresh clones on the same machine
+# reuse it) and installs that wheel before the extras, which then find it satisfied.
+WHEEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ropelab/wheels
+LLAMA_CPP_VERSION := $(shell sed -n 's/^LLAMA_CPP_PYTHON_VERSION = "\(.*\)"$$/\1/p' ropelab/engines/ggml.py)
 
-.PHONY: setup test lint figures figures-smoke lab bench lm cope conformance clean
+.PHONY: setup ggml test lint figures figures-smoke lab bench lm cope conformance clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml scripts/build_llama_cpp.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	ROPELAB_WHEEL_CACHE="$(WHEEL_CACHE)" JOBS=$(JOBS) scripts/build_llama_cpp.sh $(PY) $(LLAMA_CPP_VERSION)
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]"
 	touch $@
 
 # The nbstripout git filter (ropelab/nbclean.py): notebook outputs never reach a commit.
 setup: $(VENV)/.installed
 	@if git rev-parse --git-dir >/dev/null 2>&1; then $(PY) -m ropelab.nbclean >/dev/null; fi
+
+# ggml's RoPE through llama.cpp (ropelab.engines.ggml): llama-cpp-python built for the CPU, portable
+# (GGML_NATIVE=OFF), from the cached wheel when present; also extracts llama.cpp's converter under build/.
+ggml: setup
+	ROPELAB_WHEEL_CACHE="$(WHEEL_CACHE)" JOBS=$(JOBS) scripts/build_llama_cpp.sh $(PY) $(LLAMA_CPP_VERSION)
 
 lint: setup
 	$(VENV)/bin/ruff check ropelab tests notebooks

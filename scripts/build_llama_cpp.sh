@@ -4,7 +4,8 @@
 #
 #   scripts/build_llama_cpp.sh PYTHON VERSION
 #
-# The wheel is cached in $ROPELAB_WHEEL_CACHE (default build/wheels) under a key of the version and the CMake flags,
+# The sdist and the wheel are cached in $ROPELAB_WHEEL_CACHE (default build/wheels; the Makefile passes a cache
+# outside the checkout) under a key of the version and the CMake flags,
 # and reused while both are unchanged: the compile is the slow part (see the Makefile's `ggml` target). The flags make
 # a portable, minimal build: GGML_NATIVE=OFF (the machine that runs the tests may not be the one that built it), no
 # BLAS, CUDA or OpenMP, no llamafile sgemm, no multimodal library (mtmd), no tests, examples, tools or server.
@@ -17,14 +18,15 @@ FLAGS+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=
 FLAGS+=" -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF"
 KEY=$(printf '%s\n%s\n' "$VERSION" "$FLAGS" | sha256sum | cut -c1-12)
 WHEELS="$CACHE/llama_cpp_python-$VERSION-$KEY"
-SDIST="build/dl/llama_cpp_python-$VERSION.tar.gz"
+SDIST="$CACHE/llama_cpp_python-$VERSION.tar.gz"
 
 if [ ! -f "$SDIST" ]; then
-	mkdir -p build/dl
-	"$PY" -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps -d build/dl \
+	mkdir -p "$CACHE"
+	"$PY" -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps -d "$CACHE" \
 		"llama-cpp-python==$VERSION"
 fi
 if [ ! -f "build/llama_cpp_python-$VERSION/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
+	mkdir -p build
 	tar -xzf "$SDIST" -C build
 fi
 if ! ls "$WHEELS"/llama_cpp_python-"$VERSION"-*.whl >/dev/null 2>&1; then

@@ -198,3 +198,13 @@ def test_missing_converter_names_the_make_target(monkeypatch, tmp_path):
     monkeypatch.setenv("ROPELAB_LLAMA_CPP_SRC", os.fspath(tmp_path))
     with pytest.raises(FileNotFoundError, match="make ggml"):
         ggml.llama_cpp_source()
+
+
+def test_pinned_version_is_the_one_built():
+    # pyproject's `ggml` extra, the Makefile's build (which reads ropelab.engines.ggml) and the converter path agree.
+    import tomllib
+
+    from ropelab.paths import REPO
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["ggml"]
+    assert extra == [f"llama-cpp-python=={ggml.LLAMA_CPP_PYTHON_VERSION}"]
