@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 
 import pytest
@@ -208,3 +209,95 @@ def test_pinned_version_is_the_one_built():
 
     extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["ggml"]
     assert extra == [f"llama-cpp-python=={ggml.LLAMA_CPP_PYTHON_VERSION}"]
+
+
+# --- ggml's RoPE op itself (ggml_rope_ext through ctypes) against ropelab's float64 rotation ---------------------
+#
+# ggml forms the angles in float32: s = powf(base, -2/n) (the exponent's rounding amplified by ln(base) 2/n), then
+# theta_i = p s^i by i successive multiplications, divided by freq_factors[i] and, for YaRN, interpolated and blended
+# (a few more roundings), so |theta_i error| <= theta_i (i (2 ln(base) / n + 2) + 8) u32. A rotated pair moves by at
+# most that times a (|x_a| + |x_b|), a the cos/sin factor, plus 6 u32 a (|x_a| + |x_b|) for cosf/sinf, the
+# products, the sum and the attention-factor product.
+
+def ggml_rope_bound(x64, theta64, n_dims, base, style, factor=1.0):
+    from ropelab import pair_indices
+
+    u = 2.0**-24
+    i = torch.arange(n_dims // 2, dtype=torch.float64)
+    rel = (i * (2 * math.log(base) / n_dims + 2) + 8) * u
+    a, b = pair_indices(n_dims, style)
+    pair = x64[..., a].abs() + x64[..., b].abs()  # [s, h, n/2]
+    per_pair = factor * pair * (theta64.abs()[:, None, :] * rel + 6 * u)
+    out = torch.zeros_like(x64)
+    out[..., a], out[..., b] = per_pair, per_pair
+    return out
+
+
+def ropelab_rope(x, pos, inv_freq, style, factor=1.0):
+    from ropelab.core import cos_sin, rotate
+
+    cos, sin = cos_sin(pos, inv_freq, factor, dtype=torch.float64)
+    return rotate(x.double(), cos[:, None, :], sin[:, None, :], style=style), pos.double()[:, None] * inv_freq
+
+
+OP_CASES = {
+    # name: (ggml mode, ropelab style, n_dims of head_dim 32, base, ggml kwargs, ropelab scaling)
+    "neox": ("neox", "half", 32, 10000.0, {}, None),
+    "norm": ("norm", "interleaved", 32, 10000.0, {}, None),
+    "neox-partial": ("neox", "half", 16, 1e6, {}, None),
+    "norm-freq-factors": ("norm", "interleaved", 32, 500000.0, {"freq_factors": True}, None),
+    "neox-yarn": ("neox", "half", 32, 10000.0, {"freq_scale": 0.25, "ext_factor": 1.0, "n_ctx_orig": 64},
+                  {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+}
+
+
+@pytest.mark.parametrize("case", list(OP_CASES))
+def test_ggml_rope_op_matches_ropelab(case):
+    from ropelab import frequencies
+
+    mode, style, n_dims, base, kwargs, scaling = OP_CASES[case]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 3, 32, generator=g)
+    pos = torch.cat([torch.arange(20), torch.randint(20, 8192, (20,), generator=g)])
+    kwargs = dict(kwargs)
+    ff = None
+    if kwargs.pop("freq_factors", False):
+        ff = 1.0 + 7.0 * torch.rand(n_dims // 2, generator=g)  # llama3-like divisors in [1, 8]
+        kwargs["freq_factors"] = ff
+    y = ggml.rope(x, pos, n_dims=n_dims, mode=mode, freq_base=base, **kwargs)
+    if scaling is None:
+        inv_freq = base ** (-torch.arange(0, n_dims, 2, dtype=torch.float64) / n_dims)
+        factor = 1.0
+    else:
+        inv_freq, factor = frequencies(n_dims, base=base, rope_scaling=scaling)
+    if ff is not None:
+        inv_freq = inv_freq / ff.double()
+    ref, theta = ropelab_rope(x[..., :n_dims], pos, inv_freq, style, factor)
+    err = (y[..., :n_dims].double() - ref).abs()
+    bound = ggml_rope_bound(x[..., :n_dims].double(), theta, n_dims, base, style, factor)
+    print(f"{case}: max |ggml - ropelab float64| = {err.max():.3e}, worst err/bound = {(err / bound).max():.3f}")
+    assert (err <= bound).all()
+    assert torch.equal(y[..., n_dims:], x[..., n_dims:])  # the dims past n_dims pass through untouched
+
+
+@pytest.mark.parametrize("mode, wrong_style", [("norm", "half"), ("neox", "interleaved")])
+def test_ggml_rope_op_pairing_is_not_the_other_style(mode, wrong_style):
+    x = torch.randn(8, 2, 32, generator=torch.Generator().manual_seed(4))
+    pos = torch.arange(8)
+    inv_freq = 10000.0 ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32)
+    ref, theta = ropelab_rope(x, pos, inv_freq, wrong_style)
+    err = (ggml.rope(x, pos, n_dims=32, mode=mode).double() - ref).abs()
+    assert (err > ggml_rope_bound(x.double(), theta, 32, 10000.0, wrong_style)).any()
+    assert err.max() > 0.1
+
+
+def test_ggml_rope_op_bad_input():
+    x = torch.randn(4, 2, 8)
+    with pytest.raises(ValueError, match="mode"):
+        ggml.rope(x, torch.arange(4), n_dims=8, mode="mrope")
+    with pytest.raises(ValueError, match="n_dims"):
+        ggml.rope(x, torch.arange(4), n_dims=10, mode="neox")
+    with pytest.raises(ValueError, match="positions"):
+        ggml.rope(x, torch.arange(3), n_dims=8, mode="neox")
+    with pytest.raises(ValueError, match="x must"):
+        ggml.rope(x[0], torch.arange(4), n_dims=8, mode="neox")

@@ -14,6 +14,9 @@ remains is float32 arithmetic throughout: ggml's RoPE (``ggml_rope_ext``, angles
 :math:`\theta_i = p\,\text{freq\_base}^{-2i/n}` formed in float32 by repeated multiplication), the
 matmuls, RMSNorm, softmax.
 
+:func:`rope` calls ggml's RoPE op itself, ``ggml_rope_ext`` (``ggml/include/ggml.h``), on the CPU through ctypes
+on the libraries the wheel ships, on a ``[n_tokens, n_heads, head_dim]`` float32 tensor.
+
 :func:`convert_hf_to_gguf` runs llama.cpp's own converter (``convert_hf_to_gguf.py``, vendored in the
 llama-cpp-python sdist) as a subprocess on a Hugging Face model directory. The converter's source tree
 is found at ``ROPELAB_LLAMA_CPP_SRC`` when set, else under ``build/`` where ``make ggml`` extracts the
@@ -22,6 +25,7 @@ sdist (:func:`llama_cpp_source`).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -32,11 +36,17 @@ import torch
 
 from ..paths import BUILD_DIR
 
-__all__ = ["LLAMA_CPP_PYTHON_VERSION", "MAKE_TARGET", "llama_cpp", "llama_cpp_source", "convert_hf_to_gguf", "logits"]
+__all__ = [
+    "LLAMA_CPP_PYTHON_VERSION", "MAKE_TARGET", "ROPE_MODES", "llama_cpp", "llama_cpp_source", "convert_hf_to_gguf",
+    "logits", "rope",
+]
 
 # The llama-cpp-python release `make ggml` builds (scripts/build_llama_cpp.sh reads it from the Makefile).
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 MAKE_TARGET = "make ggml"
+# ggml.h's GGML_ROPE_TYPE_*: NORM rotates adjacent pairs (2i, 2i + 1), NEOX pairs (i, i + n_dims/2).
+ROPE_MODES = {"norm": 0, "neox": 2}
+_GGML_TYPE_F32, _GGML_TYPE_I32 = 0, 26
 
 
 def llama_cpp():
@@ -141,3 +151,105 @@ def logits(
     finally:
         llm.close()
     return out.to(dtype)
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+_GGML = None
+
+
+def _ggml():
+    """ggml's C API (libggml-base, libggml-cpu from the wheel's llama_cpp/lib), the few functions :func:`rope` calls."""
+    global _GGML
+    if _GGML is None:
+        lib_dir = Path(llama_cpp().__file__).parent / "lib"
+        base = ctypes.CDLL(str(lib_dir / "libggml-base.so"))
+        cpu = ctypes.CDLL(str(lib_dir / "libggml-cpu.so"))
+        p, i64, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+        for lib, name, res, args in [
+            (base, "ggml_init", p, [_InitParams]),
+            (base, "ggml_free", None, [p]),
+            (base, "ggml_new_tensor_1d", p, [p, ctypes.c_int, i64]),
+            (base, "ggml_new_tensor_3d", p, [p, ctypes.c_int, i64, i64, i64]),
+            (base, "ggml_get_data", p, [p]),
+            (base, "ggml_rope_ext", p, [p, p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_int, f, f, f, f, f, f]),
+            (base, "ggml_new_graph", p, [p]),
+            (base, "ggml_build_forward_expand", None, [p, p]),
+            (cpu, "ggml_graph_compute_with_ctx", ctypes.c_int, [p, p, ctypes.c_int]),
+        ]:
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        _GGML = (base, cpu)
+    return _GGML
+
+
+def rope(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    n_dims: int,
+    mode: str,
+    freq_base: float = 10000.0,
+    freq_scale: float = 1.0,
+    ext_factor: float = 0.0,
+    attn_factor: float = 1.0,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    n_ctx_orig: int = 0,
+    freq_factors: torch.Tensor | None = None,
+    n_threads: int = 1,
+) -> torch.Tensor:
+    r"""ggml's ``ggml_rope_ext`` on the CPU: ``x`` of shape ``[n_tokens, n_heads, head_dim]``, float32.
+
+    The arguments are ggml's own (``ggml.h``): the first ``n_dims`` dims rotate by
+    :math:`\theta_i = p\,\text{freq\_base}^{-2i/n}` divided by ``freq_factors[i]`` (llama3's ``rope_freqs``),
+    interpolated by ``freq_scale`` (1 / factor) and, with ``ext_factor`` > 0, blended back to extrapolation
+    over the YaRN ramp ``beta_fast .. beta_slow`` of ``n_ctx_orig``, with cos/sin scaled by ``attn_factor``
+    (times :math:`1 + 0.1 \ln(1/\text{freq\_scale})` when ``ext_factor`` > 0). ``mode`` is ``"norm"`` or
+    ``"neox"`` (:data:`ROPE_MODES`). Returns float32.
+    """
+    if mode not in ROPE_MODES:
+        raise ValueError(f"mode must be one of {sorted(ROPE_MODES)}, got {mode!r}.")
+    if x.ndim != 3 or not x.is_floating_point():
+        raise ValueError(f"x must be a float [n_tokens, n_heads, head_dim] tensor, got shape {tuple(x.shape)}.")
+    n_tokens, n_heads, head_dim = x.shape
+    if not isinstance(n_dims, int) or n_dims <= 0 or n_dims % 2 or n_dims > head_dim:
+        raise ValueError(f"n_dims must be a positive even int <= head_dim = {head_dim}, got {n_dims!r}.")
+    if positions.shape != (n_tokens,) or positions.is_floating_point():
+        raise ValueError(f"positions must be an int tensor of shape ({n_tokens},), got {positions.dtype} "
+                         f"{tuple(positions.shape)}.")
+    if freq_factors is not None and freq_factors.shape != (n_dims // 2,):
+        raise ValueError(f"freq_factors must have shape ({n_dims // 2},), got {tuple(freq_factors.shape)}.")
+    if not isinstance(n_threads, int) or n_threads < 1:
+        raise ValueError(f"n_threads must be a positive int, got {n_threads!r}.")
+    base, cpu = _ggml()
+    xs = x.detach().to("cpu", torch.float32).contiguous()
+    pos = positions.to("cpu", torch.int32).contiguous()
+    ff = None if freq_factors is None else freq_factors.to("cpu", torch.float32).contiguous()
+    nbytes = 3 * xs.numel() * 4 + pos.numel() * 4 + (0 if ff is None else ff.numel() * 4)
+    ctx = base.ggml_init(_InitParams(nbytes + (64 << 20), None, False))  # + graph, work buffer, tensor headers
+    if not ctx:
+        raise RuntimeError("ggml_init failed")
+    try:
+        a = base.ggml_new_tensor_3d(ctx, _GGML_TYPE_F32, head_dim, n_heads, n_tokens)  # ne0 fastest
+        b = base.ggml_new_tensor_1d(ctx, _GGML_TYPE_I32, n_tokens)
+        c = None
+        ctypes.memmove(base.ggml_get_data(a), xs.data_ptr(), xs.numel() * 4)
+        ctypes.memmove(base.ggml_get_data(b), pos.data_ptr(), pos.numel() * 4)
+        if ff is not None:
+            c = base.ggml_new_tensor_1d(ctx, _GGML_TYPE_F32, ff.numel())
+            ctypes.memmove(base.ggml_get_data(c), ff.data_ptr(), ff.numel() * 4)
+        out = base.ggml_rope_ext(ctx, a, b, c, n_dims, ROPE_MODES[mode], n_ctx_orig, freq_base, freq_scale,
+                                 ext_factor, attn_factor, beta_fast, beta_slow)
+        graph = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(graph, out)
+        status = cpu.ggml_graph_compute_with_ctx(ctx, graph, n_threads)
+        if status != 0:
+            raise RuntimeError(f"ggml_graph_compute_with_ctx failed with status {status}")
+        y = torch.empty_like(xs)
+        ctypes.memmove(y.data_ptr(), base.ggml_get_data(out), y.numel() * 4)
+    finally:
+        base.ggml_free(ctx)
+    return y
