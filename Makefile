@@ -36,7 +36,7 @@ ggml: setup
 lint: setup
 	$(VENV)/bin/ruff check ropelab tests notebooks
 
-test: lint
+test: lint ggml
 	$(PY) -m pytest -n $(JOBS)
 
 figures: setup

@@ -1,15 +1,15 @@
-r"""ggml's RoPE itself: run a GGUF file through llama.cpp (via llama-cpp-python) and return its logits.
+r"""ggml's RoPE itself: a GGUF file run through llama.cpp (via llama-cpp-python), and ggml's RoPE op alone.
 
 llama-cpp-python compiles llama.cpp, so it is not a pure-Python dependency: ``make ggml`` builds it for the
 CPU from the sdist with the flags of ``scripts/build_llama_cpp.sh`` (portable, ``GGML_NATIVE=OFF``, no BLAS,
-no OpenMP, no llamafile sgemm, no multimodal library) into a wheel cached by version and flags, and installs
+no OpenMP, no llamafile sgemm, no multimodal or common library) into a wheel cached by version and flags, and installs
 it into the project's venv. :func:`llama_cpp` raises an :class:`ImportError` naming that target when the
 package is missing.
 
 :func:`logits` evaluates a token sequence in one batch at positions ``0 .. n-1`` and returns every
 position's logits (``logits_all``). llama.cpp's defaults that would round below float32 are switched off:
 the KV cache is float32 (its default is float16, a relative error of :math:`2^{-11}` on every key and
-value) and flash attention is off (its CPU kernel accumulates in float16 for a float16 cache). What
+value) and flash attention is off (the attention path these float32 bounds were checked on). What
 remains is float32 arithmetic throughout: ggml's RoPE (``ggml_rope_ext``, angles
 :math:`\theta_i = p\,\text{freq\_base}^{-2i/n}` formed in float32 by repeated multiplication), the
 matmuls, RMSNorm, softmax.
@@ -41,7 +41,7 @@ __all__ = [
     "logits", "rope",
 ]
 
-# The llama-cpp-python release `make ggml` builds (scripts/build_llama_cpp.sh reads it from the Makefile).
+# The llama-cpp-python release `make ggml` builds (the Makefile reads it here; pyproject's `ggml` extra pins it).
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 MAKE_TARGET = "make ggml"
 # ggml.h's GGML_ROPE_TYPE_*: NORM rotates adjacent pairs (2i, 2i + 1), NEOX pairs (i, i + n_dims/2).
