@@ -294,10 +294,38 @@ def test_ggml_rope_op_pairing_is_not_the_other_style(mode, wrong_style):
 def test_ggml_rope_op_bad_input():
     x = torch.randn(4, 2, 8)
     with pytest.raises(ValueError, match="mode"):
-        ggml.rope(x, torch.arange(4), n_dims=8, mode="mrope")
+        ggml.rope(x, torch.arange(4), n_dims=8, mode="vision")
+    with pytest.raises(ValueError, match="positions"):
+        ggml.rope(x, torch.arange(4), n_dims=8, mode="mrope", sections=[2, 1, 1])
+    with pytest.raises(ValueError, match="sections"):
+        ggml.rope(x, torch.arange(4), n_dims=8, mode="neox", sections=[2, 1, 1])
     with pytest.raises(ValueError, match="n_dims"):
         ggml.rope(x, torch.arange(4), n_dims=10, mode="neox")
     with pytest.raises(ValueError, match="positions"):
         ggml.rope(x, torch.arange(3), n_dims=8, mode="neox")
     with pytest.raises(ValueError, match="x must"):
         ggml.rope(x[0], torch.arange(4), n_dims=8, mode="neox")
+
+
+@pytest.mark.parametrize("mode, interleaved", [("mrope", False), ("imrope", True)])
+def test_ggml_mrope_op_matches_ropelab_multiaxis(mode, interleaved):
+    # Qwen2-VL's contiguous sections and Qwen3-VL's interleaved ones, on one head ladder, NEOX (half) pairs.
+    from ropelab.core import rotate
+    from ropelab.multiaxis import MultiAxis, axis_angles
+
+    sections = MultiAxis.mrope([6, 5, 5], interleaved=interleaved)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(30, 2, 32, generator=g)
+    pos = torch.randint(0, 2048, (3, 30), generator=g)
+    y = ggml.rope(x, pos, n_dims=32, mode=mode, freq_base=1e6, sections=list(sections.sections))
+    inv_freq = 1e6 ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32)
+    theta = axis_angles(pos, sections, inv_freq)  # [s, r/2]
+    ref = rotate(x.double(), torch.cos(theta)[:, None, :], torch.sin(theta)[:, None, :], style="half")
+    err = (y.double() - ref).abs()
+    bound = ggml_rope_bound(x.double(), theta, 32, 1e6, "half")
+    print(f"{mode}: max |ggml - ropelab float64| = {err.max():.3e}, worst err/bound = {(err / bound).max():.3f}")
+    assert (err <= bound).all()
+    # The other section layout is a different rotation.
+    other = axis_angles(pos, MultiAxis.mrope([6, 5, 5], interleaved=not interleaved), inv_freq)
+    wrong = rotate(x.double(), torch.cos(other)[:, None, :], torch.sin(other)[:, None, :], style="half")
+    assert (y.double() - wrong).abs().max() > 0.1

@@ -44,8 +44,10 @@ __all__ = [
 # The llama-cpp-python release `make ggml` builds (the Makefile reads it here; pyproject's `ggml` extra pins it).
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 MAKE_TARGET = "make ggml"
-# ggml.h's GGML_ROPE_TYPE_*: NORM rotates adjacent pairs (2i, 2i + 1), NEOX pairs (i, i + n_dims/2).
-ROPE_MODES = {"norm": 0, "neox": 2}
+# ggml.h's GGML_ROPE_TYPE_*: NORM rotates adjacent pairs (2i, 2i + 1), NEOX pairs (i, i + n_dims/2); MROPE
+# (Qwen2-VL) and IMROPE (Qwen3-VL, interleaved sections) drive each pair by one of the t, h, w positions, in NEOX order.
+ROPE_MODES = {"norm": 0, "neox": 2, "mrope": 8, "imrope": 40}
+_MULTI = ("mrope", "imrope")
 _GGML_TYPE_F32, _GGML_TYPE_I32 = 0, 26
 
 
@@ -175,6 +177,8 @@ def _ggml():
             (base, "ggml_new_tensor_3d", p, [p, ctypes.c_int, i64, i64, i64]),
             (base, "ggml_get_data", p, [p]),
             (base, "ggml_rope_ext", p, [p, p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_int, f, f, f, f, f, f]),
+            (base, "ggml_rope_multi", p, [p, p, p, p, ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int,
+                                          ctypes.c_int, f, f, f, f, f, f]),
             (base, "ggml_new_graph", p, [p]),
             (base, "ggml_build_forward_expand", None, [p, p]),
             (cpu, "ggml_graph_compute_with_ctx", ctypes.c_int, [p, p, ctypes.c_int]),
@@ -199,16 +203,20 @@ def rope(
     beta_slow: float = 1.0,
     n_ctx_orig: int = 0,
     freq_factors: torch.Tensor | None = None,
+    sections: Sequence[int] | None = None,
     n_threads: int = 1,
 ) -> torch.Tensor:
-    r"""ggml's ``ggml_rope_ext`` on the CPU: ``x`` of shape ``[n_tokens, n_heads, head_dim]``, float32.
+    r"""ggml's ``ggml_rope_ext`` (``ggml_rope_multi`` for M-RoPE) on the CPU: ``x`` of shape
+    ``[n_tokens, n_heads, head_dim]``, float32.
 
     The arguments are ggml's own (``ggml.h``): the first ``n_dims`` dims rotate by
     :math:`\theta_i = p\,\text{freq\_base}^{-2i/n}` divided by ``freq_factors[i]`` (llama3's ``rope_freqs``),
     interpolated by ``freq_scale`` (1 / factor) and, with ``ext_factor`` > 0, blended back to extrapolation
     over the YaRN ramp ``beta_fast .. beta_slow`` of ``n_ctx_orig``, with cos/sin scaled by ``attn_factor``
     (times :math:`1 + 0.1 \ln(1/\text{freq\_scale})` when ``ext_factor`` > 0). ``mode`` is ``"norm"`` or
-    ``"neox"`` (:data:`ROPE_MODES`). Returns float32.
+    ``"neox"`` with ``positions`` of shape ``(n_tokens,)``, or ``"mrope"`` / ``"imrope"`` with ``positions`` of
+    shape ``(3, n_tokens)`` (t, h, w) and ``sections``, the pairs each axis drives (up to 4 ints, ggml's
+    ``sections[GGML_MROPE_SECTIONS]``). Returns float32.
     """
     if mode not in ROPE_MODES:
         raise ValueError(f"mode must be one of {sorted(ROPE_MODES)}, got {mode!r}.")
@@ -217,16 +225,28 @@ def rope(
     n_tokens, n_heads, head_dim = x.shape
     if not isinstance(n_dims, int) or n_dims <= 0 or n_dims % 2 or n_dims > head_dim:
         raise ValueError(f"n_dims must be a positive even int <= head_dim = {head_dim}, got {n_dims!r}.")
-    if positions.shape != (n_tokens,) or positions.is_floating_point():
-        raise ValueError(f"positions must be an int tensor of shape ({n_tokens},), got {positions.dtype} "
+    multi = mode in _MULTI
+    want = (3, n_tokens) if multi else (n_tokens,)
+    if positions.shape != want or positions.is_floating_point():
+        raise ValueError(f"positions must be an int tensor of shape {want} for mode {mode!r}, got {positions.dtype} "
                          f"{tuple(positions.shape)}.")
+    if multi != (sections is not None):
+        raise ValueError(f"sections must be given for mode 'mrope' or 'imrope' and only then (mode {mode!r}).")
+    if multi:
+        sections = list(sections)
+        if not 1 <= len(sections) <= 4 or not all(isinstance(k, int) and k >= 0 for k in sections):
+            raise ValueError(f"sections must be 1 to 4 non-negative ints (pairs per axis), got {sections!r}.")
+        sections = sections + [0] * (4 - len(sections))
     if freq_factors is not None and freq_factors.shape != (n_dims // 2,):
         raise ValueError(f"freq_factors must have shape ({n_dims // 2},), got {tuple(freq_factors.shape)}.")
     if not isinstance(n_threads, int) or n_threads < 1:
         raise ValueError(f"n_threads must be a positive int, got {n_threads!r}.")
     base, cpu = _ggml()
     xs = x.detach().to("cpu", torch.float32).contiguous()
-    pos = positions.to("cpu", torch.int32).contiguous()
+    pos = positions.to("cpu", torch.int32)
+    if multi:  # ggml reads 4 rows (t, h, w, e), each n_tokens long
+        pos = torch.cat([pos, torch.zeros(1, n_tokens, dtype=torch.int32)]).reshape(-1)
+    pos = pos.contiguous()
     ff = None if freq_factors is None else freq_factors.to("cpu", torch.float32).contiguous()
     nbytes = 3 * xs.numel() * 4 + pos.numel() * 4 + (0 if ff is None else ff.numel() * 4)
     ctx = base.ggml_init(_InitParams(nbytes + (64 << 20), None, False))  # + graph, work buffer, tensor headers
@@ -234,15 +254,18 @@ def rope(
         raise RuntimeError("ggml_init failed")
     try:
         a = base.ggml_new_tensor_3d(ctx, _GGML_TYPE_F32, head_dim, n_heads, n_tokens)  # ne0 fastest
-        b = base.ggml_new_tensor_1d(ctx, _GGML_TYPE_I32, n_tokens)
+        b = base.ggml_new_tensor_1d(ctx, _GGML_TYPE_I32, pos.numel())
         c = None
         ctypes.memmove(base.ggml_get_data(a), xs.data_ptr(), xs.numel() * 4)
         ctypes.memmove(base.ggml_get_data(b), pos.data_ptr(), pos.numel() * 4)
         if ff is not None:
             c = base.ggml_new_tensor_1d(ctx, _GGML_TYPE_F32, ff.numel())
             ctypes.memmove(base.ggml_get_data(c), ff.data_ptr(), ff.numel() * 4)
-        out = base.ggml_rope_ext(ctx, a, b, c, n_dims, ROPE_MODES[mode], n_ctx_orig, freq_base, freq_scale,
-                                 ext_factor, attn_factor, beta_fast, beta_slow)
+        scalars = (n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)
+        if multi:
+            out = base.ggml_rope_multi(ctx, a, b, c, n_dims, (ctypes.c_int * 4)(*sections), ROPE_MODES[mode], *scalars)
+        else:
+            out = base.ggml_rope_ext(ctx, a, b, c, n_dims, ROPE_MODES[mode], *scalars)
         graph = base.ggml_new_graph(ctx)
         base.ggml_build_forward_expand(graph, out)
         status = cpu.ggml_graph_compute_with_ctx(ctx, graph, n_threads)
