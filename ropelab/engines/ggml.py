@@ -58,7 +58,8 @@ def llama_cpp():
     except ImportError as e:
         raise ImportError(
             f"llama_cpp (llama-cpp-python) is not installed: run `{MAKE_TARGET}`, which builds "
-            f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} for the CPU (cached under build/wheels) and installs it "
+            f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} for the CPU once (the wheel is cached in "
+            "~/.cache/ropelab/wheels) and installs it "
             f"into the project's venv. ({e})"
         ) from e
     return module
