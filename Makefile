@@ -11,8 +11,15 @@ JOBS ?= 2
 LAB_ARGS ?=
 # Extra arguments for the site builder, e.g. make site SITE_ARGS=--smoke (from make figures-smoke's runs)
 SITE_ARGS ?=
+# llama-cpp-python (the `ggml` extra) compiles llama.cpp: measured on this project's 2-core machine, 4.5 CPU-minutes
+# and 3.8 min wall at load 2 (6.7 min at load 7), so scripts/build_llama_cpp.sh builds it once per version and CMake
+# flags into this cache (outside the checkout: fresh clones on the same machine, CI's included, reuse it; then
+# seconds) and installs that wheel into .venv. Opt-in (`make ggml`): make test does not build it; the
+# ggml tests skip, naming this target, until it is built (ROPELAB_REQUIRE_GGML=1 makes that a failure).
+WHEEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ropelab/wheels
+LLAMA_CPP_VERSION := $(shell sed -n 's/^LLAMA_CPP_PYTHON = "\(.*\)"$$/\1/p' ropelab/engines/converter.py)
 
-.PHONY: setup test lint figures figures-smoke site lab bench lm cope conformance clean
+.PHONY: setup ggml test lint figures figures-smoke site lab bench lm cope conformance clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +30,11 @@ $(VENV)/.installed: pyproject.toml
 # The nbstripout git filter (ropelab/nbclean.py): notebook outputs never reach a commit.
 setup: $(VENV)/.installed
 	@if git rev-parse --git-dir >/dev/null 2>&1; then $(PY) -m ropelab.nbclean >/dev/null; fi
+
+# ggml's RoPE through llama.cpp (ropelab.engines.ggml): llama-cpp-python built for the CPU, portable
+# (GGML_NATIVE=OFF), from the cached wheel when present; also extracts llama.cpp's converter under build/.
+ggml: setup
+	ROPELAB_WHEEL_CACHE="$(WHEEL_CACHE)" JOBS=$(JOBS) scripts/build_llama_cpp.sh $(PY) $(LLAMA_CPP_VERSION)
 
 lint: setup
 	$(VENV)/bin/ruff check ropelab tests notebooks

@@ -4,6 +4,7 @@
 - :mod:`ropelab.engines.hf`: transformers ``config.json`` (v4 and v5 schema), both directions.
 - :mod:`ropelab.engines.gguf`: GGUF files as llama.cpp reads them (the ``gguf`` package), both directions.
 - :mod:`ropelab.engines.mlx`: ``mlx.core.fast.rope`` and mlx-lm's rope classes.
+- :mod:`ropelab.engines.ggml`: ggml's RoPE itself: a GGUF run through llama.cpp (llama-cpp-python), its logits.
 - :mod:`ropelab.engines.check`: the ``ropelab-check`` console script.
 """
 
