@@ -204,14 +204,8 @@ def test_missing_llama_cpp_names_the_make_target(monkeypatch):
         ggml.llama_cpp()
 
 
-def test_missing_converter_names_the_make_target(monkeypatch, tmp_path):
-    monkeypatch.setenv("ROPELAB_LLAMA_CPP_SRC", os.fspath(tmp_path))
-    with pytest.raises(FileNotFoundError, match="make ggml"):
-        ggml.llama_cpp_source()
-
-
 def test_pinned_version_is_the_one_built():
-    # pyproject's `ggml` extra, the Makefile's build (which reads ropelab.engines.ggml) and the converter path agree.
+    # pyproject's `ggml` extra, the Makefile's build (which reads ropelab.engines.converter) and the converter agree.
     import tomllib
 
     from ropelab.paths import REPO
