@@ -2,9 +2,14 @@
 
 - :mod:`ropelab.engines.reading`: :class:`Reading`, one source's per-layer specs; :class:`ReadError`.
 - :mod:`ropelab.engines.hf`: transformers ``config.json`` (v4 and v5 schema), both directions.
-- :mod:`ropelab.engines.gguf`: GGUF files as llama.cpp reads them (the ``gguf`` package), both directions.
+- :mod:`ropelab.engines.gguf`: GGUF files as llama.cpp reads them (the ``gguf`` package), both directions; the
+  per-architecture conventions in :mod:`ropelab.engines.llamacpp_table`, generated from llama.cpp's source by
+  :mod:`ropelab.engines.llamacpp_parse`.
+- :mod:`ropelab.engines.converter`: llama.cpp's own ``convert_hf_to_gguf.py``, from the llama-cpp-python sdist.
+- :mod:`ropelab.engines.tiny`: tiny Hugging Face models saved in code, one per RoPE family (the parity tests' inputs).
 - :mod:`ropelab.engines.mlx`: ``mlx.core.fast.rope`` and mlx-lm's rope classes.
-- :mod:`ropelab.engines.ggml`: ggml's RoPE itself: a GGUF run through llama.cpp (llama-cpp-python), its logits.
+- :mod:`ropelab.engines.ggml`: ggml's RoPE itself: a GGUF run through llama.cpp (llama-cpp-python, ``make ggml``),
+  its logits, and ggml's RoPE op.
 - :mod:`ropelab.engines.check`: the ``ropelab-check`` console script.
 """
 
