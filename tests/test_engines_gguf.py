@@ -153,6 +153,28 @@ def test_llama3_parameters_recovered_from_the_converters_rope_freqs(converted):
     assert llama3_from_rope_freqs((inv0 / inv).tolist(), 5e5, 16, 64) is None
 
 
+# What ropelab-check must say of each converted file against its transformers config: agree, or the difference
+# that is really there: the 2-layer Gemma 3 (llama.cpp's assumed 5:1 pattern reads its global layer as sliding: base
+# and scaling lost) and Qwen2's own yarn betas (written by the converter, never read by llama.cpp's qwen2).
+_CHECK_DIFFERS = {"gemma3_2layer": {(1,): {"frequencies"}}, "qwen2_yarn_beta": {(0, 1): {"frequencies"}}}
+
+
+@pytest.mark.parametrize("family", sorted([*FAMILIES, *_EXTRA]))
+def test_ropelab_check_agrees_with_every_converted_file_or_names_the_real_difference(converted, family):
+    from ropelab.engines import check
+
+    model_dir, path = converted[family]
+    result = check.check([check.read(f"hf:{model_dir}"), check.read(str(path))])
+    assert not result["problems"], result["problems"]
+    got = {tuple(i for run in m["layers"] for i in range(run[0], run[-1] + 1)): set(m["kinds"])
+           for m in result["mismatches"]}
+    want = _CHECK_DIFFERS.get(family, {})
+    assert got == want, result["mismatches"]
+    assert result["ok"] == (not want)
+    for m in result["mismatches"]:  # each difference comes with what it costs
+        assert m["cost"]["phase_error"] > 1 and m["cost"]["max_kl"] > 0.1, m["cost"]
+
+
 def test_gemma3_layer_pattern_other_than_5_to_1_is_misread_by_llama_cpp(converted):
     """The converter writes no sliding_window_pattern for Gemma 3, and llama.cpp assumes 5 local : 1 global
     (llama_model_gemma3::load_arch_hparams, load_swa_pattern(ml, 6)): a [local, global] model loses its global layer."""
