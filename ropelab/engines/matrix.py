@@ -188,8 +188,8 @@ def build(names: Sequence[str] | None = None, *, workdir: str | Path | None = No
                                     "layers": [s.to_dict() for s in ref.layers],
                                     "sections": None if ref.sections is None else list(ref.sections.sections)}}
             for engine in ENGINES:
-                row[engine] = cell(ref, lambda e=engine: read_engine(e, d, ggufs[name]), position=v["position"],
-                                   root=root)
+                row[engine] = cell(ref, lambda e=engine, d=d, g=ggufs[name]: read_engine(e, d, g),
+                                   position=v["position"], root=root)
             rows[name] = row
     result = {"versions": versions(), "engines": list(ENGINES), "families": [n for n in rows if n in tiny.FAMILIES],
               "variants": [n for n in rows if n in VARIANTS], "rows": rows}
