@@ -634,3 +634,52 @@ def catch_all(root: str | Path, names: Sequence[str] | None = None) -> dict[str,
     ``{name: {**bug, "control": {...}}}``."""
     names = list(CHECK_CASES) if names is None else list(names)
     return {n: {**catch_bug(n, root), "control": catch_bug(n, root, control=True)} for n in names}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The conformance matrix (ropelab.engines.matrix, data/engines/matrix.json), as notebook 10 shows it
+# ------------------------------------------------------------------------------------------------------------
+
+_STATUS_COLOUR = {"agree": "#cfe8cf", "differ": "#f4c7c3", "unreadable": "#dddddd"}
+
+
+def cell_words(c: Mapping[str, Any]) -> str:
+    """One matrix cell in a few words: ``agree``, ``unreadable``, or the mismatch kinds with the largest attention
+    change (max KL of an attention row) and the position it is costed at."""
+    if c["status"] != "differ":
+        return c["status"]
+    kinds = sorted({k for m in c["mismatches"] for k in m["kinds"]}) or ["problem"]
+    kl = max((m["max_kl"] for m in c["mismatches"]), default=0.0)
+    return f"{', '.join(kinds)}\nKL {kl:.2f} at m={c['position']}"
+
+
+def non_agree(matrix: Mapping[str, Any]) -> list[tuple[str, str, dict]]:
+    """``(row, engine, cell)`` of every cell that is not ``agree``, in the matrix's order."""
+    return [(name, e, row[e]) for name, row in matrix["rows"].items() for e in matrix["engines"]
+            if row[e]["status"] != "agree"]
+
+
+def plot_matrix(fig, ax, matrix: Mapping[str, Any]) -> None:
+    """The matrix as a coloured table (``ax``): one row per family / variant (variants in italics), one column per
+    engine, each cell :func:`cell_words` on green (agree), red (differ) or grey (unreadable)."""
+    names, engines = list(matrix["rows"]), list(matrix["engines"])
+    label = {"gguf": "GGUF (llama.cpp's converter,\nread as llama.cpp reads it)", "mlx": "mlx-lm (same config.json)"}
+    text = [[cell_words(matrix["rows"][n][e]) for e in engines] for n in names]
+    colours = [[_STATUS_COLOUR[matrix["rows"][n][e]["status"]] for e in engines] for n in names]
+    ax.axis("off")
+    table = ax.table(cellText=text, cellColours=colours, rowLabels=names,
+                     colLabels=[label.get(e, e) for e in engines], loc="center", cellLoc="center")
+    table.auto_set_font_size(False)
+    table.set_fontsize(8)
+    table.scale(1, 2.1)
+    for (r, col), cell_ in table.get_celld().items():
+        if r == 0:
+            cell_.set_height(cell_.get_height() * 1.3)
+        if col == -1 and r > 0 and names[r - 1] in matrix["variants"]:
+            cell_.get_text().set_fontstyle("italic")
+    v = matrix["versions"]
+    c = matrix["counts"]
+    fig.suptitle("Each engine against transformers: " + "; ".join(
+        f"{e}: {c[e]['agree']} agree, {c[e]['differ']} differ, {c[e]['unreadable']} unreadable" for e in engines)
+        + f"\ntransformers {v['transformers']}, gguf {v['gguf']}, llama.cpp {str(v['llama.cpp commit'])[:10]}, "
+          f"mlx {v['mlx']}, mlx-lm {v['mlx-lm']}; italic rows: variants", fontsize=10)
