@@ -525,13 +525,14 @@ CHECK_CASES: dict[str, CheckCase] = {
         "yarn_settings_dropped", "qwen2_yarn", ignore_rope_scaling, "qwen2", "qwen2",
         "Qwen2 yarn written to no key (llama.cpp#13322): a qwen2 GGUF without rope.scaling.*"),
     "yarn_attention_factor_dropped": CheckCase(
-        "yarn_attention_factor_dropped", "qwen2_yarn", drop_yarn_attention_factor, None, None,
-        "Qwen2 yarn with attention_factor 1 in its config.json (llama.cpp's qwen2 reads no rope.scaling.attn_factor, "
-        "so a GGUF cannot say it)"),
+        "yarn_attention_factor_dropped", "qwen2_yarn", drop_yarn_attention_factor, "qwen2", "qwen2",
+        "Qwen2 yarn with its attention factor cancelled to 1: a qwen2 GGUF whose rope.scaling.attn_factor is "
+        "1 / (0.1 ln s + 1) (llama.cpp multiplies it into the default)"),
     "longrope_switch_wrong": CheckCase(
         "longrope_switch_wrong", "phi3_longrope", longrope_always_long, "phi3", None,
         "Phi-3 longrope with the long factors at every length: a phi3 GGUF whose rope_freqs is the long set "
-        "(costed at position 63, below the original length 64, where the switch matters)", position=63),
+        "(costed at position 63, below the original length 64, where the switch matters); the correct model has two "
+        "factor sets, which ropelab's GGUF writer does not write, so its control is a config.json", position=63),
     "mrope_interleaved_as_other": CheckCase(
         "mrope_interleaved_as_other", "qwen3_vl", mrope_as_contiguous, "qwen2vl", "qwen3vl",
         "Qwen3-VL's interleaved sections written as a qwen2vl GGUF (MROPE, contiguous sections)", on_sections=True),
