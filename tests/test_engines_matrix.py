@@ -68,3 +68,17 @@ def test_committed_matrix_covers_every_family_and_variant():
             assert c["status"] in ("agree", "differ", "unreadable")
             assert ("reason" in c) == (c["status"] == "unreadable")
             assert bool(c.get("mismatches") or c.get("problems")) == (c["status"] == "differ")
+
+
+def test_committed_matrix_is_what_a_build_gives_now(tmp_path):
+    """data/engines/matrix.json is stale when an engine or a reader changes: every cell's status, kinds and details
+    (the costs are float computations, compared within a relative 1e-9) as a fresh build gives them."""
+    committed, fresh = matrix.load(), matrix.build(workdir=tmp_path)
+    assert committed["versions"]["llama.cpp commit"] == fresh["versions"]["llama.cpp commit"]
+    for name, row in fresh["rows"].items():
+        for engine in fresh["engines"]:
+            a, b = committed["rows"][name][engine], row[engine]
+            assert a["status"] == b["status"] and a.get("reason") == b.get("reason"), (name, engine)
+            for ma, mb in zip(a.get("mismatches", []), b.get("mismatches", []), strict=True):
+                assert (ma["kinds"], ma["details"], ma["layers"]) == (mb["kinds"], mb["details"], mb["layers"])
+                assert ma["max_kl"] == pytest.approx(mb["max_kl"], rel=1e-9), (name, engine)

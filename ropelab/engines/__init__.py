@@ -5,6 +5,8 @@
 - :mod:`ropelab.engines.gguf`: GGUF files as llama.cpp reads them (the ``gguf`` package), both directions.
 - :mod:`ropelab.engines.mlx`: ``mlx.core.fast.rope`` and mlx-lm's rope classes.
 - :mod:`ropelab.engines.check`: the ``ropelab-check`` console script.
+- :mod:`ropelab.engines.matrix`: the conformance matrix, every tiny family read by each engine against transformers
+  (``data/engines/matrix.json``).
 """
 
 from .reading import FORMATS, ReadError, Reading
