@@ -13,7 +13,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name
 # core or notebooks packages that environment.yml installs through pip (its conda-forge copy is not checked here)
-PIP_ONLY = {"rotary-embedding-torch"}
+PIP_ONLY = {"rotary-embedding-torch", "gguf", "sentencepiece"}
 
 
 def _split(req: str) -> tuple[str, str]:

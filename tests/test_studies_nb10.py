@@ -160,3 +160,35 @@ def test_mrope_read_contiguous_is_harmless_on_text_only(results):
 def test_damage_is_deterministic():
     a, b = e.run_case("longrope_switch_wrong", smoke=True), e.run_case("longrope_switch_wrong", smoke=True)
     assert a["damage"] == b["damage"]
+
+
+@pytest.fixture(scope="module")
+def caught(tmp_path_factory):
+    pytest.importorskip("gguf")
+    return e.catch_all(tmp_path_factory.mktemp("catch"))
+
+
+def test_ropelab_check_catches_every_bug_and_passes_the_identity(caught):
+    assert set(caught) == set(e.CHECK_CASES) == set(e.BUG_CLASSES)
+    want = {"partial_rotary_dropped": {"rotary_dim"}, "partial_rotary_imposed": {"rotary_dim"},
+            "neox_read_as_interleaved": {"style"}, "rope_scaling_ignored": {"frequencies"},
+            "yarn_settings_dropped": {"frequencies", "attention_factor"},
+            "yarn_attention_factor_dropped": {"attention_factor"}, "longrope_switch_wrong": {"frequencies"},
+            "mrope_interleaved_as_other": {"sections"}}
+    for name, r in caught.items():
+        assert r["exit_code"] == 1, (name, r)
+        assert set(r["kinds"]) == want[name], (name, r["kinds"])
+        assert r["max_kl"] > 1e-3, (name, r["max_kl"])  # the attention change is real at the stated position
+        ctl = r["control"]
+        assert ctl["exit_code"] == 0 and ctl["kinds"] == [] and ctl["problems"] == [], (name, ctl)
+    # pairs of different dims have no phase error; frequency bugs do
+    assert caught["neox_read_as_interleaved"]["phase_error"] is None
+    assert caught["rope_scaling_ignored"]["phase_error"] > 1.0
+    assert caught["yarn_attention_factor_dropped"]["phase_error"] == 0.0  # same angles, other attention scale
+    assert caught["longrope_switch_wrong"]["position"] == 63 and caught["longrope_switch_wrong"]["phase_error"] > 0
+    assert caught["neox_read_as_interleaved"]["file"] == "buggy/command-r.gguf"
+
+
+def test_write_bug_rejects_an_unknown_case(tmp_path):
+    with pytest.raises(ValueError, match="no check case"):
+        e.write_bug("made_up", tmp_path)

@@ -11,6 +11,8 @@
 - :mod:`ropelab.engines.ggml`: ggml's RoPE itself: a GGUF run through llama.cpp (llama-cpp-python, ``make ggml``),
   its logits, and ggml's RoPE op.
 - :mod:`ropelab.engines.check`: the ``ropelab-check`` console script.
+- :mod:`ropelab.engines.matrix`: the conformance matrix, every tiny family read by each engine against transformers
+  (``data/engines/matrix.json``).
 """
 
 from .reading import FORMATS, ReadError, Reading

@@ -33,7 +33,14 @@ greedy next byte changes. Classes the trained model cannot express (its heads ro
 position axis) are measured on its q and k (:func:`qk_damage`): the same cosine, the KL of the attention rows,
 the first query whose most-attended key changes. :data:`CASES` says which model and which measure each class
 gets.
-"""
+
+
+**ropelab-check catching each bug** (:data:`CHECK_CASES`, :func:`catch_bug`): each class on a tiny Hugging Face
+family it applies to (``ropelab.engines.tiny``): the correct model directory is saved, the buggy reading is written
+where an engine reads it (a GGUF file, :func:`ropelab.engines.gguf.write_gguf`, where llama.cpp's keys can say the
+bug; else a transformers ``config.json``), and the real ``python -m ropelab.engines model_dir buggy_file --json``
+runs as a subprocess: exit code, mismatch kinds, phase error and attention change. The identity map written the
+same way is the control (exit 0)."""
 
 from __future__ import annotations
 
@@ -56,7 +63,8 @@ __all__ = ["BUGS_JSON", "BUG_CLASSES", "CASES", "Case", "Damage", "boundary_bugs
            "impose_partial_rotary", "neox_as_interleaved", "ignore_rope_scaling", "drop_yarn_attention_factor",
            "longrope_always_long", "mrope_as_contiguous", "mrope_as_1d", "identity", "per_layer",
            "forward_per_layer", "model_damage", "qk_damage", "held_out_windows", "load_model", "longrope_specs",
-           "partial_specs", "MROPE_SECTIONS", "run_case", "run_all", "plot_damage"]
+           "partial_specs", "MROPE_SECTIONS", "run_case", "run_all", "plot_damage", "CheckCase", "CHECK_CASES",
+           "write_reading", "write_bug", "run_check", "catch_bug", "catch_all"]
 
 BUGS_JSON = DATA_DIR / "engines" / "boundary_bugs.json"
 _BUG_FIELDS = ("class", "repository", "number", "kind", "title", "date", "state", "url", "what", "quote", "quote_by")
@@ -473,3 +481,206 @@ def plot_damage(fig, axes, results: Mapping[str, dict]) -> None:
         ax.set_ylim(len(names) - 0.5, -0.5)  # first case on top
     axes[1].set_xlim(right=max(gap) * 20)  # room for the labels
     fig.suptitle("Each boundary bug reproduced on a trained byte-level TinyLM (identity control: KL 0, cosine 1)")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# ropelab-check catching each bug: the correct tiny model, the buggy reading written out, the real CLI
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckCase:
+    """One bug class as a file an engine reads: the tiny family it applies to (``ropelab.engines.tiny``), the
+    bug (on every layer's spec, or on the M-RoPE sections when ``on_sections``), and how the buggy reading is
+    written: ``gguf_arch`` a GGUF file of that llama.cpp architecture (:func:`ropelab.engines.gguf.write_gguf`),
+    None a transformers ``config.json`` (:func:`ropelab.engines.hf.write_config`). ``control_arch`` is where the
+    identity control is written (the family's own GGUF architecture, None: a config.json). ``position`` is the
+    ``--position`` of the costs (None: the CLI's default, ``max_position_embeddings - 1``)."""
+
+    bug_class: str
+    family: str
+    bug: Callable
+    gguf_arch: str | None
+    control_arch: str | None
+    what: str
+    on_sections: bool = False
+    position: int | None = None
+
+
+CHECK_CASES: dict[str, CheckCase] = {
+    "partial_rotary_dropped": CheckCase(
+        "partial_rotary_dropped", "phi3", drop_partial_rotary, "phi3", "phi3",
+        "Phi-3 (12 of 16 dims rotate) written as a GGUF whose rope.dimension_count is the whole head"),
+    "partial_rotary_imposed": CheckCase(
+        "partial_rotary_imposed", "qwen2", lambda s: impose_partial_rotary(s, 8), "qwen2", "qwen2",
+        "Qwen2 (full rotary) written as a GGUF with rope.dimension_count 8 of 16"),
+    "neox_read_as_interleaved": CheckCase(
+        "neox_read_as_interleaved", "qwen2", neox_as_interleaved, "command-r", "qwen2",
+        "Qwen2's unpermuted NeoX q/k in a GGUF of a NORM architecture the converter does not permute for "
+        "(command-r), ik_llama.cpp#2290's NEOX returned as NORM"),
+    "rope_scaling_ignored": CheckCase(
+        "rope_scaling_ignored", "llama3", ignore_rope_scaling, "llama", "llama",
+        "Llama 3's scaling dropped: a llama GGUF without its rope_freqs tensor"),
+    "yarn_settings_dropped": CheckCase(
+        "yarn_settings_dropped", "qwen2_yarn", ignore_rope_scaling, "qwen2", "qwen2",
+        "Qwen2 yarn written to no key (llama.cpp#13322): a qwen2 GGUF without rope.scaling.*"),
+    "yarn_attention_factor_dropped": CheckCase(
+        "yarn_attention_factor_dropped", "qwen2_yarn", drop_yarn_attention_factor, "qwen2", "qwen2",
+        "Qwen2 yarn with its attention factor cancelled to 1: a qwen2 GGUF whose rope.scaling.attn_factor is "
+        "1 / (0.1 ln s + 1) (llama.cpp multiplies it into the default)"),
+    "longrope_switch_wrong": CheckCase(
+        "longrope_switch_wrong", "phi3_longrope", longrope_always_long, "phi3", None,
+        "Phi-3 longrope with the long factors at every length: a phi3 GGUF whose rope_freqs is the long set "
+        "(costed at position 63, below the original length 64, where the switch matters); the correct model has two "
+        "factor sets, which ropelab's GGUF writer does not write, so its control is a config.json", position=63),
+    "mrope_interleaved_as_other": CheckCase(
+        "mrope_interleaved_as_other", "qwen3_vl", mrope_as_contiguous, "qwen2vl", "qwen3vl",
+        "Qwen3-VL's interleaved sections written as a qwen2vl GGUF (MROPE, contiguous sections)", on_sections=True),
+}
+
+
+def _stored(specs: Sequence[RopeSpec], arch: str, converter_permutes: bool) -> tuple[RopeSpec, ...]:
+    """The specs in the coordinates of q/k as a GGUF of ``arch`` stores them: llama.cpp's converter permutes q/k
+    of a NORM architecture it permutes for, so NeoX pairs are written as NORM (interleaved) there."""
+    if not converter_permutes:
+        return tuple(specs)
+    flip = {"half": "interleaved", "interleaved": "half"}
+    return tuple(s if s.is_nope else replace(s, style=flip[s.style]) for s in specs)
+
+
+def write_reading(reading, out: str | Path, arch: str | None, base_config: Mapping[str, Any] | None) -> Path:
+    """Write ``reading`` (a :class:`ropelab.engines.Reading`, specs as the model runs them) where an engine reads it:
+    a GGUF of llama.cpp architecture ``arch`` under ``out`` (q/k taken as the converter stores them for that
+    architecture), or with ``arch=None`` a transformers ``config.json`` over ``base_config``. Returns the file."""
+    from ..engines import gguf, hf
+    from ..engines import llamacpp_table as table
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if arch is None:
+        path = out / "config.json"
+        path.write_text(json.dumps(hf.write_config(reading, base_config), indent=2) + "\n")
+        return path
+    permutes = gguf.rope_type_of(arch) == "NORM" and any(table.ARCHS[arch]["converter"].values())
+    specs = _stored(reading.effective_specs(), arch, permutes)
+    return gguf.write_gguf(specs, out / f"{arch}.gguf", architecture=arch, head_dim=reading.head_dim,
+                           sections=reading.sections)
+
+
+def write_bug(name: str, root: str | Path, *, control: bool = False) -> tuple[Path, Path]:
+    """For :data:`CHECK_CASES` ``name``: the correct tiny model saved under ``root/name/model`` and the buggy
+    reading written (``control``: the identity, under ``root/name/control``); ``(model dir, written file)``."""
+    from ..engines import hf, tiny
+
+    if name not in CHECK_CASES:
+        raise ValueError(f"no check case {name!r}; the cases are {sorted(CHECK_CASES)}.")
+    c = CHECK_CASES[name]
+    root = Path(root) / name
+    model_dir = root / "model"
+    if not (model_dir / "config.json").is_file():
+        tiny.save_tiny_model(c.family, model_dir)
+    correct = hf.read_config(model_dir)
+    if control:
+        buggy = correct
+    elif c.on_sections:
+        buggy = replace(correct, sections=c.bug(correct.sections))
+    else:
+        buggy = replace(correct, layers=per_layer(c.bug, correct.effective_specs()), qk_permuted=False)
+    arch = c.control_arch if control else c.gguf_arch
+    return model_dir, write_reading(buggy, root / ("control" if control else "buggy"), arch,
+                                    tiny.config_dict(model_dir))
+
+
+def run_check(paths: Sequence[str | Path], *, position: int | None = None, timeout: float = 300) -> dict:
+    """The real ``ropelab-check`` (``python -m ropelab.engines PATH ... --json [--position P]``) as a subprocess:
+    ``{"exit_code", "result"}`` with its parsed JSON output."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    here = str(Path(__file__).resolve().parents[2])  # the checkout ropelab is imported from
+    env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [env.get("PYTHONPATH")])])
+    extra = [] if position is None else ["--position", str(position)]
+    proc = subprocess.run([sys.executable, "-m", "ropelab.engines", *map(str, paths), "--json", *extra],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        result = json.loads(proc.stdout)
+    except json.JSONDecodeError as e:
+        raise RuntimeError(f"ropelab-check printed no JSON (exit {proc.returncode}):\n{proc.stderr[-2000:]}") from e
+    return {"exit_code": proc.returncode, "result": result}
+
+
+def catch_bug(name: str, root: str | Path, *, control: bool = False) -> dict:
+    """Write :data:`CHECK_CASES` ``name`` (:func:`write_bug`) and run ``ropelab-check model_dir written --json``:
+    ``{"case", "family", "what", "file" (its name), "exit_code", "kinds", "details", "phase_error", "max_kl",
+    "max_abs_dprob", "position"}`` (the first mismatch's; empty lists and None when it agrees)."""
+    model_dir, written = write_bug(name, root, control=control)
+    out = run_check([model_dir, written], position=CHECK_CASES[name].position)
+    res = out["result"]
+    mm = res.get("mismatches") or []
+    first = mm[0] if mm else None
+    return {"case": name, "family": CHECK_CASES[name].family, "what": CHECK_CASES[name].what,
+            "file": f"{written.parent.name}/{written.name}", "exit_code": out["exit_code"],
+            "kinds": sorted({k for m in mm for k in m["kinds"]}), "details": [d for m in mm for d in m["details"]],
+            "layers": [m["layers"] for m in mm], "position": res.get("position"),
+            "phase_error": None if first is None else first["cost"]["phase_error"],
+            "max_kl": None if first is None else first["cost"]["max_kl"],
+            "max_abs_dprob": None if first is None else first["cost"]["max_abs_dprob"],
+            "problems": [p["problem"] for p in res.get("problems") or []]}
+
+
+def catch_all(root: str | Path, names: Sequence[str] | None = None) -> dict[str, dict]:
+    """:func:`catch_bug` for every check case (or ``names``), and its identity control under ``"control"``:
+    ``{name: {**bug, "control": {...}}}``."""
+    names = list(CHECK_CASES) if names is None else list(names)
+    return {n: {**catch_bug(n, root), "control": catch_bug(n, root, control=True)} for n in names}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The conformance matrix (ropelab.engines.matrix, data/engines/matrix.json), as notebook 10 shows it
+# ------------------------------------------------------------------------------------------------------------
+
+_STATUS_COLOUR = {"agree": "#cfe8cf", "differ": "#f4c7c3", "unreadable": "#dddddd"}
+
+
+def cell_words(c: Mapping[str, Any]) -> str:
+    """One matrix cell in a few words: ``agree``, ``unreadable``, or the mismatch kinds with the largest attention
+    change (max KL of an attention row) and the position it is costed at."""
+    if c["status"] != "differ":
+        return c["status"]
+    kinds = sorted({k for m in c["mismatches"] for k in m["kinds"]}) or ["problem"]
+    kl = max((m["max_kl"] for m in c["mismatches"]), default=0.0)
+    return f"{', '.join(kinds)}\nKL {kl:.2f} at m={c['position']}"
+
+
+def non_agree(matrix: Mapping[str, Any]) -> list[tuple[str, str, dict]]:
+    """``(row, engine, cell)`` of every cell that is not ``agree``, in the matrix's order."""
+    return [(name, e, row[e]) for name, row in matrix["rows"].items() for e in matrix["engines"]
+            if row[e]["status"] != "agree"]
+
+
+def plot_matrix(fig, ax, matrix: Mapping[str, Any]) -> None:
+    """The matrix as a coloured table (``ax``): one row per family / variant (variants in italics), one column per
+    engine, each cell :func:`cell_words` on green (agree), red (differ) or grey (unreadable)."""
+    names, engines = list(matrix["rows"]), list(matrix["engines"])
+    label = {"gguf": "GGUF (llama.cpp's converter,\nread as llama.cpp reads it)", "mlx": "mlx-lm (same config.json)"}
+    text = [[cell_words(matrix["rows"][n][e]) for e in engines] for n in names]
+    colours = [[_STATUS_COLOUR[matrix["rows"][n][e]["status"]] for e in engines] for n in names]
+    ax.axis("off")
+    table = ax.table(cellText=text, cellColours=colours, rowLabels=names,
+                     colLabels=[label.get(e, e) for e in engines], loc="center", cellLoc="center")
+    table.auto_set_font_size(False)
+    table.set_fontsize(8)
+    table.scale(1, 2.1)
+    for (r, col), cell_ in table.get_celld().items():
+        if r == 0:
+            cell_.set_height(cell_.get_height() * 1.3)
+        if col == -1 and r > 0 and names[r - 1] in matrix["variants"]:
+            cell_.get_text().set_fontstyle("italic")
+    v = matrix["versions"]
+    c = matrix["counts"]
+    fig.suptitle("Each engine against transformers: " + "; ".join(
+        f"{e}: {c[e]['agree']} agree, {c[e]['differ']} differ, {c[e]['unreadable']} unreadable" for e in engines)
+        + f"\ntransformers {v['transformers']}, gguf {v['gguf']}, llama.cpp {str(v['llama.cpp commit'])[:10]}, "
+          f"mlx {v['mlx']}, mlx-lm {v['mlx-lm']}; italic rows: variants", fontsize=10)

@@ -1,0 +1,236 @@
+r"""The conformance matrix: every tiny model family read by each engine, compared with transformers.
+
+For each family of :data:`ropelab.engines.tiny.FAMILIES` and each of :data:`VARIANTS` (configs that exercise a
+disagreement found in the engines' code), :func:`build`:
+
+1. saves the tiny model (:func:`~ropelab.engines.tiny.save_tiny_model`; a variant may rewrite its
+   ``config.json`` in transformers 4's schema, :func:`ropelab.engines.hf.write_config`);
+2. converts every model with llama.cpp's own converter, in one interpreter
+   (:func:`~ropelab.engines.converter.convert_many`);
+3. reads each model as transformers (:func:`~ropelab.engines.hf.read_config`), as the GGUF file the converter
+   wrote, as llama.cpp reads it (:func:`~ropelab.engines.gguf.read_gguf`), and as mlx-lm builds it from the
+   same ``config.json`` (:func:`~ropelab.engines.mlx.read_mlx`);
+4. compares each engine with transformers with :func:`ropelab.engines.check.check` (the ``ropelab-check``
+   comparison), at the family's stated position (default ``max_position_embeddings - 1``).
+
+A cell (:func:`cell`) is ``{"status": "agree", "notes"}`` (what the check and the reader observed but does not
+count against agreement: permuted q/k, ``rope_freqs`` read as longrope, keys the engine ignores),
+``{"status": "differ", "mismatches", "problems", "notes"}`` (each mismatch's layers, kinds, details and its
+cost: phase error and attention change at the position), or ``{"status": "unreadable", "reason"}`` (the
+reader's ReadError / ValueError message: an engine that refuses the model).
+
+``python -m ropelab.engines.matrix [--out data/engines/matrix.json]`` writes the matrix with the versions of
+every package it was measured with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..paths import DATA_DIR
+from . import check, tiny
+from .reading import Reading
+
+__all__ = ["ENGINES", "VARIANTS", "MATRIX_JSON", "models", "read_engine", "cell", "build", "versions", "load",
+           "counts", "main"]
+
+# The engines compared with transformers, in the matrix's column order.
+ENGINES = ("gguf", "mlx")
+MATRIX_JSON = DATA_DIR / "engines" / "matrix.json"
+
+# variant -> (family, config overrides, schema of config.json ("v5": as transformers 5 saves it, "v4": rewritten in
+# transformers 4's schema, "v4-type": that with rope_scaling's "rope_type" key renamed "type", the older spelling),
+# the position of the costs (None: max_position_embeddings - 1), why it is here).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "gemma3_2layer": dict(
+        family="gemma3", overrides=dict(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"]),
+        schema="v5", position=None,
+        why="layer_types [sliding, full]: the converter writes no layer pattern and llama.cpp assumes Gemma 3's "
+            "5 sliding : 1 full (load_swa_pattern(ml, 6))"),
+    "qwen2_base1e4": dict(
+        family="qwen2", overrides=dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+        schema="v5", position=None,
+        why="a v5 config (rope_parameters, no top-level rope_theta) whose base is not mlx-lm's qwen2 default 1e6: "
+            "mlx-lm's ModelArgs read only rope_theta"),
+    "llama3_v4": dict(
+        family="llama3", overrides={}, schema="v4", position=None,
+        why="the llama3 family's config rewritten in transformers 4's schema (rope_theta, rope_scaling), which "
+            "mlx-lm reads"),
+    "qwen2_yarn_v4": dict(
+        family="qwen2_yarn", overrides={}, schema="v4", position=None,
+        why="the qwen2_yarn family's config in transformers 4's schema"),
+    "phi3_longrope_v4_short": dict(
+        family="phi3_longrope", overrides={}, schema="v4", position=63,
+        why="Phi-3 longrope in the v4 schema as transformers 4 writes it (rope_scaling.rope_type), costed at "
+            "position 63, below its original length 64"),
+    "phi3_longrope_v4type_short": dict(
+        family="phi3_longrope", overrides={}, schema="v4-type", position=63,
+        why="the same with rope_scaling's type under the key 'type', as Phi-3's own checkpoints spell it: mlx-lm's "
+            "SuScaledRoPE applies the long factors at every length"),
+}
+
+
+def versions() -> dict[str, str | None]:
+    """The versions of the packages the matrix is measured with (llama.cpp: the vendored commit)."""
+    import importlib.metadata as md
+
+    from .converter import LLAMA_CPP_PYTHON, llama_cpp_commit
+
+    out: dict[str, str | None] = {}
+    for name in ("transformers", "gguf", "mlx", "mlx-lm", "torch"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    out["llama-cpp-python (converter sdist)"] = LLAMA_CPP_PYTHON
+    out["llama.cpp commit"] = llama_cpp_commit()
+    return out
+
+
+def _rewrite_v4(model_dir: Path, *, type_key: bool = False) -> None:
+    """Rewrite a saved model's ``config.json`` in transformers 4's schema (the same RoPE, :mod:`ropelab.engines.hf`);
+    ``type_key``: rope_scaling's ``rope_type`` under the older key ``type``."""
+    from .hf import read_config, write_config
+
+    path = model_dir / "config.json"
+    config = write_config(read_config(path), json.loads(path.read_text()), schema="v4")
+    scaling = config.get("rope_scaling")
+    if type_key and isinstance(scaling, dict) and "rope_type" in scaling:
+        config["rope_scaling"] = {"type": scaling.pop("rope_type"), **scaling}
+    path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def models(root: str | Path, names: Sequence[str] | None = None) -> dict[str, Path]:
+    """Save the model of every family and variant (or of ``names``) under ``root``; ``{name: model dir}``."""
+    root = Path(root)
+    every = [*tiny.FAMILIES, *VARIANTS]
+    names = every if names is None else list(names)
+    unknown = [n for n in names if n not in every]
+    if unknown:
+        raise ValueError(f"names {unknown} are neither tiny families nor variants; choose from {every}.")
+    out = {}
+    for name in names:
+        v = VARIANTS.get(name, dict(family=name, overrides={}, schema="v5"))
+        out[name] = tiny.save_tiny_model(v["family"], root / name, **v["overrides"])
+        if v["schema"] in ("v4", "v4-type"):
+            _rewrite_v4(out[name], type_key=v["schema"] == "v4-type")
+    return out
+
+
+def read_engine(engine: str, model_dir: Path, gguf_path: Path) -> Reading:
+    """One engine's :class:`Reading` of a model: ``"transformers"`` its config, ``"gguf"`` the converter's file as
+    llama.cpp reads it, ``"mlx"`` mlx-lm's model built from the same ``config.json``."""
+    if engine == "transformers":
+        from .hf import read_config
+
+        return read_config(model_dir)
+    if engine == "gguf":
+        from .gguf import read_gguf
+
+        return read_gguf(gguf_path)
+    if engine == "mlx":
+        from .mlx import read_mlx
+
+        return read_mlx(model_dir / "config.json")
+    raise ValueError(f"engine must be 'transformers' or one of {ENGINES}, got {engine!r}.")
+
+
+def _clean(text: str, root: Path) -> str:
+    """A message without the temporary directory it was measured in (the JSON does not depend on it)."""
+    return text.replace(f"{root}/", "").replace(str(root), "")
+
+
+def cell(reference: Reading, read: Callable[[], Reading], *, position: int | None = None,
+         root: Path | None = None) -> dict:
+    """One matrix cell: ``read()`` (an engine's reading) compared with ``reference`` (transformers') by
+    :func:`ropelab.engines.check.check`. ``status`` is ``"agree"`` when the check is ok, ``"differ"`` when it is
+    not, ``"unreadable"`` when ``read`` raises ValueError (ReadError among them)."""
+    clean = (lambda s: _clean(s, root)) if root is not None else (lambda s: s)
+    try:
+        reading = read()
+    except ValueError as e:
+        return {"status": "unreadable", "reason": clean(str(e))}
+    result = check.check([reference, reading], position=position)
+    notes = [clean(a["detail"]) for a in result["agreements"]] + [clean(n) for n in reading.notes]
+    out = {"status": "agree" if result["ok"] else "differ", "architecture": reading.architecture,
+           "position": result["position"], "notes": list(dict.fromkeys(notes))}
+    if not result["ok"]:
+        out["mismatches"] = [{"layers": m["layers"], "kinds": m["kinds"], "details": [clean(d) for d in m["details"]],
+                              "phase_error": m["cost"]["phase_error"], "max_kl": m["cost"]["max_kl"],
+                              "max_abs_dprob": m["cost"]["max_abs_dprob"]} for m in result["mismatches"]]
+        out["problems"] = [{"source": p["source"], "problem": clean(p["problem"])} for p in result["problems"]]
+    return out
+
+
+def build(names: Sequence[str] | None = None, *, workdir: str | Path | None = None) -> dict:
+    """The matrix of every family and variant (or of ``names``): ``{"versions", "engines", "families",
+    "variants", "rows": {name: {"family", "schema", "why", "transformers", "gguf", "mlx"}}, "counts"}``."""
+    from .converter import convert_many
+
+    with tempfile.TemporaryDirectory(prefix="ropelab-matrix-") as tmp:
+        root = Path(workdir) if workdir is not None else Path(tmp)
+        dirs = models(root, names)
+        ggufs = {n: root / f"{n}.gguf" for n in dirs}
+        convert_many([(d, ggufs[n]) for n, d in dirs.items()])
+        rows = {}
+        for name, d in dirs.items():
+            v = VARIANTS.get(name, dict(family=name, schema="v5", position=None, why=""))
+            ref = read_engine("transformers", d, ggufs[name])
+            row = {"family": v["family"], "schema": v["schema"], "why": v["why"],
+                   "transformers": {"architecture": ref.architecture, "n_layers": ref.n_layers,
+                                    "head_dim": ref.head_dim,
+                                    "layers": [s.to_dict() for s in ref.layers],
+                                    "sections": None if ref.sections is None else list(ref.sections.sections)}}
+            for engine in ENGINES:
+                row[engine] = cell(ref, lambda e=engine, d=d, g=ggufs[name]: read_engine(e, d, g),
+                                   position=v["position"], root=root)
+            rows[name] = row
+    result = {"versions": versions(), "engines": list(ENGINES), "families": [n for n in rows if n in tiny.FAMILIES],
+              "variants": [n for n in rows if n in VARIANTS], "rows": rows}
+    result["counts"] = counts(result)
+    return result
+
+
+def counts(matrix: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """``{engine: {status: number of cells}}`` of a matrix."""
+    out = {}
+    for engine in matrix["engines"]:
+        c = {"agree": 0, "differ": 0, "unreadable": 0}
+        for row in matrix["rows"].values():
+            c[row[engine]["status"]] += 1
+        out[engine] = c
+    return out
+
+
+def load(path: str | Path = MATRIX_JSON) -> dict:
+    """The committed matrix (``data/engines/matrix.json``)."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ropelab.engines.matrix", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(MATRIX_JSON), help=f"where to write the JSON (default {MATRIX_JSON})")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="families / variants to build (default all)")
+    args = parser.parse_args(argv)
+    try:
+        matrix = build(args.only)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(matrix, indent=1) + "\n", encoding="utf-8")
+    for engine, c in matrix["counts"].items():
+        print(f"{engine}: " + ", ".join(f"{k} {v}" for k, v in c.items()))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

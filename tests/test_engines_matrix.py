@@ -1,0 +1,84 @@
+"""ropelab.engines.matrix: the conformance matrix's cells are what ropelab-check's comparison says, and the
+committed data/engines/matrix.json covers every tiny family and variant."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("gguf")
+pytest.importorskip("mlx_lm")
+
+from ropelab.engines import check, matrix, tiny  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("matrix")
+    return matrix.build(["qwen2", "gemma3_2layer", "phi3_longrope_v4type_short"], workdir=root), root
+
+
+def test_cells_are_what_check_says(built):
+    m, root = built
+    assert set(m["rows"]) == {"qwen2", "gemma3_2layer", "phi3_longrope_v4type_short"}
+    for name, row in m["rows"].items():
+        position = matrix.VARIANTS.get(name, {}).get("position")
+        ref = matrix.read_engine("transformers", root / name, root / f"{name}.gguf")
+        for engine in matrix.ENGINES:
+            reading = matrix.read_engine(engine, root / name, root / f"{name}.gguf")
+            result = check.check([ref, reading], position=position)
+            want = "agree" if result["ok"] else "differ"
+            assert row[engine]["status"] == want, (name, engine)
+            if want == "differ":
+                assert [x["kinds"] for x in row[engine]["mismatches"]] == [x["kinds"] for x in result["mismatches"]]
+                assert [x["phase_error"] for x in row[engine]["mismatches"]] == \
+                    [x["cost"]["phase_error"] for x in result["mismatches"]]
+    # the disagreements the variants exist for
+    assert m["rows"]["gemma3_2layer"]["gguf"]["status"] == "differ"  # llama.cpp's 5:1 assumption
+    assert m["rows"]["phi3_longrope_v4type_short"]["mlx"]["status"] == "differ"  # long factors below L0
+    assert m["rows"]["phi3_longrope_v4type_short"]["mlx"]["position"] == 63
+    assert str(root) not in str(m)  # no temporary path in the data
+    assert m["counts"] == matrix.counts(m)
+
+
+def test_unreadable_cell_keeps_the_reason():
+    def refuse():
+        raise ValueError("mlx-lm's phi3 refuses this config")
+
+    ref = matrix.check.read  # any callable; the reading is never used on an unreadable cell
+    assert matrix.cell(ref, refuse) == {"status": "unreadable", "reason": "mlx-lm's phi3 refuses this config"}
+
+
+def test_bad_names_raise(tmp_path):
+    with pytest.raises(ValueError, match="neither tiny families nor variants"):
+        matrix.models(tmp_path, ["no_such_family"])
+    with pytest.raises(ValueError, match="engine must be"):
+        matrix.read_engine("vllm", tmp_path, tmp_path / "x.gguf")
+
+
+def test_committed_matrix_covers_every_family_and_variant():
+    m = matrix.load()
+    assert m["families"] == list(tiny.FAMILIES) and m["variants"] == list(matrix.VARIANTS)
+    assert list(m["rows"]) == [*tiny.FAMILIES, *matrix.VARIANTS]
+    assert m["counts"] == matrix.counts(m)
+    for key in ("transformers", "gguf", "mlx", "mlx-lm", "llama.cpp commit"):
+        assert m["versions"][key], key
+    for row in m["rows"].values():
+        for engine in m["engines"]:
+            c = row[engine]
+            assert c["status"] in ("agree", "differ", "unreadable")
+            assert ("reason" in c) == (c["status"] == "unreadable")
+            assert bool(c.get("mismatches") or c.get("problems")) == (c["status"] == "differ")
+
+
+def test_committed_matrix_is_what_a_build_gives_now(tmp_path):
+    """data/engines/matrix.json is stale when an engine or a reader changes: every cell's status, kinds and details
+    (the costs are float computations, compared within a relative 1e-9) as a fresh build gives them."""
+    committed, fresh = matrix.load(), matrix.build(workdir=tmp_path)
+    assert committed["versions"]["llama.cpp commit"] == fresh["versions"]["llama.cpp commit"]
+    for name, row in fresh["rows"].items():
+        for engine in fresh["engines"]:
+            a, b = committed["rows"][name][engine], row[engine]
+            assert a["status"] == b["status"] and a.get("reason") == b.get("reason"), (name, engine)
+            for ma, mb in zip(a.get("mismatches", []), b.get("mismatches", []), strict=True):
+                assert (ma["kinds"], ma["details"], ma["layers"]) == (mb["kinds"], mb["details"], mb["layers"])
+                assert ma["max_kl"] == pytest.approx(mb["max_kl"], rel=1e-9), (name, engine)
