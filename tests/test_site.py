@@ -247,10 +247,20 @@ def test_every_notebook_page_links_to_the_previous_and_next_notebook(crawl, serv
         assert "make lab" in text and f"notebooks/{stem}.ipynb" in text, f"{stem}: no run-it-locally banner: {text!r}"
 
 
+# Move one control as a reader would: a slider to its other end, a menu to its next entry, a text field gets a word.
+MOVE = """c => {
+  if (c.type === "range") c.value = c.value === c.max ? c.min : c.max;
+  else if (c.tagName === "SELECT") c.selectedIndex = (c.selectedIndex + 1) % c.options.length;
+  else c.value = c.value + " and one more, 42.";
+  c.dispatchEvent(new Event("input", {bubbles: true}));
+  c.dispatchEvent(new Event("change", {bubbles: true}));
+}"""
+
+
 @in_browser
 def test_every_explorer_responds_on_its_notebook_page_with_no_kernel(browser, served):
     # The notebooks whose explorer has a browser twin (ropelab.site.EXPLORER_TWINS); on each page, every twin's
-    # first slider moves, and its printed number and its figure change. No kernel: the site is static files.
+    # sliders move, and its printed number and its figure change. No kernel: the site is static files.
     from ropelab import site
 
     pages = [stem for stem in NOTEBOOKS
@@ -268,14 +278,17 @@ def test_every_explorer_responds_on_its_notebook_page_with_no_kernel(browser, se
                 page.wait_for_timeout(300)  # the first draw happens on the next animation frame
                 state = "r => [r.querySelector('.ropelab-readout').textContent, r.querySelector('.ropelab-figure')" \
                         ".innerHTML + [...r.querySelectorAll('canvas')].map(c => c.toDataURL()).join()]"
-                before = root.evaluate(state)
-                slider = root.locator('input[type="range"]').first
-                slider.evaluate("s => { s.value = s.value === s.max ? s.min : s.max; "
-                                "s.dispatchEvent(new Event('input', {bubbles: true})); }")
-                page.wait_for_timeout(300)
-                after = root.evaluate(state)
-                assert after[0] != before[0], f"{stem}, explorer {i}: the printed number did not change"
-                assert after[1] != before[1], f"{stem}, explorer {i}: the figure did not change"
+                # Some controls move only the figure (CoPE's sharpness leaves its count); one must move both.
+                controls, moved = root.locator(".ropelab-controls input, .ropelab-controls select"), []
+                for j in range(controls.count()):
+                    before = root.evaluate(state)
+                    controls.nth(j).evaluate(MOVE)
+                    page.wait_for_timeout(300)
+                    after = root.evaluate(state)
+                    moved.append((after[0] != before[0], after[1] != before[1]))
+                assert moved, f"{stem}, explorer {i}: no control"
+                assert any(number and figure for number, figure in moved), \
+                    f"{stem}, explorer {i}: no control changed both the printed number and the figure: {moved}"
             assert not page.problems, page.problems
         finally:
             page.close()

@@ -53,6 +53,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
         schema="v5", position=None,
         why="layer_types [sliding, full]: the converter writes no layer pattern and llama.cpp assumes Gemma 3's "
             "5 sliding : 1 full (load_swa_pattern(ml, 6))"),
+    "qwen2_yarn_beta": dict(
+        family="qwen2_yarn", overrides=dict(rope_parameters={
+            **tiny.FAMILIES["qwen2_yarn"][1]["rope_parameters"], "beta_fast": 16.0, "beta_slow": 2.0}),
+        schema="v5", position=None,
+        why="yarn with its own beta_fast / beta_slow: the converter writes them, llama.cpp's qwen2 never reads them "
+            "(it runs 32 / 1)"),
     "qwen2_base1e4": dict(
         family="qwen2", overrides=dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
         schema="v5", position=None,
