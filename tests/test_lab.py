@@ -26,28 +26,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from _browser import REQUIRED, chromium, missing
 
 from ropelab import figures
 
 REPO = figures.REPO
-CHROMIUM = os.environ.get("ROPELAB_CHROMIUM", "/usr/bin/chromium")
 SHOTS = REPO / "build" / "lab"
-REQUIRED = os.environ.get("ROPELAB_REQUIRE_BROWSER") == "1"
 
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # the dev extra installs it
-    sync_playwright = None
-
-_missing = (
-    "playwright is not installed (pip install playwright; it is in the dev extra)"
-    if sync_playwright is None
-    else f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium; or set ROPELAB_CHROMIUM)"
-    if not Path(CHROMIUM).exists()
-    else None
-)
-if _missing and REQUIRED:
-    raise RuntimeError(f"ROPELAB_REQUIRE_BROWSER=1 but {_missing}")
+_missing = missing()
 pytestmark = [
     pytest.mark.skipif(_missing is not None, reason=_missing or ""),
     pytest.mark.timeout(1200),
@@ -124,10 +110,8 @@ def lab(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 STATE_JS = """() => {

@@ -25,33 +25,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from _browser import chromium, missing
 
 from ropelab import manifest
 
-CHROMIUM = os.environ.get("ROPELAB_CHROMIUM", "/usr/bin/chromium")
-REQUIRED = os.environ.get("ROPELAB_REQUIRE_BROWSER") == "1"
-
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # the dev extra installs it
-    sync_playwright = None
 try:
     import myst_nb  # noqa: F401  (the site extra)
     import sphinx  # noqa: F401
 except ImportError:
     myst_nb = None
 
-_missing = (
-    "playwright is not installed (pip install playwright; it is in the dev extra)"
-    if sync_playwright is None
-    else f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium; or set ROPELAB_CHROMIUM)"
-    if not Path(CHROMIUM).exists()
-    else "sphinx or myst-nb is not installed (pip install -e '.[site]')"
-    if myst_nb is None
-    else None
-)
-if _missing and REQUIRED:
-    raise RuntimeError(f"ROPELAB_REQUIRE_BROWSER=1 but {_missing}")
+_missing = missing("sphinx or myst-nb is not installed (pip install -e '.[site]')" if myst_nb is None else None)
 # The browser tests; the staging tests at the end need neither a browser nor Sphinx.
 browser_test = [pytest.mark.skipif(_missing is not None, reason=_missing or ""), pytest.mark.timeout(1800),
                 pytest.mark.lab]
@@ -101,10 +85,8 @@ def served(built):
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def _page(browser, base: str):

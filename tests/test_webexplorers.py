@@ -36,30 +36,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _browser import chromium, missing
 
 from ropelab import webexplorers
 from ropelab.cope import COUNT_RULES
 from ropelab.decay import similarity_bound
 from ropelab.scaling import default_inv_freq
 
-CHROMIUM = os.environ.get("ROPELAB_CHROMIUM", "/usr/bin/chromium")
-REQUIRED = os.environ.get("ROPELAB_REQUIRE_BROWSER") == "1"
 U = 2.0**-53  # float64 unit roundoff
 
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # the dev extra installs it
-    sync_playwright = None
-
-_missing = (
-    "playwright is not installed (pip install playwright; it is in the dev extra)"
-    if sync_playwright is None
-    else f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium; or set ROPELAB_CHROMIUM)"
-    if not Path(CHROMIUM).exists()
-    else None
-)
-if _missing and REQUIRED:
-    raise RuntimeError(f"ROPELAB_REQUIRE_BROWSER=1 but {_missing}")
+_missing = missing()
 browser_only = pytest.mark.skipif(_missing is not None, reason=_missing or "")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -164,10 +150,8 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+    with chromium() as b:
         yield b
-        b.close()
 
 
 class _Page:
