@@ -41,3 +41,56 @@ def chromium():
             yield b
         finally:
             b.close()
+
+
+@contextlib.contextmanager
+def jupyterlab(root: Path, tmp: Path, env: dict | None = None, timeout: float = 120):
+    """A JupyterLab server on a free port, serving ``root``, with its config, data, runtime, settings and workspaces
+    under ``tmp`` (never the user's) and ``window.jupyterapp`` exposed, so tests run commands as a user's menu click
+    does. ``env`` adds to (or overrides) that environment. Yields ``{"url", "token", "log"}``; the server stops after.
+    """
+    import secrets
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    import pytest
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(16)
+    full_env = {**os.environ,
+                "JUPYTER_CONFIG_DIR": str(tmp / "config"), "JUPYTER_DATA_DIR": str(tmp / "data"),
+                "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"), "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
+                "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"), "IPYTHONDIR": str(tmp / "ipython"),
+                **(env or {})}
+    cmd = [
+        sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+        "--LabApp.expose_app_in_browser=True",
+    ] + (["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])  # CI containers run as root
+    log_path = tmp / "lab.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, cwd=root, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"JupyterLab did not start:\n{log_path.read_text()[-3000:]}")
+                time.sleep(0.5)
+        yield {"url": url, "token": token, "log": log_path}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()

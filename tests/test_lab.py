@@ -16,17 +16,13 @@ which installs Chromium with apt first), where a missing browser is a failure.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from _browser import REQUIRED, chromium, missing
+from _browser import REQUIRED, chromium, jupyterlab, missing
 
 from ropelab import figures
 
@@ -49,12 +45,6 @@ def _snapshot(folder: Path) -> dict:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab")
@@ -66,46 +56,13 @@ def lab(tmp_path_factory):
     news = tmp / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     news.parent.mkdir(parents=True)
     news.write_text('{"fetchNews": "false"}')  # no "get notified about Jupyter news?" toast over the screenshots
-    port, token = _free_port(), secrets.token_hex(16)
     env = {
-        **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        "JUPYTER_CONFIG_DIR": str(tmp / "config"),
         "JUPYTER_CONFIG_PATH": str(root / ".jupyter"),  # what `make lab` sets: the pre-save hook
-        "JUPYTER_DATA_DIR": str(tmp / "data"),
-        "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
-        "IPYTHONDIR": str(tmp / "ipython"),
         "MPLBACKEND": "module://matplotlib_inline.backend_inline",
     }
-    cmd = [
-        sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-        "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-        "--LabApp.expose_app_in_browser=True",  # window.jupyterapp: run commands as a user's menu click does
-    ] + (["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])  # CI containers run as root
-    log = open(tmp / "lab.log", "w")
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5)
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"JupyterLab did not start:\n{(tmp / 'lab.log').read_text()[-3000:]}")
-            time.sleep(0.5)
-    try:
-        yield {"url": url, "token": token, "root": root, "log": tmp / "lab.log", "figures": _snapshot(root / "figures")}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with jupyterlab(root, tmp, env) as server:
+        yield {**server, "root": root, "figures": _snapshot(root / "figures")}
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _browser import chromium, missing
+from _browser import chromium, jupyterlab, missing
 
 from ropelab import webexplorers
 from ropelab.cope import COUNT_RULES
@@ -525,12 +525,6 @@ _LAB_CELLS = [
 @pytest.mark.timeout(600)
 def test_widget_in_jupyterlab_syncs_both_ways(browser, tmp_path):
     import json
-    import secrets
-    import socket
-    import subprocess
-    import sys
-    import time
-    import urllib.request
 
     pytest.importorskip("anywidget")
     pytest.importorskip("jupyterlab")
@@ -541,68 +535,43 @@ def test_widget_in_jupyterlab_syncs_both_ways(browser, tmp_path):
           "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
           "nbformat": 4, "nbformat_minor": 5}
     (root / "w.ipynb").write_text(json.dumps(nb))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    token = secrets.token_hex(16)
     repo = Path(webexplorers.__file__).parents[2]
     path = os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env = {**os.environ, "PYTHONPATH": path,
-           "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws"),
-           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "IPYTHONDIR": str(tmp_path / "ipython")}
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-           "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-           "--LabApp.expose_app_in_browser=True"] + (["--allow-root"] if os.geteuid() == 0 else [])
-    log = open(tmp_path / "lab.log", "w")
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
     page = None
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=5)
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "lab.log").read_text()[-2000:]
-                time.sleep(0.5)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        errors = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{url}/lab/tree/w.ipynb?reset&token={token}")
-        page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                               " && window.jupyterapp.shell.currentWidget.sessionContext"
-                               " && window.jupyterapp.shell.currentWidget.sessionContext.session"
-                               " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
-                               " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status"
-                               " === 'idle'", timeout=180_000)
-        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-        readout = page.locator(".jp-OutputArea-output .ropelab-readout").first
-        readout.wait_for(state="visible", timeout=120_000)
-        page.wait_for_function("() => document.querySelector('.jp-OutputArea-output .ropelab-readout')"
-                               ".textContent.includes('10 pairs turned once')", timeout=30_000)
-        page.wait_for_function("""() => {  // both cells ran (the observer is registered) and the kernel is idle
-            const w = window.jupyterapp.shell.currentWidget;
-            return w.sessionContext.session.kernel.status === 'idle'
-              && w.content.widgets.every((c) => c.model.toJSON().execution_count !== null);
-          }""", timeout=60_000)
-        page.locator('.jp-OutputArea-output input[data-trait="position"]').first.fill("5000")
-        # JS -> Python (position) -> the observer -> Python -> JS (dtype): the drop-down and the figure follow
-        page.wait_for_function("() => document.querySelector('.jp-OutputArea-output .ropelab-readout')"
-                               ".textContent.includes('\\nfloat16 angle vs float64')", timeout=60_000)  # not bfloat16
-        assert page.locator('.jp-OutputArea-output select[data-trait="dtype"]').first.input_value() == "float16"
-        want = webexplorers.widget("ladder", position=5000, dtype="float16").compute()  # the Python package
-        text = readout.text_content()
-        assert f"{int(want['turned'].sum())} pairs turned once" in text, text
-        assert f"max {want['phase_error'].max():.2g} rad" in text, text
-        assert not errors, errors
-    finally:
-        if page is not None:
-            page.close()
-        proc.terminate()
+    with jupyterlab(root, tmp_path, {"PYTHONPATH": path}) as server:
+        url, token = server["url"], server["token"]
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{url}/lab/tree/w.ipynb?reset&token={token}")
+            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status"
+                                   " === 'idle'", timeout=180_000)
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            readout = page.locator(".jp-OutputArea-output .ropelab-readout").first
+            readout.wait_for(state="visible", timeout=120_000)
+            page.wait_for_function("() => document.querySelector('.jp-OutputArea-output .ropelab-readout')"
+                                   ".textContent.includes('10 pairs turned once')", timeout=30_000)
+            page.wait_for_function("""() => {  // both cells ran (the observer is registered) and the kernel is idle
+                const w = window.jupyterapp.shell.currentWidget;
+                return w.sessionContext.session.kernel.status === 'idle'
+                  && w.content.widgets.every((c) => c.model.toJSON().execution_count !== null);
+              }""", timeout=60_000)
+            page.locator('.jp-OutputArea-output input[data-trait="position"]').first.fill("5000")
+            # JS -> Python (position) -> the observer -> Python -> JS (dtype): the drop-down and the figure follow
+            # (float16, not bfloat16)
+            page.wait_for_function("() => document.querySelector('.jp-OutputArea-output .ropelab-readout')"
+                                   ".textContent.includes('\\nfloat16 angle vs float64')", timeout=60_000)
+            assert page.locator('.jp-OutputArea-output select[data-trait="dtype"]').first.input_value() == "float16"
+            want = webexplorers.widget("ladder", position=5000, dtype="float16").compute()  # the Python package
+            text = readout.text_content()
+            assert f"{int(want['turned'].sum())} pairs turned once" in text, text
+            assert f"max {want['phase_error'].max():.2g} rad" in text, text
+            assert not errors, errors
+        finally:
+            if page is not None:
+                page.close()
