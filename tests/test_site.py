@@ -229,6 +229,8 @@ def test_every_notebook_page_links_to_the_previous_and_next_notebook(crawl, serv
         assert "make lab" in text and f"notebooks/{stem}.ipynb" in text, f"{stem}: no run-it-locally banner: {text!r}"
 
 
+# Resolves after two animation frames: the explorers redraw on the next one after a change.
+FRAMES = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
 # Move one control as a reader would: a slider to its other end, a menu to its next entry, a text field gets a word.
 MOVE = """c => {
   if (c.type === "range") c.value = c.value === c.max ? c.min : c.max;
@@ -257,7 +259,7 @@ def test_every_explorer_responds_on_its_notebook_page_with_no_kernel(browser, se
             for i in range(roots.count()):
                 root = roots.nth(i)
                 root.locator(".ropelab-readout").wait_for(timeout=30_000)
-                page.wait_for_timeout(300)  # the first draw happens on the next animation frame
+                page.evaluate(FRAMES)  # the first draw happens on the next animation frame
                 state = "r => [r.querySelector('.ropelab-readout').textContent, r.querySelector('.ropelab-figure')" \
                         ".innerHTML + [...r.querySelectorAll('canvas')].map(c => c.toDataURL()).join()]"
                 # Some controls move only the figure (CoPE's sharpness leaves its count); one must move both.
@@ -265,7 +267,7 @@ def test_every_explorer_responds_on_its_notebook_page_with_no_kernel(browser, se
                 for j in range(controls.count()):
                     before = root.evaluate(state)
                     controls.nth(j).evaluate(MOVE)
-                    page.wait_for_timeout(300)
+                    page.evaluate(FRAMES)  # the redraw too: wait for it, not for a fixed time
                     after = root.evaluate(state)
                     moved.append((after[0] != before[0], after[1] != before[1]))
                 assert moved, f"{stem}, explorer {i}: no control"

@@ -498,6 +498,9 @@ def test_page_responds_without_a_kernel(browser, site, name, mode):
     assert page.text_content(".ropelab-error") == ""
     if name == "cope":  # the typed sequence is a control too
         page.fill('input[data-trait="text"]', "aa bb")
+        # the redraw runs on the next animation frame: wait for it rather than read the old text (a race)
+        page.wait_for_function("() => document.querySelector('.ropelab-readout').textContent.includes('5 tokens')",
+                               timeout=10000)
         assert "5 tokens" in page.text_content(".ropelab-readout")
     if name == "decay":
         assert "B_r ≥ 0 up to r = 1024" in after[0]
