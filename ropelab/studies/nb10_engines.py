@@ -54,6 +54,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..adapters import TinyLMAdapter
+from ..attention import kl_divergence
 from ..multiaxis import MultiAxis, mrope_positions
 from ..paths import DATA_DIR
 from ..rope import apply_rope
@@ -259,12 +260,6 @@ class Damage(NamedTuple):
     flip_rate: float
 
 
-def _kl_rows(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
-    """KL(p || q) along the last axis, for log-probabilities (terms with p = 0 contribute 0)."""
-    p = logp.exp()
-    return torch.where(p > 0, p * (logp - logq), torch.zeros((), dtype=p.dtype)).sum(-1)
-
-
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double().flatten(), b.double().flatten()
     return float(a @ b / (a.norm() * b.norm()))
@@ -286,7 +281,7 @@ def model_damage(model, ids: torch.Tensor, correct: Sequence[RopeSpec], buggy: S
         raise ValueError(f"ids must be a [batch, seq] LongTensor of token ids, got "
                          f"{getattr(ids, 'shape', type(ids).__name__)} {getattr(ids, 'dtype', '')}.")
     good, bad = forward_per_layer(model, ids, correct), forward_per_layer(model, ids, buggy)
-    kl = _kl_rows(good.logits.double().log_softmax(-1), bad.logits.double().log_softmax(-1))
+    kl = kl_divergence(good.logits, bad.logits)
     mask = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()
     cos = min(_cosine(g[..., mask], b[..., mask]) for g, b in zip(good.scores, bad.scores))
     first, rate = _flips(good.logits, bad.logits)
@@ -315,12 +310,11 @@ def qk_damage(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, correct
     good, bad = scores(correct, sections), scores(buggy, buggy_sections)
     cos = min(_cosine(good[:, h][..., mask], bad[:, h][..., mask]) for h in range(q.shape[1]))
 
-    def logp(x):
-        return (x / math.sqrt(d)).masked_fill(~mask, float("-inf")).log_softmax(-1)
+    def masked(x):
+        return (x / math.sqrt(d)).masked_fill(~mask, float("-inf"))
 
-    lp, lq = logp(good), logp(bad)
-    kl = _kl_rows(lp, lq.masked_fill(~mask, 0.0))  # masked keys have p = 0; avoid -inf - -inf
-    first, rate = _flips(lp, lq)
+    kl = kl_divergence(masked(good), masked(bad))  # masked keys have p = 0: their terms are 0
+    first, rate = _flips(masked(good).log_softmax(-1), masked(bad).log_softmax(-1))
     return Damage(float(kl.mean()), float(kl.max()), cos, first, rate)
 
 
