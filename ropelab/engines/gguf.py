@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from ..multiaxis import MultiAxis
+from ..scaling import yarn_mscale
 from ..spec import RopeSpec
 from . import llamacpp_table as table
 from .reading import ReadError, Reading
@@ -356,9 +357,9 @@ def _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, reader, notes
         # llama_context's cparams.yarn_attn_factor, times the 1 + 0.1 ln s that ggml's rope_yarn multiplies back.
         mscale = log_mul if (arch == "deepseek2" and log_mul not in (0.0, 1.0)) else 1.0
         if log_mul:
-            af = _mscale(factor, mscale) / _mscale(factor, log_mul)
+            af = yarn_mscale(factor, mscale) / yarn_mscale(factor, log_mul)
         else:
-            af = _mscale(factor, 1.0)
+            af = yarn_mscale(factor, 1.0)
         out["attention_factor"] = af * attn
         return out
     if attn != 1.0:
@@ -370,10 +371,6 @@ def _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, reader, notes
     if factor != 1.0:
         return {"rope_type": "linear", "factor": factor}
     return None
-
-
-def _mscale(scale: float, m: float) -> float:
-    return 1.0 if scale <= 1.0 else 0.1 * m * math.log(scale) + 1.0
 
 
 def _swa_layers(f, k, entry, n_layers, where) -> list[bool]:
@@ -565,7 +562,7 @@ def write_gguf(source: Reading | Sequence[RopeSpec], path: str | Path, *, archit
             w.add_float32(k("LLM_KV_ROPE_SCALING_FACTOR"), float(sc["factor"]))
             w.add_uint32(k("LLM_KV_ROPE_SCALING_ORIG_CTX_LEN"),
                          int(sc.get("original_max_position_embeddings") or ctx))
-            default_af = _mscale(float(sc["factor"]), 1.0)
+            default_af = yarn_mscale(float(sc["factor"]), 1.0)
             af = sc.get("attention_factor")
             if af is not None and not math.isclose(af, default_af, rel_tol=1e-6):
                 w.add_float32(k("LLM_KV_ROPE_SCALING_ATTN_FACTOR"), float(af) / default_af)

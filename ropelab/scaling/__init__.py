@@ -41,9 +41,11 @@ from .registry import (
     rope_type_of,
     unregister_rope_type,
 )
+from .rope_types import yarn_mscale
 
 __all__ = [
     "frequencies",
+    "yarn_mscale",
     "default_inv_freq",
     "ntk_base",
     "ntk_aware_base",

@@ -13,7 +13,7 @@ from .checks import FLAG, FRACTION, NONNEGATIVE, POSITIVE, POSITIVE_LIST
 from .ladder import default_inv_freq, ntk_base, pair_at_turns
 from .registry import BUILTIN_NAMES, ROPE_TYPES, RopeType, ScalingParams
 
-__all__ = ["BUILTIN"]
+__all__ = ["BUILTIN", "yarn_mscale"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -63,7 +63,11 @@ def _original_and_factor(params: ScalingParams, max_pos: int | None) -> tuple[in
     return original, float(factor)
 
 
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    r"""YaRN's attention scaling :math:`0.1\,m \ln s + 1` for :math:`s > 1`, else 1 (Peng et al. 2023,
+    arXiv 2309.00071, eq. 22 with :math:`\sqrt{1/t} = 0.1 \ln s + 1`; transformers' ``get_mscale`` inside
+    ``_compute_yarn_parameters`` in ``modeling_rope_utils.py``, where DeepSeek's ``mscale`` / ``mscale_all_dim``
+    are the m of a ratio of two)."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
@@ -87,9 +91,9 @@ def _yarn(rotary_dim, base, params, seq_len, max_pos, dtype):
     mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
     if attention_factor is None:
         if mscale and mscale_all_dim:
-            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
         else:
-            attention_factor = _yarn_mscale(factor)
+            attention_factor = yarn_mscale(factor)
     beta_fast = params.get("beta_fast") or 32
     beta_slow = params.get("beta_slow") or 1
 
