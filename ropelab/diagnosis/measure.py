@@ -16,6 +16,7 @@ from .axes import NOT_SINGLE_AXIS, SINGLE_AXIS_LENGTH, SPREAD_TOL, position_spre
 from .ladder import LADDER_RESEMBLES, LADDER_RTOL, fit_ladder, fmt, head_base, rel_err
 from .probes import STRUCT_TOL, NotATensor, as_torch_fn, call, one_thread, probe_cu_seqlens, probe_sizes
 from .report import Diagnosis
+from .rounding import Rounding, fit_frequencies, read_rounding
 from .structure import Structure, measure_structure
 
 __all__ = ["diagnose", "check_args", "EXPECT_KEYS"]
@@ -264,6 +265,13 @@ def _unrecognised(omega: torch.Tensor, dg: Diagnosis) -> None:
     """No known ladder reproduces omega: say so and show it; no base is printed (a line fit through a
     scaled ladder can be wrong by 100x)."""
     dg.scaling = "unrecognised (no default, linear, yarn, llama3 or proportional ladder reproduces it)"
+    if len(omega) >= 2 and abs(float(omega[0]) - 1) <= LADDER_RTOL and bool((omega[1:].abs() <= LADDER_RTOL).all()):
+        dg.problem(
+            "inv_freq_precision",
+            "only the first pair rotates, by 1 rad per position (base^0 = 1 for any base); every other pair has "
+            "frequency 0. No RoPE ladder does this; base ** (2i/r) overflowing to inf does (a base above float16's "
+            f"largest value {torch.finfo(torch.float16).max:.6g} raised in float16). Compute inv_freq in float32.",
+        )
     dg.notes.append("measured inv_freq: [" + ", ".join(f"{v:.6g}" for v in omega.tolist()) + "].")
     head = head_base(omega, dg.rotary_dim)
     if head is not None and head[1] >= 3:
@@ -481,6 +489,14 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
     else:
         lad = st.ladder
     ref = lad.inv_freq[:k] if lad is not None else w_long
+    # A ladder off the matched one (not exact): is it that ladder rounded to 16 bits, by any route? The
+    # frequencies of the long high-precision call, each fitted with its uncertainty (rounding.read_rounding).
+    w_hat, rounded = None, None
+    if lad is not None and not lad.exact:
+        w_hat, sig = fit_frequencies(hi)
+        rounded = read_rounding(w_hat, sig, ref, base=lad.base if lad.rope_scaling is None else None)
+        if rounded is not None:
+            _rounded_ladder(dg, lad, rounded, "")
     exact = m[:, None] * ref[None, :]
     err = wrap_angle(lo - exact).abs()
     per_pos = err.amax(-1)
@@ -496,7 +512,9 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
     # unit roundoff of the formats named. An error past that envelope is no rounding (measured over the
     # zoo's 16-bit rows: at most 0.61 of it; an M-RoPE behind 1D input: 16 to 48 times it).
     envelope = dg.phase_allowed + 4 * UNIT_ROUNDOFF[torch.bfloat16] * (1 + exact.abs())
-    dg.roundoff_ratio = float((err / envelope).max())
+    # Against a rounded ladder read from the measurement, the roundings past it are what remains.
+    base_angles = exact if rounded is None else m[:, None] * w_hat[None, :]
+    dg.roundoff_ratio = float((wrap_angle(lo - base_angles).abs() / envelope).max())
     first = int((per_pos > dg.phase_allowed).nonzero()[0])
     best = None
     for where in ("positions", "inv_freq", "angle", "all", "tables"):
@@ -508,6 +526,14 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
             e = float(wrap_angle(lo - pred).abs().max())
             if best is None or e < best[0]:
                 best = (e, where, tag, dt)
+    if rounded is not None:  # the measured rounded ladder, as is or times positions held in that dtype
+        for where, mm in (("inv_freq", m), ("all", m.to(rounded.dtype).double())):
+            e = float(wrap_angle(lo - mm[:, None] * w_hat[None, :]).abs().max())
+            if e < best[0]:
+                best = (e, where, rounded.tag, rounded.dtype)
+    explained = dg.phase_allowed + 4 * UNIT_ROUNDOFF[torch.bfloat16]
+    if best[0] > explained and rounded is None:  # inv_freq rounded only for 16-bit input, by any route
+        best = _rounded_in_dtype(lo, ref, lad, dg, best)
     what = {
         "positions": "positions",
         "inv_freq": "inv_freq",
@@ -517,7 +543,7 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
     }
     # Tables rounded to 16 bits add up to ~2u(bf16) on top of the named cause; the causes themselves differ
     # by whole steps m*omega, far more than that.
-    if best is not None and best[0] <= dg.phase_allowed + 4 * UNIT_ROUNDOFF[torch.bfloat16]:
+    if best[0] <= explained:
         _, where, tag, dt = best
         dg.phase_cause = f"{where} in {tag}"
         hint = {
@@ -540,7 +566,7 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
             "positions, inv_freq and angles in float32 or float64."
         )
     tables_named = dg.has("precision")  # the structure probe named 16-bit cos/sin tables already
-    if best[0] > dg.phase_allowed + 4 * UNIT_ROUNDOFF[torch.bfloat16] and not tables_named and dg.positions_ok:
+    if best[0] > explained and not tables_named and dg.positions_ok:
         # No 16-bit cause reproduces the error and the tables are not 16-bit: no precision fix is known to
         # be right. _single_axis reports it (positions changing past the short probe, or an M-RoPE behind
         # 1D input whose image starts late: at 2000 text tokens its error is inside 4u(1 + |theta|)).
@@ -548,7 +574,10 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
         dg.phase_first = first
         return
     if dg.phase_cause in ("inv_freq in bf16", "inv_freq in fp16", "all in bf16", "all in fp16"):
-        if tables_named and not dg.has("inv_freq_precision"):  # drift growing with m: more than the tables
+        if dg.has("inv_freq_precision") and dg.ladder_rounding:  # named with its route already
+            if dg.phase_cause.startswith("all"):
+                dg.problem("precision", text)
+        elif tables_named and not dg.has("inv_freq_precision"):  # drift growing with m: more than the tables
             dg.problem("inv_freq_precision", text)
         elif not tables_named:
             dg.problem("precision", text)
@@ -556,3 +585,53 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
         dg.problem("precision", text)
 
 
+
+
+def _rounded_ladder(dg: Diagnosis, lad, r: Rounding, when: str) -> None:
+    """Name a ladder read as ``lad`` rounded to 16 bits (``r``), replacing the structure probe's guess from the
+    size of the deviation alone (inv_freq_precision or scaling)."""
+    keep = [
+        (c, p) for c, p in zip(dg.codes, dg.problems)
+        if not (c in ("inv_freq_precision", "scaling") and p.startswith(("inv_freq deviates from", "inv_freq resembles")))
+    ]
+    dg.codes[:] = [c for c, _ in keep]
+    dg.problems[:] = [p for _, p in keep]
+    dg.ladder_rounding = f"{r.quantity} in {r.tag}"
+    name = DTYPE_NAMES[r.dtype]
+    route = {
+        "inv_freq": f"inv_freq itself is a {name} tensor (cast, a persistent buffer after model.to({name}), or "
+        f"computed in {name})",
+        "denominator": f"base ** (2i/r) is formed in {name} and inverted afterwards",
+        "exponent": f"the exponent arange(0, r, 2) / r is formed in {name} (exact only where r is a power of two)",
+    }[r.quantity]
+    overflow = ""
+    if r.quantity == "denominator" and lad.name == "proportional":  # zero tail where base^(2i/r) overflows
+        big = default_inv_freq(dg.head_dim, lad.base).reciprocal() > torch.finfo(r.dtype).max
+        if torch.equal(big, lad.inv_freq == 0):
+            overflow = (
+                f" The pairs read as frequency 0 are exactly those whose base^(2i/r) exceeds {name}'s largest value "
+                f"{torch.finfo(r.dtype).max:.6g}: it overflowed to inf, so this is no p-RoPE."
+            )
+    dg.problem(
+        "inv_freq_precision",
+        f"inv_freq is the {lad.describe()} ladder (base {lad.base:.6g}) rounded to {name}{when}: "
+        f"{r.describe()}. So {route}, and the phase drifts by m times that error at position m.{overflow} Compute "
+        "inv_freq in float32 (or float64) from float32 positions and exponents, and keep it there (a "
+        "non-persistent buffer that model.to(dtype) leaves alone, or recomputed in forward).",
+    )
+
+
+def _rounded_in_dtype(lo: torch.Tensor, ref: torch.Tensor, lad, dg: Diagnosis, best):
+    """The phase call in the check's dtype read as the ladder rounded to 16 bits (a module that forms inv_freq in
+    x.dtype): fit its frequencies, read the rounding, and return the match if m * omega_hat reproduces it."""
+    w_lo, sig = fit_frequencies(lo)
+    r = read_rounding(w_lo, sig, ref, base=lad.base if lad is not None and lad.rope_scaling is None else None)
+    if r is None:
+        return best
+    m = torch.arange(lo.shape[0], dtype=torch.float64)
+    e = float(wrap_angle(lo - m[:, None] * w_lo[None, :]).abs().max())
+    if e > dg.phase_allowed + 4 * UNIT_ROUNDOFF[torch.bfloat16]:
+        return best
+    if lad is not None:
+        _rounded_ladder(dg, lad, r, f" for {DTYPE_NAMES[dg.dtype]} input")
+    return (e, "inv_freq", r.tag, r.dtype)

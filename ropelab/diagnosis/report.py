@@ -83,6 +83,7 @@ class Diagnosis:
     phase_allowed: float | None = None
     phase_cause: str | None = None  # e.g. "positions in bf16"; "unexplained" when no 16-bit cause fits
     phase_first: int | None = None  # the first position whose phase error passes phase_allowed (if named)
+    ladder_rounding: str | None = None  # e.g. "inv_freq in bf16": the measured ladder is the matched one rounded
     roundoff_ratio: float | None = None  # worst phase error / the most any 16-bit rounding can give (set past allowed)
     late_turn: float | None = None  # how far dims unrotated in the short probe move over the phase check
     position_spread: float | None = None  # how far the pairs of one token disagree about its position (if read)

@@ -66,11 +66,11 @@ class Rounding:
         return {torch.float16: "fp16", torch.bfloat16: "bf16"}[self.dtype]
 
     def describe(self) -> str:
+        name = DTYPE_NAMES[self.dtype]
         return (
-            f"{QUANTITIES[self.quantity]} held in {DTYPE_NAMES[self.dtype]}: the measured frequencies are up to "
-            f"{self.ulps:.2g} {DTYPE_NAMES[self.dtype]} ulps of it ({self.rel_err:.1e} relative) off the ladder, "
-            f"and on the {self.resolved} pairs measured finely enough it lies exactly on the "
-            f"{DTYPE_NAMES[self.dtype]} grid"
+            f"the measured frequencies sit up to {self.ulps:.2g} {name} ulps of {QUANTITIES[self.quantity]} "
+            f"({self.rel_err:.1e} relative in inv_freq) off it, and {QUANTITIES[self.quantity]} lies exactly on the "
+            f"{name} grid on all {self.resolved} pairs measured finely enough to tell"
         )
 
 
