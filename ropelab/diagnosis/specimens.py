@@ -31,6 +31,8 @@ __all__ = [
     "positions_bf16",
     "inv_freq_bf16",
     "tables_bf16",
+    "ROUNDED_ROUTES",
+    "rounded_ladder",
     "mixed_tables",
     "hidden_size_base",
     "reversed_direction",
@@ -115,6 +117,43 @@ def inv_freq_bf16() -> Callable:
         return rotate(x, cos, sin, style="half")
 
     return _named(fn, "inv_freq_bf16")
+
+
+# The routes by which inv_freq ends up a 16-bit rounding of its ladder (r the rotary dim, b the base):
+ROUNDED_ROUTES = {
+    "native": "1 / b ** (arange(0, r, 2, dtype=dt) / r): base, power and reciprocal each rounded in dt",
+    "cast": "computed in float32, then .to(dt) (a persistent buffer after model.to(dt))",
+    "denominator": "b ** (arange(0, r, 2) / r) formed in dt, inverted in float32",
+    "exponent": "arange(0, r, 2, dtype=dt) / r rounded in dt (exact only for a power-of-two r), the rest in float32",
+}
+DTYPE_TAGS = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def rounded_ladder(route: str, dtype: torch.dtype = torch.bfloat16, base: float = 10000.0) -> Callable:
+    """A half-style RoPE whose inv_freq is rounded to ``dtype`` by ``route`` (a key of ``ROUNDED_ROUTES``),
+    then used in float32 as Hugging Face does (angles m * inv_freq and cos/sin in float32)."""
+    if route not in ROUNDED_ROUTES:
+        raise ValueError(f"route must be one of {sorted(ROUNDED_ROUTES)}, got {route!r}.")
+    if dtype not in DTYPE_TAGS:
+        raise ValueError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}.")
+
+    def fn(x):
+        r = x.shape[-1]
+        i = torch.arange(0, r, 2)
+        if route == "native":
+            inv = 1.0 / (base ** (i.to(dtype) / r))
+        elif route == "cast":
+            inv = (1.0 / base ** (i.float() / r)).to(dtype)
+        elif route == "denominator":
+            inv = 1.0 / (base ** (i.float() / r)).to(dtype).float()
+        else:
+            inv = 1.0 / base ** (i.to(dtype) / r).float()
+        fr = torch.arange(x.shape[1], dtype=torch.float32)[:, None] * inv.float()
+        cdt = torch.promote_types(x.dtype, torch.float32)
+        cos, sin = fr.cos().to(cdt)[None, :, None, :], fr.sin().to(cdt)[None, :, None, :]
+        return rotate(x, cos, sin, style="half")
+
+    return _named(fn, f"rounded_ladder_{route}_{DTYPE_TAGS[dtype]}")
 
 
 def mixed_tables() -> Callable:

@@ -450,6 +450,23 @@ ROWS: list[Row] = [
     ),
     Row("positions_bf16", sp.positions_bf16, "b s h d", "precision", "positions held in bfloat16"),
     Row("inv_freq_bf16", sp.inv_freq_bf16, "b s h d", "inv_freq_precision", "inv_freq held in bfloat16"),
+    *[
+        Row(
+            f"rounded_ladder_{route}_{tag}_d{d}",
+            (lambda route=route, dt=dt, b=b: sp.rounded_ladder(route, dt, b)),
+            "b s h d",
+            "inv_freq_precision",
+            f"inv_freq rounded to {tag}, base {b:g}: {sp.ROUNDED_ROUTES[route]}",
+            sizes={"d": d},
+        )
+        for route, tag, dt, d, b in [
+            ("native", "bf16", torch.bfloat16, 64, 1e4),
+            ("native", "fp16", torch.float16, 128, 1e4),
+            ("cast", "fp16", torch.float16, 64, 5e5),
+            ("denominator", "bf16", torch.bfloat16, 128, 1e6),
+            ("exponent", "bf16", torch.bfloat16, 96, 5e5),
+        ]
+    ],
     Row("tables_bf16", sp.tables_bf16, "b s h d", "precision", "cos/sin stored in bfloat16, float32 activations"),
     Row(
         "esm_old_bf16",
