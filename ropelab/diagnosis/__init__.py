@@ -32,7 +32,10 @@ the same for every head and batch element (Su et al. 2021, "RoFormer", arXiv 210
    serve it float64 tables) reads back each pair's angle and compares it with :math:`m\,\omega_i` of the
    matched ladder in float64, allowing ``ropelab.precision.phase_tolerance``. Beyond that, the error
    pattern is matched against positions, ``inv_freq``, angles or cos/sin tables held in bf16/fp16 to
-   name the cause.
+   name the cause. A ladder off its match is read as that ladder rounded to bf16/fp16 by any route
+   (``rounding``: each pair's frequency fitted over the long call, with its standard error, must lie on
+   the dtype's grid, as inv_freq, its denominator :math:`b^{2i/r}` or its exponent, within a few roundings
+   of the ladder), and named an ``inv_freq`` precision problem with the dtype.
 
 ``fn`` may also be an MLX function (``functools.partial(mx.fast.rope, ...)``, an mlx-lm rope module):
 ``framework="mlx"``, or detected from where fn is defined; its arrays convert at the boundary
@@ -49,7 +52,8 @@ The implementations the checks are tested on (correct and broken, ropelab's own 
 imported from transformers and rotary-embedding-torch) are the rows of ``ropelab.diagnosis.zoo``.
 
 Modules: ``probes`` (sizes, calls, tolerances, sanity checks), ``structure`` (pairs, axis, positions),
-``ladder`` (frequency ladders), ``measure`` (``diagnose``), ``report`` (``Diagnosis``, ``Comparison``),
+``ladder`` (frequency ladders), ``rounding`` (16-bit rounded ladders),
+``measure`` (``diagnose``), ``report`` (``Diagnosis``, ``Comparison``),
 ``explain`` (``compare``),
 ``axes`` (multi-axis RoPE: ``diagnose_axes``, the single-axis check), ``zoo`` (the table),
 ``__main__`` (the command line).

@@ -590,9 +590,10 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
 def _rounded_ladder(dg: Diagnosis, lad, r: Rounding, when: str) -> None:
     """Name a ladder read as ``lad`` rounded to 16 bits (``r``), replacing the structure probe's guess from the
     size of the deviation alone (inv_freq_precision or scaling)."""
+    guesses = ("inv_freq deviates from", "inv_freq resembles")  # _frequencies' texts for a ladder off its match
     keep = [
         (c, p) for c, p in zip(dg.codes, dg.problems)
-        if not (c in ("inv_freq_precision", "scaling") and p.startswith(("inv_freq deviates from", "inv_freq resembles")))
+        if not (c in ("inv_freq_precision", "scaling") and p.startswith(guesses))
     ]
     dg.codes[:] = [c for c, _ in keep]
     dg.problems[:] = [p for _, p in keep]

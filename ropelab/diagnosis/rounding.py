@@ -13,8 +13,9 @@ ladder :math:`\omega_i`, and one ingredient is *exactly representable* in it. So
    standard error :math:`\sigma_i = s_i / \sqrt{\sum m^2}` from the residuals' RMS :math:`s_i` (the
    output's rounding, float32 angles) taken as independent.
 2. **Match** (``read_rounding``). For q one of ``inv_freq`` :math:`\omega`, ``denominator``
-   :math:`1/\omega` or ``exponent`` :math:`-\ln\omega/\ln b` (default ladder only) and each dtype (fp16
-   before bf16, the finer first), the ladder is q held in that dtype when, with :math:`\mathrm{ulp}(q)`
+   :math:`1/\omega` or ``exponent`` :math:`-\ln\omega/\ln b` (default ladder only) and each dtype (bf16
+   before fp16: every bf16 value in fp16's range is an fp16 value, so the coarser grid first), the
+   ladder is q held in that dtype when, with :math:`\mathrm{ulp}(q)`
    the dtype's spacing at q (subnormals included) and :math:`\tau_i = (4\sigma_i + 4u_{fp32}\hat\omega_i)
    |dq/d\omega|` (the fit's uncertainty and the float32 operations after the rounding, carried into q):
 
