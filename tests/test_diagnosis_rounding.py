@@ -96,3 +96,19 @@ def test_ulp_includes_subnormals():
     assert float(ulp(torch.tensor([1.0]), torch.bfloat16)) == 2.0**-7
     assert float(ulp(torch.tensor([1.0]), torch.float16)) == 2.0**-10
     assert float(ulp(torch.tensor([1e-6]), torch.float16)) == 2.0**-24  # below 2^-14: the subnormal spacing
+
+
+@pytest.mark.parametrize("name", ["YARN", "LLAMA3"])
+def test_a_rounded_ramp_that_no_ladder_fits_is_still_precision(name):
+    """yarn / llama3 inv_freq cast to bf16 matches no ladder (unrecognised), but lies on the bf16 grid: named.
+    Float32 ladders no type fits (longrope's random factors) stay correct: the zoo's correct rows."""
+    sc = getattr(zoo, name)
+
+    def fn(x):
+        inv = frequencies(x.shape[-1], 1e4, rope_scaling=sc)[0].float().to(torch.bfloat16).float()
+        fr = torch.arange(x.shape[1], dtype=torch.float32)[:, None] * inv
+        return rotate(x, fr.cos().to(x.dtype)[None, :, None], fr.sin().to(x.dtype)[None, :, None], style="half")
+
+    dg = run(fn, 64)
+    assert dg.codes == ["inv_freq_precision"] and dg.ladder_rounding == "inv_freq in bf16", str(dg)
+    assert dg.scaling.startswith("unrecognised")

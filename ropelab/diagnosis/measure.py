@@ -16,7 +16,7 @@ from .axes import NOT_SINGLE_AXIS, SINGLE_AXIS_LENGTH, SPREAD_TOL, position_spre
 from .ladder import LADDER_RESEMBLES, LADDER_RTOL, fit_ladder, fmt, head_base, rel_err
 from .probes import STRUCT_TOL, NotATensor, as_torch_fn, call, one_thread, probe_cu_seqlens, probe_sizes
 from .report import Diagnosis
-from .rounding import Rounding, fit_frequencies, read_rounding
+from .rounding import Rounding, fit_frequencies, on_grid, read_rounding
 from .structure import Structure, measure_structure
 
 __all__ = ["diagnose", "check_args", "EXPECT_KEYS"]
@@ -497,6 +497,18 @@ def _phase(fn, lay: Layout, sz, dtype, max_position, st: Structure, dg: Diagnosi
         rounded = read_rounding(w_hat, sig, ref, base=lad.base if lad.rope_scaling is None else None)
         if rounded is not None:
             _rounded_ladder(dg, lad, rounded, "")
+    elif lad is None and dg.scaling and dg.scaling.startswith("unrecognised"):
+        grid = on_grid(*fit_frequencies(hi))
+        if grid is not None:
+            name = DTYPE_NAMES[grid.dtype]
+            dg.ladder_rounding = f"inv_freq in {grid.tag}"
+            dg.problem(
+                "inv_freq_precision",
+                f"inv_freq matches no known ladder, and every one of the {grid.resolved} frequencies measured finely "
+                f"enough to tell lies exactly on the {name} grid: inv_freq is held in {name}, which also hides its "
+                "type (a yarn or llama3 ramp rounded this way is no ladder diagnose can fit). Compute inv_freq in "
+                "float32 and keep it there, then diagnose again to read its type.",
+            )
     exact = m[:, None] * ref[None, :]
     err = wrap_angle(lo - exact).abs()
     per_pos = err.amax(-1)

@@ -154,3 +154,23 @@ def read_rounding(
                 continue
             return Rounding(dt, name, float((off / grid)[q != 0].max()), rel, int(resolved.sum()))
     return None
+
+
+MIN_ON_GRID = 8  # resolved pairs that must all lie on a grid when no ladder is matched: chance <= (1/8)^8
+
+
+def on_grid(omega_hat: torch.Tensor, sigma: torch.Tensor) -> Rounding | None:
+    """The 16-bit dtype whose grid holds every measured frequency, when no known ladder matches (a yarn or
+    llama3 ramp rounded to bf16 hides its type): each resolved pair within tau of a value of the dtype, on at
+    least ``MIN_ON_GRID`` pairs (a float32 value passes by chance with probability <= 1/8 each)."""
+    w_hat, sig = omega_hat.to(torch.float64), sigma.to(torch.float64)
+    keep = (w_hat > 4 * sig) & torch.isfinite(w_hat)
+    w_hat, sig = w_hat[keep], sig[keep]
+    tau = 4 * sig + 4 * UNIT_ROUNDOFF[torch.float32] * w_hat
+    for dt in DTYPES:
+        resolved = tau <= RESOLVE * ulp(w_hat, dt)
+        if int(resolved.sum()) < MIN_ON_GRID:
+            continue
+        if bool(((w_hat - w_hat.to(dt).to(torch.float64)).abs() <= tau)[resolved].all()):
+            return Rounding(dt, "inv_freq", float("nan"), float("nan"), int(resolved.sum()))
+    return None
