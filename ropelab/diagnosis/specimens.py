@@ -1,8 +1,10 @@
 r"""The zoo's own specimens: ropelab's ``apply_rope`` as a black box, and one broken implementation per
 classic bug (each a factory returning ``fn(x)``, ``fn(x, cu_seqlens)`` for a ``t`` layout, laid out
 ``b s h d`` unless said). The bugs: a rotation along the heads; varlen positions that do not restart;
-a decode step without its offset; 16-bit positions, ``inv_freq`` or cos/sin tables; tables in the other
-style's layout; a wrong base; a reversed sign; RoPE or its attention factor applied twice;
+a decode step without its offset; 16-bit positions, ``inv_freq`` or cos/sin tables; ``inv_freq``
+rounded to bf16/fp16 by four routes (``rounded_ladder``: natively, by a cast, in its denominator or its
+exponent); tables in the other style's layout; a wrong base; a reversed sign; RoPE or its attention factor
+applied twice;
 M-RoPE behind 1D input (a grid of any width; Qwen2-VL's sizes with t constant; a text-then-image
 sequence as Qwen2-VL numbers it); ...
 """
