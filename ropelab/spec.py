@@ -38,7 +38,7 @@ from .core import check_style
 from .scaling import ROPE_TYPES, SCALING_KEYS, check_base, check_rotary_dim, check_scaling, frequencies, parse_scaling
 from .scaling.checks import is_real
 
-__all__ = ["RopeSpec", "SCALING_KEYS", "HF_KEYS", "head_dim_of", "MAX_LAYERS", "MAX_HEAD_DIM"]
+__all__ = ["RopeSpec", "SCALING_KEYS", "HF_KEYS", "head_dim_of", "hf_config_notes", "MAX_LAYERS", "MAX_HEAD_DIM"]
 
 # Bounds on the sizes a config may give (transformers has none: its config classes take any int, and
 # 10**12 layers fail later, allocating). Far beyond any published model (the deepest decoders have a few
@@ -242,8 +242,16 @@ class RopeSpec:
         measured by ``python -m ropelab.conformance`` into ``ropelab.conformance.hf_table``: the pairing (unless the
         config has ``rope_interleave``), a rotary fraction the code fixes, the layer types without RoPE, the
         config class's key aliases, the rotary-slice keys the code does not read, and its v4 rule for
-        per-layer-type rope dicts (or the v4 keys it drops, which raise here). A model type the table does
-        not hold raises, unless ``style=`` is given (then no family-specific rule applies)."""
+        per-layer-type rope dicts (or the v4 keys it drops, which are not applied either; :func:`hf_config_notes`
+        names them, and a class that drops ``rope_theta`` has its base read from ``rotary_emb_base``, as GPT-NeoX's
+        config class reads it). A model type the table does not hold raises, unless ``style=`` is given (then no
+        family-specific rule applies).
+
+        Values transformers' config classes refuse, or that its code fails on, raise ValueError naming the key
+        (a str, float or bool where an int size belongs, a size < 1 or past ``MAX_LAYERS`` / ``MAX_HEAD_DIM``, a
+        rope_theta that is not a number, ``layer_types`` that is not a list of names, an odd head that rotates
+        whole, LongRoPE factor lists of the wrong length); ``tests/test_spec_strict.py`` drives transformers on the
+        same dicts."""
         config, conv = _with_conventions(config, style)
         _check_keys(config, set(conv.get("ignored_keys", ())))
         n_layers = _need(config, "num_hidden_layers")
@@ -415,12 +423,6 @@ def _with_conventions(config: Any, style: str | None) -> tuple[Any, Mapping[str,
         raise ValueError(f"model type {model_type!r}: its layers apply RoPE through functions that pair dims "
                          f"differently ({listed}; in transformers a sparse-attention indexer and the main attention), "
                          "and one RopeSpec per layer holds one pairing; pass style= for the rotation you mean.")
-    dropped = [k for k in conv.get("v4", {}).get("ignored_keys", ()) if _get(config, k) is not None
-               and _get(config, "rope_parameters") is None]
-    if dropped:
-        raise ValueError(f"model type {model_type!r}: the config has the v4 key(s) {dropped}, which transformers' "
-                         f"config class for it does not read (the model runs without them); write them into "
-                         "rope_parameters, or drop them to get what transformers runs.")
     if conv.get("direction", 1) != 1:
         raise ValueError(f"model type {model_type!r}: transformers rotates by -m*omega (rotate_half with flipped "
                          "signs), which RopeSpec cannot represent (its rotation is counter-clockwise, Su et al.).")
@@ -428,6 +430,29 @@ def _with_conventions(config: Any, style: str | None) -> tuple[Any, Mapping[str,
     if aliases and isinstance(config, Mapping):
         config = {**config, **{k: config[v] for k, v in aliases.items() if v in config and k not in config}}
     return config, conv
+
+
+def _v4_dropped(config: Any, conv: Mapping[str, Any]) -> list[str]:
+    """The v4 keys of the config that its model type's config class drops (measured: ``hf_table``'s
+    ``v4.ignored_keys``; the model runs without them), when the config has no ``rope_parameters``."""
+    if _get(config, "rope_parameters") is not None:
+        return []
+    return [k for k in conv.get("v4", {}).get("ignored_keys", ()) if _get(config, k) is not None]
+
+
+def hf_config_notes(config: Any, *, style: str | None = None) -> tuple[str, ...]:
+    """What :meth:`RopeSpec.per_layer` leaves out of a config on purpose, as notes: the keys transformers reads
+    none of for this model type (measured into ``ropelab.conformance.hf_table``), which ropelab does not apply
+    either. A config ``per_layer`` refuses raises as it does there."""
+    config, conv = _with_conventions(config, style)
+    model_type = _get(config, "model_type")
+    notes = [f"model type {model_type!r}: transformers' config class does not read the v4 key {k!r} (the model runs "
+             "without it), so it is not applied; to use it, write it into rope_parameters."
+             for k in _v4_dropped(config, conv)]
+    notes += [f"model type {model_type!r}: transformers' modeling code does not read {k!r} (it rotates the slice its "
+              "rope dict says), so it is not applied."
+              for k in conv.get("ignored_keys", ()) if _get(config, k) is not None]
+    return tuple(notes)
 
 
 def _style_of(config: Any, conv: Mapping[str, Any], style: str | None) -> str:
@@ -491,14 +516,22 @@ def _rope_dicts(config: Any, layer_types: Sequence[str] | None, conv: Mapping[st
             )
         return {t: _top_level_original(config, dict(params)) for t in set(layer_types or [None])}
     # v4: rope_theta at the top, rope_scaling (may be None), partial_rotary_factor at the top.
-    theta = _get(config, "rope_theta")
-    if theta is None and (conv or {}).get("fixed_base") is not None:
-        theta = conv["fixed_base"]  # the config has no key for it: the modeling code fixes the base (measured)
-    theta = _need({"rope_theta": theta}, "rope_theta", "the config")
+    dropped = set(_v4_dropped(config, conv or {}))
+    if "rope_theta" in dropped or (_get(config, "rope_theta") is None
+                                   and "rope_theta" in (conv or {}).get("v4", {}).get("ignored_keys", ())):
+        # The class reads its base from the legacy key in its place (GPT-NeoX's config class:
+        # ``rope_parameters.setdefault("rope_theta", kwargs.pop("rotary_emb_base", self.default_theta))``).
+        theta = _need(config, "rotary_emb_base", "the config (its config class reads the base from rotary_emb_base, "
+                      "not rope_theta)")
+    else:
+        theta = _get(config, "rope_theta")
+        if theta is None and (conv or {}).get("fixed_base") is not None:
+            theta = conv["fixed_base"]  # the config has no key for it: the modeling code fixes the base (measured)
+        theta = _need({"rope_theta": theta}, "rope_theta", "the config")
     top = {"rope_theta": theta}
     if _get(config, "partial_rotary_factor") is not None:
         top["partial_rotary_factor"] = _get(config, "partial_rotary_factor")
-    scaling = _get(config, "rope_scaling")
+    scaling = None if "rope_scaling" in dropped else _get(config, "rope_scaling")
     global_dict = {**top, **(dict(scaling) if scaling is not None else {"rope_type": "default"})}
     global_dict = _top_level_original(config, global_dict)
     if layer_types is None:

@@ -27,12 +27,12 @@ import copy
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..multiaxis import MultiAxis
-from ..spec import RopeSpec, head_dim_of
+from ..spec import RopeSpec, head_dim_of, hf_config_notes
 from .reading import ReadError, Reading
 
 __all__ = ["read_config", "write_config", "load_config", "SCHEMAS"]
@@ -111,6 +111,11 @@ def _without_mrope(config: dict) -> tuple[dict, MultiAxis | None, list[str]]:
     sections = None
     params = config.get("rope_parameters") if config.get("rope_parameters") is not None else config.get("rope_scaling")
     if isinstance(params, Mapping) and "mrope_section" in params:
+        sec = params["mrope_section"]
+        if (isinstance(sec, (str, bytes, Mapping)) or not isinstance(sec, Sequence) or not sec
+                or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in sec)):
+            raise ValueError(f"mrope_section must be a list of ints >= 0 (rotary pairs per position axis, e.g. "
+                             f"[16, 24, 24]), got {sec!r}.")
         sections = MultiAxis.from_hf_config(config)
     config = dict(config)
     for key in ("rope_parameters", "rope_scaling"):
@@ -126,6 +131,17 @@ def _without_mrope(config: dict) -> tuple[dict, MultiAxis | None, list[str]]:
             d = None  # v4 "no scaling"
         config[key] = d
     return config, sections, notes
+
+
+def _check_sections(sections: MultiAxis, layers: tuple[RopeSpec, ...], head_dim: int) -> None:
+    """The M-RoPE sections cover the rotary pairs exactly: transformers' Qwen2-VL splits the frequencies by
+    ``mrope_section`` (``freq.split(self.mrope_section, dim=-1)``), which fails on any other sum; Qwen3-VL's
+    interleaving clips a longer section and leaves uncovered pairs on the temporal axis, without a word, so
+    ropelab refuses both there too."""
+    for pairs in sorted({(s.rotary_dim or head_dim) // 2 for s in layers if not s.is_nope}):
+        if sections.n_pairs != pairs:
+            raise ValueError(f"mrope_section {list(sections.sections)} sums to {sections.n_pairs} rotary pairs, but "
+                             f"the head rotates {pairs} pairs (rotary dim / 2); make the sections sum to {pairs}.")
 
 
 def _problems(config: dict) -> list[str]:
@@ -172,6 +188,9 @@ def read_config(source: str | Path | Mapping[str, Any], *, style: str | None = N
         clean, sections, mnotes = _without_mrope(text)
         layers = RopeSpec.per_layer(clean, style=style)
         head_dim = head_dim_of(_aliased(clean))
+        if sections is not None:
+            _check_sections(sections, layers, head_dim)
+        notes += list(hf_config_notes(clean, style=style))
     except ValueError as e:
         raise ReadError(f"{label}: {e}") from e
     return Reading(source=label, format="transformers", architecture=str(text.get("model_type")), head_dim=head_dim,
