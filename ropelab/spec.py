@@ -360,9 +360,6 @@ def _check_keys(config: Any, ignored: frozenset | set = frozenset()) -> None:
             hint = f" (write {v.strip()} without quotes)" if isinstance(v, str) and v.strip().isdigit() else ""
             raise ValueError(f"{key} must be an int, got {type(v).__name__} {v!r}{hint}; transformers' config class "
                              "refuses it too.")
-        if key == "head_dim" and v == 0:
-            raise ValueError("head_dim is 0; transformers reads a head_dim of 0 as unset (hidden_size // "
-                             "num_attention_heads), ropelab does not guess: drop head_dim or give the head's size.")
         if v < low:
             raise ValueError(f"{key} must be an int >= {low}, got {v}.")
         if high is not None and v > high:
@@ -538,7 +535,7 @@ def _rope_dicts(config: Any, layer_types: Sequence[str] | None, conv: Mapping[st
         return {None: global_dict}
     out = {t: global_dict for t in set(layer_types) - set(skip)}
     rule = (conv or {}).get("v4")
-    if rule:
+    if rule and "scaled_layer_types" in rule:  # (a rule of dropped keys only has nothing per layer type)
         # The config class's own v4 conversion (measured): rope_scaling reaches only scaled_layer_types; a layer
         # type in default_theta keeps its own base, Gemma 3's rope_local_base_freq when given, else the class's
         # default (transformers' own fallback, e.g. Gemma 3's default_theta["local"] = 10000).

@@ -93,12 +93,12 @@ def _text_part(config: dict) -> tuple[dict, list[str]]:
     text = config.get("text_config")
     if isinstance(text, Mapping):
         merged = dict(text)
-        if merged.get("model_type") is None and config.get("model_type") is not None:
+        if merged.get("model_type") is None and isinstance(config.get("model_type"), str):
             merged["model_type"] = f"{config['model_type']}_text"
         notes.append(f"read the decoder's RoPE from text_config (model_type {merged.get('model_type')!r}).")
         return merged, notes
     model_type = config.get("model_type")
-    if model_type not in CONVENTIONS and f"{model_type}_text" in CONVENTIONS:
+    if isinstance(model_type, str) and model_type not in CONVENTIONS and f"{model_type}_text" in CONVENTIONS:
         notes.append(f"model_type {model_type!r} read as its text model {model_type}_text.")
         return {**config, "model_type": f"{model_type}_text"}, notes
     return config, notes
@@ -127,21 +127,10 @@ def _without_mrope(config: dict) -> tuple[dict, MultiAxis | None, list[str]]:
             if d.get(tk) == "mrope":
                 d[tk] = "default"
                 notes.append(f"{key}: rope type 'mrope' is default RoPE with sections (transformers' reading).")
-        if key == "rope_scaling" and set(d) <= {"rope_type", "type"} and set(d.values()) <= {"default"}:
+        if key == "rope_scaling" and set(d) <= {"rope_type", "type"} and all(v == "default" for v in d.values()):
             d = None  # v4 "no scaling"
         config[key] = d
     return config, sections, notes
-
-
-def _check_sections(sections: MultiAxis, layers: tuple[RopeSpec, ...], head_dim: int) -> None:
-    """The M-RoPE sections cover the rotary pairs exactly: transformers' Qwen2-VL splits the frequencies by
-    ``mrope_section`` (``freq.split(self.mrope_section, dim=-1)``), which fails on any other sum; Qwen3-VL's
-    interleaving clips a longer section and leaves uncovered pairs on the temporal axis, without a word, so
-    ropelab refuses both there too."""
-    for pairs in sorted({(s.rotary_dim or head_dim) // 2 for s in layers if not s.is_nope}):
-        if sections.n_pairs != pairs:
-            raise ValueError(f"mrope_section {list(sections.sections)} sums to {sections.n_pairs} rotary pairs, but "
-                             f"the head rotates {pairs} pairs (rotary dim / 2); make the sections sum to {pairs}.")
 
 
 def _problems(config: dict) -> list[str]:
@@ -188,8 +177,6 @@ def read_config(source: str | Path | Mapping[str, Any], *, style: str | None = N
         clean, sections, mnotes = _without_mrope(text)
         layers = RopeSpec.per_layer(clean, style=style)
         head_dim = head_dim_of(_aliased(clean))
-        if sections is not None:
-            _check_sections(sections, layers, head_dim)
         notes += list(hf_config_notes(clean, style=style))
     except ValueError as e:
         raise ReadError(f"{label}: {e}") from e
