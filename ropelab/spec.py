@@ -26,6 +26,7 @@ Switching settings is ``dataclasses.replace(spec, base=...)``: a spec is frozen 
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,8 +36,16 @@ import torch
 
 from .core import check_style
 from .scaling import ROPE_TYPES, SCALING_KEYS, check_base, check_rotary_dim, check_scaling, frequencies, parse_scaling
+from .scaling.checks import is_real
 
-__all__ = ["RopeSpec", "SCALING_KEYS", "HF_KEYS", "head_dim_of"]
+__all__ = ["RopeSpec", "SCALING_KEYS", "HF_KEYS", "head_dim_of", "hf_config_notes", "MAX_LAYERS", "MAX_HEAD_DIM"]
+
+# Bounds on the sizes a config may give (transformers has none: its config classes take any int, and
+# 10**12 layers fail later, allocating). Far beyond any published model (the deepest decoders have a few
+# hundred layers; llama.cpp caps GGUF files at LLAMA_MAX_LAYERS = 512; head dims are 64 to 512), and small
+# enough that a reader's per-layer tuple and a head's frequency table stay within a few MiB.
+MAX_LAYERS = 1 << 16
+MAX_HEAD_DIM = 1 << 16
 
 # Keys of a v5 rope_parameters dict that are not scaling keys: they become base and rotary_dim.
 _LIFTED = ("rope_theta", "partial_rotary_factor")
@@ -44,7 +53,8 @@ _LIFTED = ("rope_theta", "partial_rotary_factor")
 # the conformance sweep records per model type in ropelab.conformance.hf_table).
 HF_KEYS = frozenset({"num_hidden_layers", "hidden_size", "num_attention_heads", "head_dim", "qk_rope_head_dim",
                      "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters",
-                     "partial_rotary_factor", "rotary_dim", "rotary_pct", "layer_types", "no_rope_layers"})
+                     "partial_rotary_factor", "rotary_dim", "rotary_pct", "rotary_emb_base", "layer_types",
+                     "no_rope_layers"})
 
 
 def __getattr__(name: str):
@@ -172,11 +182,18 @@ class RopeSpec:
             raise ValueError(f"a rope dict must be a Mapping such as {{'rope_type': 'default', 'rope_theta': 1e4}}, "
                              f"got {type(params).__name__}.")
         base = _need(params, "rope_theta", "the rope dict")
+        if not is_real(base):
+            hint = " (write the number without quotes)" if isinstance(base, str) else ""
+            raise ValueError(f"the rope dict's rope_theta must be a number, got {type(base).__name__} {base!r}{hint}; "
+                             "transformers computes rope_theta ** x and fails on anything else.")
         lifted = _lifted(parse_scaling({k: v for k, v in params.items() if k not in _LIFTED}).rope_type)
         factor = params.get("partial_rotary_factor") if "partial_rotary_factor" in lifted else None
         rotary_dim = None
         if factor is not None:
-            rotary_dim = int(head_dim * float(factor))
+            if not is_real(factor) or not math.isfinite(factor) or not 0 < factor <= 1:
+                raise ValueError(f"partial_rotary_factor must be a number in (0, 1] (the rotating share of the head), "
+                                 f"got {type(factor).__name__} {factor!r}.")
+            rotary_dim = int(head_dim * factor)
             check_rotary_dim(rotary_dim, head_dim)
         scaling = {k: v for k, v in params.items() if k not in lifted}
         if parse_scaling(scaling).rope_type == "default" and set(scaling) <= {"rope_type", "type"}:
@@ -225,9 +242,18 @@ class RopeSpec:
         measured by ``python -m ropelab.conformance`` into ``ropelab.conformance.hf_table``: the pairing (unless the
         config has ``rope_interleave``), a rotary fraction the code fixes, the layer types without RoPE, the
         config class's key aliases, the rotary-slice keys the code does not read, and its v4 rule for
-        per-layer-type rope dicts (or the v4 keys it drops, which raise here). A model type the table does
-        not hold raises, unless ``style=`` is given (then no family-specific rule applies)."""
+        per-layer-type rope dicts (or the v4 keys it drops, which are not applied either; :func:`hf_config_notes`
+        names them, and a class that drops ``rope_theta`` has its base read from ``rotary_emb_base``, as GPT-NeoX's
+        config class reads it). A model type the table does not hold raises, unless ``style=`` is given (then no
+        family-specific rule applies).
+
+        Values transformers' config classes refuse, or that its code fails on, raise ValueError naming the key
+        (a str, float or bool where an int size belongs, a size < 1 or past ``MAX_LAYERS`` / ``MAX_HEAD_DIM``, a
+        rope_theta that is not a number, ``layer_types`` that is not a list of names, an odd head that rotates
+        whole, LongRoPE factor lists of the wrong length); ``tests/test_spec_strict.py`` drives transformers on the
+        same dicts."""
         config, conv = _with_conventions(config, style)
+        _check_keys(config, set(conv.get("ignored_keys", ())))
         n_layers = _need(config, "num_hidden_layers")
         head_dim = head_dim_of(config)
         style = _style_of(config, conv, style)
@@ -254,6 +280,8 @@ class RopeSpec:
         uses_rope = _get(config, "no_rope_layers")  # transformers (Llama 4, SmolLM3): use_rope = no_rope_layers[i]
         if uses_rope is not None and len(uses_rope) != n_layers:
             raise ValueError(f"no_rope_layers has {len(uses_rope)} entries for num_hidden_layers={n_layers}.")
+        for spec in set(specs.values()):
+            _check_against_head(spec, head_dim)
         return tuple(nope if uses_rope is not None and not uses_rope[i] else specs[t] for i, t in enumerate(types_))
 
     @classmethod
@@ -277,11 +305,95 @@ class RopeSpec:
 
 def head_dim_of(config: Any) -> int:
     """The rotated head's size: ``qk_rope_head_dim`` (DeepSeek's MLA rotates a separate slice of that width),
-    else ``head_dim``, else ``hidden_size // num_attention_heads``."""
+    else ``head_dim``, else ``hidden_size // num_attention_heads`` (which must divide: transformers' config
+    classes refuse a hidden size that is not a multiple of the heads). ValueError for a size that is not an
+    int in [1, ``MAX_HEAD_DIM``]."""
+    _check_keys({k: _get(config, k) for k in ("qk_rope_head_dim", "head_dim", "hidden_size", "num_attention_heads")})
     for key in ("qk_rope_head_dim", "head_dim"):
         if _get(config, key) is not None:
-            return int(_get(config, key))
-    return int(_need(config, "hidden_size")) // int(_need(config, "num_attention_heads"))
+            return _get(config, key)
+    hidden, heads = _need(config, "hidden_size"), _need(config, "num_attention_heads")
+    if hidden % heads:
+        raise ValueError(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}; transformers' config "
+                         "classes refuse it. Fix one of them, or give head_dim.")
+    if hidden // heads > MAX_HEAD_DIM:
+        raise ValueError(f"hidden_size // num_attention_heads = {hidden // heads} is past ropelab's bound "
+                         f"MAX_HEAD_DIM = {MAX_HEAD_DIM} (far beyond any published model); check the config.")
+    return hidden // heads
+
+
+def _check_against_head(spec: RopeSpec, head_dim: int) -> None:
+    """What a spec can be checked for only once the head is known: its rotary slice fits the head, and its
+    scaling's per-pair lists (LongRoPE's factors) have one entry per rotary pair. transformers accepts such a
+    config and fails at the model's forward (a shape mismatch); here it is a ValueError at reading."""
+    if spec.is_nope:
+        return
+    if spec.scaling is None or not ROPE_TYPES[spec.rope_type].whole_head:
+        check_rotary_dim(spec.rotary_dim or head_dim, head_dim)  # None: the whole head rotates, so it must be even
+    check_scaling(spec.scaling, rotary_dim=spec.rotary_dim or head_dim,
+                  max_position_embeddings=spec.max_position_embeddings)
+
+
+# The config's int sizes: (key, least value, bound). transformers' config classes declare them ``int`` and its
+# strict dataclass validation (huggingface_hub's ``@strict``) refuses a str, a float or a bool there.
+_INT_KEYS = (("num_hidden_layers", 1, MAX_LAYERS), ("num_attention_heads", 1, None), ("hidden_size", 1, None),
+             ("head_dim", 1, MAX_HEAD_DIM), ("qk_rope_head_dim", 1, MAX_HEAD_DIM),
+             ("max_position_embeddings", 1, None), ("original_max_position_embeddings", 1, None),
+             ("sliding_window_pattern", 1, None), ("rotary_dim", 0, MAX_HEAD_DIM))
+# The config's numbers: transformers computes ``rope_theta ** x`` and ``int(head_dim * partial_rotary_factor)``
+# with them, so a str or a list fails there (a TypeError at the model's construction).
+_REAL_KEYS = ("rope_theta", "rope_local_base_freq", "rotary_emb_base", "partial_rotary_factor", "rotary_pct")
+_FRACTION_KEYS = ("partial_rotary_factor", "rotary_pct")
+
+
+def _check_keys(config: Any, ignored: frozenset | set = frozenset()) -> None:
+    """ValueError naming the key and the fix for a top-level value transformers refuses or fails on: an int size
+    that is a str, a float, a bool, below its least value or past its bound (``MAX_LAYERS``, ``MAX_HEAD_DIM``); a
+    number that is not one; a fraction outside (0, 1]; ``layer_types`` that is not a list of str;
+    ``rope_parameters`` / ``rope_scaling`` that is not a dict. Keys in ``ignored`` (the model's code never reads
+    them, measured) are not checked: transformers runs with whatever they hold."""
+    for key, low, high in _INT_KEYS:
+        v = _get(config, key)
+        if v is None or key in ignored:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            hint = f" (write {v.strip()} without quotes)" if isinstance(v, str) and v.strip().isdigit() else ""
+            raise ValueError(f"{key} must be an int, got {type(v).__name__} {v!r}{hint}; transformers' config class "
+                             "refuses it too.")
+        if v < low:
+            raise ValueError(f"{key} must be an int >= {low}, got {v}.")
+        if high is not None and v > high:
+            raise ValueError(f"{key}={v} is past ropelab's bound {high} (far beyond any published model; the bound "
+                             "keeps a reader's memory bounded, transformers has none); check the config.")
+    for key in _REAL_KEYS:
+        v = _get(config, key)
+        if v is None or key in ignored:
+            continue
+        if not is_real(v):
+            hint = " (write the number without quotes)" if isinstance(v, str) else ""
+            raise ValueError(f"{key} must be a number, got {type(v).__name__} {v!r}{hint}; transformers computes "
+                             "with it and fails on anything else.")
+        if not math.isfinite(v):
+            raise ValueError(f"{key} must be finite, got {v}.")
+        if key in _FRACTION_KEYS and not 0 < v <= 1:
+            raise ValueError(f"{key} must be a fraction in (0, 1] (the rotating share of the head), got {v}.")
+    for key in ("rope_parameters", "rope_scaling"):
+        v = _get(config, key)
+        if v is not None and not isinstance(v, Mapping):
+            raise ValueError(f"{key} must be a dict such as {{'rope_type': 'linear', 'factor': 2.0}} or null, got "
+                             f"{type(v).__name__} {v!r}.")
+    for key, kind in (("layer_types", str), ("no_rope_layers", (bool, int))):
+        v = _get(config, key)
+        if v is None:
+            continue
+        if isinstance(v, (str, bytes, Mapping)) or not isinstance(v, Sequence):
+            raise ValueError(f"{key} must be a list with one entry per layer, got {type(v).__name__} {v!r}.")
+        if len(v) > MAX_LAYERS:
+            raise ValueError(f"{key} has {len(v)} entries, past ropelab's bound of {MAX_LAYERS} layers.")
+        bad = next((e for e in v if not isinstance(e, kind)), ...)
+        if bad is not ...:
+            what = "a layer type name such as 'full_attention'" if kind is str else "true or false"
+            raise ValueError(f"{key} entries must each be {what}, got {bad!r}; transformers refuses it too.")
 
 
 def _with_conventions(config: Any, style: str | None) -> tuple[Any, Mapping[str, Any]]:
@@ -289,6 +401,8 @@ def _with_conventions(config: Any, style: str | None) -> tuple[Any, Mapping[str,
     from .conformance.hf_table import CONVENTIONS, TRANSFORMERS_VERSION
 
     model_type = _get(config, "model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ValueError(f"model_type must be a str such as 'llama', got {type(model_type).__name__} {model_type!r}.")
     conv = CONVENTIONS.get(model_type)
     if conv is None:
         if style is not None:
@@ -306,12 +420,6 @@ def _with_conventions(config: Any, style: str | None) -> tuple[Any, Mapping[str,
         raise ValueError(f"model type {model_type!r}: its layers apply RoPE through functions that pair dims "
                          f"differently ({listed}; in transformers a sparse-attention indexer and the main attention), "
                          "and one RopeSpec per layer holds one pairing; pass style= for the rotation you mean.")
-    dropped = [k for k in conv.get("v4", {}).get("ignored_keys", ()) if _get(config, k) is not None
-               and _get(config, "rope_parameters") is None]
-    if dropped:
-        raise ValueError(f"model type {model_type!r}: the config has the v4 key(s) {dropped}, which transformers' "
-                         f"config class for it does not read (the model runs without them); write them into "
-                         "rope_parameters, or drop them to get what transformers runs.")
     if conv.get("direction", 1) != 1:
         raise ValueError(f"model type {model_type!r}: transformers rotates by -m*omega (rotate_half with flipped "
                          "signs), which RopeSpec cannot represent (its rotation is counter-clockwise, Su et al.).")
@@ -319,6 +427,29 @@ def _with_conventions(config: Any, style: str | None) -> tuple[Any, Mapping[str,
     if aliases and isinstance(config, Mapping):
         config = {**config, **{k: config[v] for k, v in aliases.items() if v in config and k not in config}}
     return config, conv
+
+
+def _v4_dropped(config: Any, conv: Mapping[str, Any]) -> list[str]:
+    """The v4 keys of the config that its model type's config class drops (measured: ``hf_table``'s
+    ``v4.ignored_keys``; the model runs without them), when the config has no ``rope_parameters``."""
+    if _get(config, "rope_parameters") is not None:
+        return []
+    return [k for k in conv.get("v4", {}).get("ignored_keys", ()) if _get(config, k) is not None]
+
+
+def hf_config_notes(config: Any, *, style: str | None = None) -> tuple[str, ...]:
+    """What :meth:`RopeSpec.per_layer` leaves out of a config on purpose, as notes: the keys transformers reads
+    none of for this model type (measured into ``ropelab.conformance.hf_table``), which ropelab does not apply
+    either. A config ``per_layer`` refuses raises as it does there."""
+    config, conv = _with_conventions(config, style)
+    model_type = _get(config, "model_type")
+    notes = [f"model type {model_type!r}: transformers' config class does not read the v4 key {k!r} (the model runs "
+             "without it), so it is not applied; to use it, write it into rope_parameters."
+             for k in _v4_dropped(config, conv)]
+    notes += [f"model type {model_type!r}: transformers' modeling code does not read {k!r} (it rotates the slice its "
+              "rope dict says), so it is not applied."
+              for k in conv.get("ignored_keys", ()) if _get(config, k) is not None]
+    return tuple(notes)
 
 
 def _style_of(config: Any, conv: Mapping[str, Any], style: str | None) -> str:
@@ -382,21 +513,29 @@ def _rope_dicts(config: Any, layer_types: Sequence[str] | None, conv: Mapping[st
             )
         return {t: _top_level_original(config, dict(params)) for t in set(layer_types or [None])}
     # v4: rope_theta at the top, rope_scaling (may be None), partial_rotary_factor at the top.
-    theta = _get(config, "rope_theta")
-    if theta is None and (conv or {}).get("fixed_base") is not None:
-        theta = conv["fixed_base"]  # the config has no key for it: the modeling code fixes the base (measured)
-    theta = _need({"rope_theta": theta}, "rope_theta", "the config")
+    dropped = set(_v4_dropped(config, conv or {}))
+    if "rope_theta" in dropped or (_get(config, "rope_theta") is None
+                                   and "rope_theta" in (conv or {}).get("v4", {}).get("ignored_keys", ())):
+        # The class reads its base from the legacy key in its place (GPT-NeoX's config class:
+        # ``rope_parameters.setdefault("rope_theta", kwargs.pop("rotary_emb_base", self.default_theta))``).
+        theta = _need(config, "rotary_emb_base", "the config (its config class reads the base from rotary_emb_base, "
+                      "not rope_theta)")
+    else:
+        theta = _get(config, "rope_theta")
+        if theta is None and (conv or {}).get("fixed_base") is not None:
+            theta = conv["fixed_base"]  # the config has no key for it: the modeling code fixes the base (measured)
+        theta = _need({"rope_theta": theta}, "rope_theta", "the config")
     top = {"rope_theta": theta}
     if _get(config, "partial_rotary_factor") is not None:
         top["partial_rotary_factor"] = _get(config, "partial_rotary_factor")
-    scaling = _get(config, "rope_scaling")
+    scaling = None if "rope_scaling" in dropped else _get(config, "rope_scaling")
     global_dict = {**top, **(dict(scaling) if scaling is not None else {"rope_type": "default"})}
     global_dict = _top_level_original(config, global_dict)
     if layer_types is None:
         return {None: global_dict}
     out = {t: global_dict for t in set(layer_types) - set(skip)}
     rule = (conv or {}).get("v4")
-    if rule:
+    if rule and "scaled_layer_types" in rule:  # (a rule of dropped keys only has nothing per layer type)
         # The config class's own v4 conversion (measured): rope_scaling reaches only scaled_layer_types; a layer
         # type in default_theta keeps its own base, Gemma 3's rope_local_base_freq when given, else the class's
         # default (transformers' own fallback, e.g. Gemma 3's default_theta["local"] = 10000).

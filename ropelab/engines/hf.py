@@ -27,12 +27,12 @@ import copy
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..multiaxis import MultiAxis
-from ..spec import RopeSpec, head_dim_of
+from ..spec import RopeSpec, head_dim_of, hf_config_notes
 from .reading import ReadError, Reading
 
 __all__ = ["read_config", "write_config", "load_config", "SCHEMAS"]
@@ -93,12 +93,12 @@ def _text_part(config: dict) -> tuple[dict, list[str]]:
     text = config.get("text_config")
     if isinstance(text, Mapping):
         merged = dict(text)
-        if merged.get("model_type") is None and config.get("model_type") is not None:
+        if merged.get("model_type") is None and isinstance(config.get("model_type"), str):
             merged["model_type"] = f"{config['model_type']}_text"
         notes.append(f"read the decoder's RoPE from text_config (model_type {merged.get('model_type')!r}).")
         return merged, notes
     model_type = config.get("model_type")
-    if model_type not in CONVENTIONS and f"{model_type}_text" in CONVENTIONS:
+    if isinstance(model_type, str) and model_type not in CONVENTIONS and f"{model_type}_text" in CONVENTIONS:
         notes.append(f"model_type {model_type!r} read as its text model {model_type}_text.")
         return {**config, "model_type": f"{model_type}_text"}, notes
     return config, notes
@@ -111,6 +111,11 @@ def _without_mrope(config: dict) -> tuple[dict, MultiAxis | None, list[str]]:
     sections = None
     params = config.get("rope_parameters") if config.get("rope_parameters") is not None else config.get("rope_scaling")
     if isinstance(params, Mapping) and "mrope_section" in params:
+        sec = params["mrope_section"]
+        if (isinstance(sec, (str, bytes, Mapping)) or not isinstance(sec, Sequence) or not sec
+                or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in sec)):
+            raise ValueError(f"mrope_section must be a list of ints >= 0 (rotary pairs per position axis, e.g. "
+                             f"[16, 24, 24]), got {sec!r}.")
         sections = MultiAxis.from_hf_config(config)
     config = dict(config)
     for key in ("rope_parameters", "rope_scaling"):
@@ -122,7 +127,7 @@ def _without_mrope(config: dict) -> tuple[dict, MultiAxis | None, list[str]]:
             if d.get(tk) == "mrope":
                 d[tk] = "default"
                 notes.append(f"{key}: rope type 'mrope' is default RoPE with sections (transformers' reading).")
-        if key == "rope_scaling" and set(d) <= {"rope_type", "type"} and set(d.values()) <= {"default"}:
+        if key == "rope_scaling" and set(d) <= {"rope_type", "type"} and all(v == "default" for v in d.values()):
             d = None  # v4 "no scaling"
         config[key] = d
     return config, sections, notes
@@ -172,6 +177,7 @@ def read_config(source: str | Path | Mapping[str, Any], *, style: str | None = N
         clean, sections, mnotes = _without_mrope(text)
         layers = RopeSpec.per_layer(clean, style=style)
         head_dim = head_dim_of(_aliased(clean))
+        notes += list(hf_config_notes(clean, style=style))
     except ValueError as e:
         raise ReadError(f"{label}: {e}") from e
     return Reading(source=label, format="transformers", architecture=str(text.get("model_type")), head_dim=head_dim,
