@@ -396,30 +396,39 @@ def _groups(readings: Sequence[Reading]) -> list[list[tuple[int, int]]]:
     one list of runs per distinct setting (first-seen order): Gemma 3's five sliding layers to one global
     layer is two groups, however many layers."""
     keys = list(zip(*(r.effective_specs() for r in readings)))
-    runs: dict[tuple, list[tuple[int, int]]] = {}
+    # Matched by equality, never hashed: a spec's hash reprs its scaling, and a hostile config's factor lists
+    # hold millions of values (tuple equality first tries identity, and the readers share one spec object).
+    settings: list[tuple[tuple, list[tuple[int, int]]]] = []
     start = 0
     for i in range(1, len(keys) + 1):
         if i == len(keys) or keys[i] != keys[start]:
-            runs.setdefault(keys[start], []).append((start, i - 1))
+            runs = next((r for k, r in settings if k == keys[start]), None)
+            if runs is None:
+                runs = []
+                settings.append((keys[start], runs))
+            runs.append((start, i - 1))
             start = i
-    return list(runs.values())
+    return [runs for _, runs in settings]
 
 
 def consistency(reading: Reading) -> list[str]:
     """What contradicts itself inside one Reading, whatever its format, beside the reader's own
     :attr:`Reading.problems`: a layer whose spec has no frequencies for the head (a rotary_dim past head_dim,
-    longrope factor lists of the wrong length), M-RoPE sections that do not cover the rotary pairs."""
+    longrope factor lists of the wrong length), M-RoPE sections that do not cover the rotary pairs. Either leaves
+    nothing to compare (:func:`check` reports it and stops there)."""
     out = []
-    seen: dict[RopeSpec, str | None] = {}
+    seen: list[tuple[RopeSpec, str | None]] = []  # by equality, not hash (see _groups)
     for i, s in enumerate(reading.layers):
-        if s not in seen:
+        error = next((e for t, e in seen if t is s or t == s), False)
+        if error is False:
             try:
                 s.frequencies(reading.head_dim, seq_len=1)
-                seen[s] = None
+                error = None
             except ValueError as e:
-                seen[s] = str(e)
-        if seen[s] is not None:
-            out.append(f"layer {i}: {seen[s]}")  # check() reads the "layer " prefix: nothing to compare
+                error = str(e)
+            seen.append((s, error))
+        if error is not None:
+            out.append(f"layer {i}: {error}")
     if reading.sections is not None:
         pairs = {(s.rotary_dim or reading.head_dim) // 2 for s in reading.layers if not s.is_nope}
         if pairs and pairs != {reading.sections.n_pairs}:
@@ -452,8 +461,9 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
     m = _default_position(readings) if position is None else position
     if not (isinstance(m, int) and m >= 1):
         raise ValueError(f"--position must be an int >= 1, got {m!r}.")
-    problems = [{"source": i, "problem": p} for i, r in enumerate(readings) for p in (*r.problems, *consistency(r))]
-    if any(p["problem"].startswith("layer ") for p in problems):  # a layer without frequencies: nothing to compare
+    broken = [consistency(r) for r in readings]
+    problems = [{"source": i, "problem": p} for i, r in enumerate(readings) for p in (*r.problems, *broken[i])]
+    if any(broken):  # a layer without frequencies, sections that do not fit the pairs: nothing to compare
         return {"ok": False, "position": m, "n_layers": ref.n_layers, "head_dim": ref.head_dim,
                 "sources": [_source_dict(r) for r in readings], "groups": [], "mismatches": [], "agreements": [],
                 "problems": problems}
@@ -677,8 +687,9 @@ def main(argv: list[str] | None = None) -> int:
             readings = [read(p) for p in args.paths]
             m = _default_position(readings) if args.position is None else args.position
             if not 1 <= m <= MAX_POSITION:
-                raise UsageError(f"the default --position {_clip(str(m), 40)} (max_position_embeddings - 1) is past "
-                                 "2^53; pass --position.")
+                src = next(r.source for r in readings if any(s.max_position_embeddings for s in r.layers))
+                raise UsageError(f"{_clip(src)}: max_position_embeddings {_clip(str(m + 1), 40)} puts the default "
+                                 "--position past 2^53 (float64 positions); pass --position in 1..2^53.")
             _check_budget(readings, args.heads, args.samples, m)
             result = check(readings, position=m, samples=args.samples, heads=args.heads, seed=args.seed)
         except ValueError as e:  # ReadError, different models
