@@ -431,3 +431,34 @@ def test_strict_json_never_prints_nan_and_summarises_once():
                            "last": list(range(ECHO_MAX - 3, ECHO_MAX + 1))} and out["b"][0] is out["b"][1]
     assert out["c"] == long[:ECHO_MAX]
     json.dumps(out, allow_nan=False)
+
+
+# --- llama.cpp's key types and limits: the committed table against a fresh parse of the pinned source ------------
+
+
+def test_key_types_table_matches_a_fresh_parse_of_the_sdist(tmp_path):
+    """KEY_TYPES / LIMITS (ropelab.engines.llamacpp_types) are what llama.cpp's loader source says at the pinned
+    llama-cpp-python sdist (downloaded once, as the converter tests do), and say what the reader relies on."""
+    import tarfile
+
+    from ropelab.engines import converter
+
+    try:
+        sdist = converter.sdist_path()
+    except converter.ConversionError as e:
+        pytest.skip(f"no llama-cpp-python sdist here ({e})")
+    wanted = ("src/llama-model-loader.cpp", "src/llama-hparams.h", "src/llama-model.cpp", "src/models/",
+              "ggml/src/gguf.cpp", "ggml/include/gguf.h", "ggml/include/ggml.h")
+    with tarfile.open(sdist, "r|gz") as tar:  # one streaming pass over the 77 MB archive
+        for m in tar:
+            if m.isfile() and "/vendor/llama.cpp/" in m.name and \
+                    m.name.split("/vendor/llama.cpp/", 1)[1].startswith(wanted):
+                tar.extract(m, tmp_path, filter="data")
+    (root,) = tmp_path.iterdir()
+    fresh = llamacpp_types.parse(root)
+    assert fresh["KEY_TYPES"] == llamacpp_types.KEY_TYPES and fresh["LIMITS"] == llamacpp_types.LIMITS
+    kt = llamacpp_types.KEY_TYPES
+    assert kt["LLM_KV_ROPE_FREQ_BASE"] == [{"call": "get_key", "ctype": "float", "gguf": "FLOAT32"}]
+    assert kt["LLM_KV_BLOCK_COUNT"] == [{"call": "get_key", "ctype": "uint32_t", "gguf": "UINT32"}]
+    (head,) = kt["LLM_KV_ATTENTION_HEAD_COUNT"]
+    assert head["call"] == "get_key_or_arr" and head["max"] == llamacpp_types.LIMITS["LLAMA_MAX_LAYERS"] == 512
