@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -73,8 +74,66 @@ PREFIXES = {"hf": "transformers", "transformers": "transformers", "gguf": "gguf"
 REL_TOL = 4 * UNIT_ROUNDOFF[torch.float32]
 
 
+# The largest --position: the cost's positions are float64 (exact integers up to 2^53) and int64 tensors.
+MAX_POSITION = 2 ** 53
+# The memory the attention cost may take: ropelab-check runs in other people's CI next to their jobs, so it is
+# bounded whatever --heads, --samples or a source's head_dim say (the contract: under 1 GiB in all).
+COST_BYTES = 256 * 2 ** 20
+# A list longer than this is summarised in --json (its length, min, max, first and last values), never echoed per
+# layer: longer than any rope factor list of a head of up to 1024 dims.
+ECHO_MAX = 512
+
+
 class UsageError(Exception):
     """A mistake on the command line or a source that cannot be read (exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError instead of exiting, so that --json gets its JSON error too."""
+
+    def error(self, message: str):  # noqa: D401 - argparse's hook
+        raise UsageError(f"{message} (see --help)")
+
+
+def cost_bytes(head_dim: int, heads: int, samples: int) -> int:
+    """An upper estimate of the float64 memory :func:`cost` takes: q, k and their rotations by two specs
+    (with apply_rope's temporaries, 16 copies of [samples, heads, head_dim]) and the two specs' logits, softmax and
+    differences (8 copies of [heads, samples, samples])."""
+    return 8 * (16 * samples * heads * head_dim + 8 * heads * samples * samples)
+
+
+def _max_under(f: Callable[[int], int], lo: int) -> int:
+    """The largest v >= lo with f(v) <= COST_BYTES (f increasing), or lo - 1 when f(lo) is over."""
+    if f(lo) > COST_BYTES:
+        return lo - 1
+    hi = lo
+    while f(hi * 2) <= COST_BYTES:
+        hi *= 2
+    top = hi * 2
+    while top - hi > 1:
+        mid = (hi + top) // 2
+        hi, top = (mid, top) if f(mid) <= COST_BYTES else (hi, mid)
+    return hi
+
+
+def _check_budget(readings: Sequence[Reading], heads: int, samples: int, position: int) -> None:
+    """UsageError with the ranges that fit :data:`COST_BYTES`, when --heads, --samples or a head_dim do not."""
+    n = min(samples, position + 1)
+    for r in readings:
+        d = r.head_dim
+        if cost_bytes(d, heads, n) <= COST_BYTES:
+            continue
+        if cost_bytes(d, 1, 2) > COST_BYTES:
+            raise UsageError(f"{_clip(r.source)}: head_dim {d} is too large to check within {COST_BYTES >> 20} MiB "
+                             f"(the attention cost alone needs {cost_bytes(d, 1, 2) >> 20} MiB at one head and two "
+                             "positions); it is not a real model's head dim.")
+        h_max = _max_under(lambda h, d=d: cost_bytes(d, h, n), 1)
+        s_max = _max_under(lambda m, d=d: cost_bytes(d, heads, m), 2)
+        parts = [f"--heads in 1..{h_max}"] if h_max >= 1 else []
+        parts += [f"--samples in 2..{s_max}"] if s_max >= 2 else []
+        raise UsageError(f"--heads {heads} and --samples {samples} at head_dim {d} need "
+                         f"{cost_bytes(d, heads, n) >> 20} MiB for the attention cost, over ropelab-check's "
+                         f"{COST_BYTES >> 20} MiB; use {' or '.join(parts) or 'fewer heads and samples'}.")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -107,9 +166,13 @@ def detect(text: str) -> tuple[str, Path]:
     head, sep, tail = text.partition(":")
     if sep and head in PREFIXES:
         fmt, text = PREFIXES[head], tail
-    path = Path(text)
-    if not path.exists():
-        raise ReadError(f"{path}: no such file or directory.")
+    try:
+        path = Path(text)
+        exists = path.exists()
+    except (OSError, ValueError) as e:  # a name too long for the file system, a NUL byte
+        raise ReadError(f"{_clip(text)}: cannot be a path here ({_os_words(e)}).") from None
+    if not exists:
+        raise ReadError(f"{_clip(text)}: no such file or directory.")
     if fmt is not None:
         return fmt, path
     if path.is_dir():
@@ -138,18 +201,37 @@ def detect(text: str) -> tuple[str, Path]:
                     "or mlx: to say which it is.")
 
 
+def _clip(text: str, limit: int = 300) -> str:
+    """``text`` if short, else its start and end around the count of characters left out (a hostile path of
+    5,000 characters, a message quoting a 50 MB list): one readable line."""
+    text = str(text).replace("\n", " ")
+    if len(text) <= limit:
+        return text
+    keep = limit // 2
+    return f"{text[:keep]}...({len(text) - 2 * keep} characters)...{text[-keep:]}"
+
+
+def _os_words(e: BaseException) -> str:
+    return f"{type(e).__name__}: {getattr(e, 'strerror', None) or e}"
+
+
 def read(text: str) -> Reading:
-    """The :class:`Reading` of one PATH argument (see :func:`detect`); ReadError for anything unreadable."""
-    fmt, path = detect(text)
-    reader = _reader(fmt, path)
+    """The :class:`Reading` of one PATH argument (see :func:`detect`); ReadError for anything unreadable.
+
+    Every failure on the way is one ReadError naming the path: the reader's own, an OS error (a name too long, a
+    permission), a recursion or memory error on a hostile file (JSON nested 100,000 deep), an overflow."""
+    fmt = None
     try:
+        fmt, path = detect(text)
+        reader = _reader(fmt, path)
         reading = reader(path)
     except ReadError as e:
-        if str(path) in str(e):
+        if _clip(text) in str(e) or (fmt is not None and str(path) in str(e)):
             raise
-        raise ReadError(f"{path}: {e}") from e
-    except Exception as e:  # noqa: BLE001 - a reader's crash on a malformed file is still an unreadable file
-        raise ReadError(f"{path}: cannot be read as {fmt} ({type(e).__name__}: {e}).") from e
+        raise ReadError(f"{_clip(text)}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - a crash on a malformed file (or path) is still an unreadable source
+        what = f" as {fmt}" if fmt else ""
+        raise ReadError(f"{_clip(text)}: cannot be read{what} ({type(e).__name__}: {_clip(str(e))}).") from None
     if not isinstance(reading, Reading) or reading.format not in FORMATS:
         raise ReadError(f"{path}: the {fmt} reader returned {type(reading).__name__}, not a Reading.")
     return reading
@@ -314,30 +396,39 @@ def _groups(readings: Sequence[Reading]) -> list[list[tuple[int, int]]]:
     one list of runs per distinct setting (first-seen order): Gemma 3's five sliding layers to one global
     layer is two groups, however many layers."""
     keys = list(zip(*(r.effective_specs() for r in readings)))
-    runs: dict[tuple, list[tuple[int, int]]] = {}
+    # Matched by equality, never hashed: a spec's hash reprs its scaling, and a hostile config's factor lists
+    # hold millions of values (tuple equality first tries identity, and the readers share one spec object).
+    settings: list[tuple[tuple, list[tuple[int, int]]]] = []
     start = 0
     for i in range(1, len(keys) + 1):
         if i == len(keys) or keys[i] != keys[start]:
-            runs.setdefault(keys[start], []).append((start, i - 1))
+            runs = next((r for k, r in settings if k == keys[start]), None)
+            if runs is None:
+                runs = []
+                settings.append((keys[start], runs))
+            runs.append((start, i - 1))
             start = i
-    return list(runs.values())
+    return [runs for _, runs in settings]
 
 
 def consistency(reading: Reading) -> list[str]:
     """What contradicts itself inside one Reading, whatever its format, beside the reader's own
     :attr:`Reading.problems`: a layer whose spec has no frequencies for the head (a rotary_dim past head_dim,
-    longrope factor lists of the wrong length), M-RoPE sections that do not cover the rotary pairs."""
+    longrope factor lists of the wrong length), M-RoPE sections that do not cover the rotary pairs. Either leaves
+    nothing to compare (:func:`check` reports it and stops there)."""
     out = []
-    seen: dict[RopeSpec, str | None] = {}
+    seen: list[tuple[RopeSpec, str | None]] = []  # by equality, not hash (see _groups)
     for i, s in enumerate(reading.layers):
-        if s not in seen:
+        error = next((e for t, e in seen if t is s or t == s), False)
+        if error is False:
             try:
                 s.frequencies(reading.head_dim, seq_len=1)
-                seen[s] = None
+                error = None
             except ValueError as e:
-                seen[s] = str(e)
-        if seen[s] is not None:
-            out.append(f"layer {i}: {seen[s]}")  # check() reads the "layer " prefix: nothing to compare
+                error = str(e)
+            seen.append((s, error))
+        if error is not None:
+            out.append(f"layer {i}: {error}")
     if reading.sections is not None:
         pairs = {(s.rotary_dim or reading.head_dim) // 2 for s in reading.layers if not s.is_nope}
         if pairs and pairs != {reading.sections.n_pairs}:
@@ -370,8 +461,9 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
     m = _default_position(readings) if position is None else position
     if not (isinstance(m, int) and m >= 1):
         raise ValueError(f"--position must be an int >= 1, got {m!r}.")
-    problems = [{"source": i, "problem": p} for i, r in enumerate(readings) for p in (*r.problems, *consistency(r))]
-    if any(p["problem"].startswith("layer ") for p in problems):  # a layer without frequencies: nothing to compare
+    broken = [consistency(r) for r in readings]
+    problems = [{"source": i, "problem": p} for i, r in enumerate(readings) for p in (*r.problems, *broken[i])]
+    if any(broken):  # a layer without frequencies, sections that do not fit the pairs: nothing to compare
         return {"ok": False, "position": m, "n_layers": ref.n_layers, "head_dim": ref.head_dim,
                 "sources": [_source_dict(r) for r in readings], "groups": [], "mismatches": [], "agreements": [],
                 "problems": problems}
@@ -477,9 +569,9 @@ def render(result: dict, readings: Sequence[Reading]) -> str:
         lines.append(f"note: {_layers_words(ag['layers'])}, [{a}] vs [{b}] agree: {ag['detail']}")
     for i, r in enumerate(readings, 1):
         for note in r.notes:
-            lines.append(f"note: [{i}] {note}")
+            lines.append(f"note: [{i}] {_clip(note, 1000)}")
     for p in result["problems"]:
-        lines.append(f"PROBLEM: [{p['source'] + 1}] {p['problem']}")
+        lines.append(f"PROBLEM: [{p['source'] + 1}] {_clip(p['problem'], 1000)}")
     if result["ok"]:
         lines.append("OK: " + ("the source is consistent." if len(readings) == 1 else "all sources agree."))
     else:
@@ -511,10 +603,45 @@ def _write(readings: Sequence[Reading], args: argparse.Namespace) -> str:
     return str(out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the command; returns the exit code (0 all agree, 1 a mismatch or a problem, 2 a usage error or an
-    unreadable source)."""
-    parser = argparse.ArgumentParser(
+def strict_json(value: Any) -> Any:
+    """``value`` as strict JSON (RFC 8259): NaN and the infinities become the strings ``"NaN"``,
+    ``"Infinity"``, ``"-Infinity"`` (Python's ``json`` would print them bare, which other parsers reject), and a
+    list longer than :data:`ECHO_MAX` becomes ``{"length", "min", "max", "first", "last"}``, summarised once
+    however many layers share it."""
+    memo: dict[int, Any] = {}
+
+    def go(v: Any) -> Any:
+        if isinstance(v, bool) or v is None or isinstance(v, (int, str)):
+            return v
+        if isinstance(v, float):
+            if math.isfinite(v):
+                return v
+            return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+        if isinstance(v, dict):
+            return {str(k): go(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            key = id(v)
+            if key not in memo:
+                if len(v) > ECHO_MAX:
+                    nums = [x for x in v if isinstance(x, (int, float)) and not isinstance(x, bool)
+                            and math.isfinite(x)]
+                    memo[key] = {"length": len(v), "min": min(nums) if nums else None,
+                                 "max": max(nums) if nums else None, "first": [go(x) for x in v[:4]],
+                                 "last": [go(x) for x in v[-4:]]}
+                else:
+                    memo[key] = [go(x) for x in v]
+            return memo[key]
+        return _clip(repr(v))
+
+    return go(value)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(strict_json(value), indent=2, allow_nan=False)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
         prog="ropelab-check",
         description="Read a model's RoPE from each source (transformers config.json or model directory, .gguf, "
         "MLX model directory; prefix hf:, gguf: or mlx: to force a reader), per layer, and say where they "
@@ -522,39 +649,70 @@ def main(argv: list[str] | None = None) -> int:
         "unreadable source.",
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="config.json, model directory, .gguf or MLX dir")
-    parser.add_argument("--position", type=int, help="position of the costs (default max_position_embeddings - 1)")
-    parser.add_argument("--samples", type=int, default=128, help="positions of the attention cost (default 128)")
-    parser.add_argument("--heads", type=int, default=4, help="random heads of the attention cost (default 4)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random q/k (default 0)")
+    parser.add_argument("--position", type=int,
+                        help="position of the costs, 1..2^53 (default max_position_embeddings - 1)")
+    parser.add_argument("--samples", type=int, default=128,
+                        help=f"positions of the attention cost, >= 2 and within {COST_BYTES >> 20} MiB (default 128)")
+    parser.add_argument("--heads", type=int, default=4,
+                        help=f"random heads of the attention cost, >= 1 and within {COST_BYTES >> 20} MiB (default 4)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random q/k, 0..2^64-1 (default 0)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--write-config", metavar="OUT", help="write the first source's RoPE as a transformers config")
     parser.add_argument("--schema", choices=("v5", "v4"), default="v5", help="schema of --write-config (default v5)")
-    args = parser.parse_args(argv)  # argparse itself exits 2 on a malformed command line
+    return parser
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.samples < 2:
+        raise UsageError(f"--samples must be >= 2, got {args.samples}.")
+    if args.heads < 1:
+        raise UsageError(f"--heads must be >= 1, got {args.heads}.")
+    if args.position is not None and not 1 <= args.position <= MAX_POSITION:
+        raise UsageError(f"--position must be in 1..2^53 (float64 positions), got {_clip(str(args.position), 40)}.")
+    if not 0 <= args.seed < 2 ** 64:
+        raise UsageError(f"--seed must be in 0..2^64-1, got {_clip(str(args.seed), 40)}.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command; returns the exit code (0 all agree, 1 a mismatch or a problem, 2 a usage error or an
+    unreadable source). No exception escapes but SystemExit from ``--help``; ``--json`` prints strict JSON in
+    every case."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    want_json = "--json" in argv
     try:
-        if args.samples < 2 or args.heads < 1:
-            raise UsageError(f"--samples must be >= 2 and --heads >= 1, got {args.samples} and {args.heads}.")
-        if args.position is not None and args.position < 1:
-            raise UsageError(f"--position must be >= 1, got {args.position}.")
+        args = _parser().parse_args(argv)
+        want_json = args.json
+        _check_args(args)
         try:
             readings = [read(p) for p in args.paths]
-            result = check(readings, position=args.position, samples=args.samples, heads=args.heads, seed=args.seed)
+            m = _default_position(readings) if args.position is None else args.position
+            if not 1 <= m <= MAX_POSITION:
+                src = next(r.source for r in readings if any(s.max_position_embeddings for s in r.layers))
+                raise UsageError(f"{_clip(src)}: max_position_embeddings {_clip(str(m + 1), 40)} puts the default "
+                                 "--position past 2^53 (float64 positions); pass --position in 1..2^53.")
+            _check_budget(readings, args.heads, args.samples, m)
+            result = check(readings, position=m, samples=args.samples, heads=args.heads, seed=args.seed)
         except ValueError as e:  # ReadError, different models
             raise UsageError(str(e)) from e
         written = _write(readings, args) if args.write_config else None
+        code = 0 if result["ok"] else 1
+        text = _dumps({**result, "exit_code": code, "written": written}) if want_json else render(result, readings)
     except UsageError as e:
-        print(f"ropelab-check: error: {e}", file=sys.stderr)
-        if args.json:
-            print(json.dumps({"ok": False, "exit_code": 2, "error": str(e)}))
-        return 2
-    code = 0 if result["ok"] else 1
-    if args.json:
-        print(json.dumps({**result, "exit_code": code, "written": written}, indent=2))
-    else:
-        print(render(result, readings))
-        if written:
-            print(f"wrote {written} ({args.schema} schema): the RoPE of [1].")
+        return _fail(_clip(str(e), 2000), want_json)
+    except Exception as e:  # noqa: BLE001 - the contract: exit 0, 1 or 2, never a traceback
+        return _fail(f"internal error ({type(e).__name__}: {_clip(str(e))}); please report it with the input.",
+                     want_json)
+    print(text)
+    if written and not want_json:
+        print(f"wrote {written} ({args.schema} schema): the RoPE of [1].")
     return code
 
+
+def _fail(message: str, want_json: bool) -> int:
+    print(f"ropelab-check: error: {message}", file=sys.stderr)
+    if want_json:
+        print(json.dumps({"ok": False, "exit_code": 2, "error": message}))
+    return 2
 
 if __name__ == "__main__":
     sys.exit(main())

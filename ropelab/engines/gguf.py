@@ -61,6 +61,8 @@ from ..multiaxis import MultiAxis
 from ..scaling import yarn_mscale
 from ..spec import RopeSpec
 from . import llamacpp_table as table
+from . import llamacpp_types
+from .gguf_file import GGUFFile, open_gguf
 from .reading import ReadError, Reading
 
 __all__ = ["read_gguf", "write_gguf", "rope_type_of", "uses_rope", "llama3_from_rope_freqs", "STYLE_OF_ROPE_TYPE"]
@@ -74,6 +76,9 @@ _GENERIC = ("LLM_KV_ROPE_FREQ_BASE", "LLM_KV_ROPE_SCALING_TYPE", "LLM_KV_ROPE_SC
             "LLM_KV_ROPE_SCALING_ORIG_CTX_LEN", "LLM_KV_ROPE_SCALING_FINETUNED", "LLM_KV_ROPE_DIMENSION_COUNT",
             "LLM_KV_ROPE_DIMENSION_COUNT_SWA")
 _SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # LLAMA_ROPE_SCALING_TYPES, src/llama-model.cpp
+# llama_model_base::load_hparams asserts 0 < n_layer <= LLAMA_MAX_LAYERS, and no per-layer array llama.cpp holds is
+# longer: the longest array ropelab decodes.
+_ARRAY_MAX = llamacpp_types.LIMITS["LLAMA_MAX_LAYERS"]
 
 
 def _key(kv: str, arch: str) -> str:
@@ -98,50 +103,108 @@ def rope_type_of(arch: str, *, has_sections: bool = False, where: str = "") -> s
     return rule
 
 
+# Integer GGUF types, and the largest string ropelab decodes to compare with llama.cpp's names (architectures,
+# scaling types: a few dozen bytes; a longer one is unknown to llama.cpp whatever it holds).
+_INTS = ("UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "UINT64", "INT64")
+_NAME_BYTES = 4096
+
+
 class _Fields:
-    """Typed access to a GGUF file's key-value fields, every miss or type error a ReadError naming the key."""
+    """Typed access to a GGUF file's key-value fields (:class:`~ropelab.engines.gguf_file.GGUFFile`).
 
-    def __init__(self, reader: Any, where: str):
-        import gguf
+    Two checks per key. ropelab's own (can the value be read as what ropelab needs, a number, an array of
+    ints ...): a failure is a ReadError naming the key. llama.cpp's (the type ``llama_model_loader`` demands,
+    :data:`ropelab.engines.llamacpp_types.KEY_TYPES`): a refusal is one of :attr:`problems`, in llama.cpp's own
+    words, and the value is still read when ropelab can (so the rest of the file is checked too). An array
+    longer than llama.cpp's limit for the key is never decoded."""
 
-        self.reader, self.where, self.T = reader, where, gguf.GGUFValueType
-        self.fields = reader.fields
+    def __init__(self, g: GGUFFile, where: str):
+        self.g, self.where, self.fields = g, where, g.fields
+        self.problems: list[str] = []
+        self.kv_of: dict[str, str] = {}
+
+    def set_arch(self, arch: str) -> None:
+        self.kv_of = {_key(kv, arch): kv for kv in table.KEYS}
 
     def has(self, key: str) -> bool:
         return key in self.fields
 
-    def _value(self, key: str):
+    def _type(self, key: str) -> str:
+        return self.fields[key].type
+
+    def _problem(self, text: str) -> None:
+        if text not in self.problems:
+            self.problems.append(text)
+
+    def _value(self, key: str) -> Any:
         f = self.fields[key]
-        try:
-            return f.contents()
-        except Exception as e:  # a field whose bytes do not parse as its declared type
-            raise ReadError(f"{self.where}key {key!r} cannot be decoded ({e}); the file is corrupt.") from e
+        if f.is_array and f.count > _ARRAY_MAX:
+            return f"<{f.count} {f.elem} values>"  # never decoded (no key ropelab reads is that long)
+        if f.type == "STRING" and self.g.string_length(key) > _NAME_BYTES:
+            return f"<a string of {self.g.string_length(key)} bytes>"
+        return self.g.value(key)
 
-    def _type(self, key: str) -> Any:
-        return self.fields[key].types[0] if self.fields[key].types else None
+    def _ways(self, key: str) -> list[dict]:
+        return llamacpp_types.KEY_TYPES.get(self.kv_of.get(key, ""), [])
 
-    def get(self, key: str, kind: str, default: Any = None, required: bool = False) -> Any:
+    def check_llama_cpp(self, key: str, n: int | None = None) -> None:
+        """Record llama.cpp's refusal of ``key``'s type or length (``llama_model_loader``), if any.
+        ``n``: the length ``get_key_or_arr`` is called with (the layer count, 4 for the sections)."""
+        f, ways = self.fields[key], self._ways(key)
+        if not ways:
+            return
+        if not f.is_array:
+            want = sorted({w["gguf"] for w in ways if w.get("gguf")})
+            if want and f.type not in want:
+                self._problem(f"llama.cpp refuses {key}: it is {f.type}, and llama_model_loader reads it as "
+                              f"{' or '.join(want)} (\"key {key} has wrong type {f.type} but expected type "
+                              f"{want[0]}\"); write it as {want[0]}.")
+            return
+        arrays = [w for w in ways if "elems" in w]
+        if not arrays:
+            want = sorted({w["gguf"] for w in ways if w.get("gguf")})
+            self._problem(f"llama.cpp refuses {key}: it is an array, and llama_model_loader reads one "
+                          f"{' or '.join(want)}; write a single value.")
+            return
+        w = arrays[0]
+        if f.elem not in w["elems"]:
+            self._problem(f"llama.cpp refuses {key}: an array of {f.elem} (\"{key} has wrong array element type "
+                          f"{f.elem}\"); llama.cpp reads {', '.join(w['elems'])} elements.")
+        if w["max"] is not None and f.count > w["max"]:
+            self._problem(f"llama.cpp refuses {key}: {f.count} elements (\"array length {f.count} for key {key} "
+                          f"exceeds max {w['max']}\").")
+        elif n is not None and w["call"] == "get_key_or_arr" and f.count != n:
+            self._problem(f"llama.cpp refuses {key}: {f.count} elements (\"key {key} has wrong array length; "
+                          f"expected {n}, got {f.count}\").")
+
+    def get(self, key: str, kind: str, default: Any = None, required: bool = False, n: int | None = None) -> Any:
         """kind: 'str', 'int', 'float', 'bool', 'ints' (array of ints), 'bools' (array of bools)."""
         if key not in self.fields:
             if required:
                 raise ReadError(f"{self.where}has no {key!r}, which llama.cpp requires; the file is incomplete "
                                 "(rewrite it with llama.cpp's convert_hf_to_gguf.py).")
             return default
-        T, t = self.T, self._type(key)
-        ints = (T.UINT8, T.INT8, T.UINT16, T.INT16, T.UINT32, T.INT32, T.UINT64, T.INT64)
-        ok = {"str": t == T.STRING, "int": t in ints, "float": t in (T.FLOAT32, T.FLOAT64) or t in ints,
-              "bool": t == T.BOOL}
+        f = self.fields[key]
+        t = f.type
+        ok = {"str": t == "STRING", "int": t in _INTS, "float": t in ("FLOAT32", "FLOAT64") or t in _INTS,
+              "bool": t == "BOOL"}
         if kind in ("ints", "bools"):
-            sub = self.fields[key].types[1] if len(self.fields[key].types) > 1 else None
-            good = t == T.ARRAY and (sub in ints if kind == "ints" else sub in (T.BOOL,) + ints)
+            good = f.is_array and (f.elem in _INTS if kind == "ints" else f.elem in ("BOOL", *_INTS))
         else:
             good = ok[kind]
         if not good:
             want = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a bool",
                     "ints": "an array of integers", "bools": "an array of bools"}[kind]
-            name = getattr(t, "name", t)
+            name = f"ARRAY of {f.elem}" if f.is_array else t
             raise ReadError(f"{self.where}key {key!r} is {name}, but llama.cpp reads it as {want}; fix the writer.")
-        v = self._value(key)
+        self.check_llama_cpp(key, n)
+        if f.is_array and f.count > _ARRAY_MAX:
+            raise ReadError(f"{self.where}key {key!r} is an array of {f.count} elements; llama.cpp holds at most "
+                            f"LLAMA_MAX_LAYERS = {_ARRAY_MAX} (one per layer) and refuses the file.")
+        if kind == "str" and self.g.string_length(key) > _NAME_BYTES:
+            raise ReadError(f"{self.where}key {key!r} is a string of {self.g.string_length(key)} bytes, not a name "
+                            "llama.cpp knows.")
+        v = self.g.value(key)
         if kind == "int":
             return int(v)
         if kind == "float":
@@ -153,25 +216,24 @@ class _Fields:
         return str(v)
 
 
-def _open(path: Path):
-    import gguf
-
+def _open(path: Path) -> GGUFFile:
     if not path.is_file():
         raise ReadError(f"{path}: no such file; pass a .gguf file.")
-    try:
-        return gguf.GGUFReader(str(path))
-    except Exception as e:  # gguf raises ValueError, IndexError, struct errors ... on bad bytes
-        raise ReadError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e}); it is truncated, corrupt or "
-                        "not GGUF.") from e
+    return open_gguf(path)
 
 
 def read_gguf(path: str | Path) -> Reading:
     """The RoPE of every layer of the GGUF file ``path``, as llama.cpp reads it (see the module docstring)."""
     path = Path(path)
-    reader = _open(path)
+    with _open(path) as g:
+        return _read(g, path)
+
+
+def _read(g: GGUFFile, path: Path) -> Reading:
     where = f"{path}: "
-    f = _Fields(reader, where)
+    f = _Fields(g, where)
     arch = f.get("general.architecture", "str", required=True)
+    f.set_arch(arch)
     entry = table.ARCHS.get(arch)
     rope_type_of(arch, where=where)  # an unknown architecture raises here
     k = lambda kv: _key(kv, arch)  # noqa: E731
@@ -180,35 +242,44 @@ def read_gguf(path: str | Path) -> Reading:
     declared = {key: f._value(key) for key in f.fields
                 if key.startswith(f"{arch}.rope.") or key in (k("LLM_KV_ATTENTION_SLIDING_WINDOW"),
                                                               k("LLM_KV_ATTENTION_SLIDING_WINDOW_PATTERN"))}
-    declared = {key: (list(v) if isinstance(v, (list, tuple, np.ndarray)) else v) for key, v in declared.items()}
-    for t in reader.tensors:  # the rope tensors, by name and entry count
-        if t.name.startswith(("rope_freqs", "rope_factors")):
-            declared[f"tensor {t.name}"] = [float(x) for x in np.asarray(t.data).reshape(-1)]
     for kv in table.KEYS:
         if kv.startswith("LLM_KV_ROPE_") and kv not in reads and f.has(k(kv)):
             notes.append(f"{k(kv)} is in the file, but llama.cpp's {arch!r} does not read it "
                          f"({entry['class']}::load_arch_hparams); ignored, as llama.cpp does.")
 
+    for kv in sorted(reads):  # the rope keys llama.cpp reads for this architecture, whether ropelab needs them
+        if f.has(k(kv)):
+            f.check_llama_cpp(k(kv))
     n_layers = f.get(k("LLM_KV_BLOCK_COUNT"), "int", required=True)
     ctx = f.get(k("LLM_KV_CONTEXT_LENGTH"), "int", required=True)
-    if n_layers <= 0 or ctx <= 0:
-        raise ReadError(f"{where}{k('LLM_KV_BLOCK_COUNT')}={n_layers} and {k('LLM_KV_CONTEXT_LENGTH')}={ctx} must be "
-                        "positive.")
+    if not 0 < n_layers <= _ARRAY_MAX:
+        raise ReadError(f"{where}{k('LLM_KV_BLOCK_COUNT')}={n_layers}: llama.cpp asserts 0 < n_layer <= "
+                        f"LLAMA_MAX_LAYERS = {_ARRAY_MAX} (src/llama-model.cpp) and aborts on this file.")
+    if ctx <= 0:
+        raise ReadError(f"{where}{k('LLM_KV_CONTEXT_LENGTH')}={ctx} must be positive.")
     head_dim = f.get(k("LLM_KV_ATTENTION_KEY_LENGTH"), "int")
     if head_dim is None:
         n_embd = f.get(k("LLM_KV_EMBEDDING_LENGTH"), "int", required=True)
-        n_head = _head_count(f, k("LLM_KV_ATTENTION_HEAD_COUNT"))
+        n_head = _head_count(f, k("LLM_KV_ATTENTION_HEAD_COUNT"), n_layers)
+        if n_head <= 0:
+            raise ReadError(f"{where}{k('LLM_KV_ATTENTION_HEAD_COUNT')}={n_head} and no "
+                            f"{k('LLM_KV_ATTENTION_KEY_LENGTH')}: llama.cpp has no head dim for a model without "
+                            "attention heads.")
         head_dim = n_embd // n_head
+    if not 0 < head_dim or head_dim % 2:
+        raise ReadError(f"{where}the head dim {head_dim} ({k('LLM_KV_ATTENTION_KEY_LENGTH')}, else "
+                        f"{k('LLM_KV_EMBEDDING_LENGTH')} / {k('LLM_KV_ATTENTION_HEAD_COUNT')}) must be a positive even "
+                        "number (RoPE rotates pairs).")
     head_dim_swa = f.get(k("LLM_KV_ATTENTION_KEY_LENGTH_SWA"), "int", head_dim)
     if head_dim_swa != head_dim:
         raise ReadError(f"{where}sliding-window layers have head dim {head_dim_swa}, the others {head_dim}; a Reading "
                         "holds one head_dim, so ropelab cannot compare this model yet.")
-    sections = f.get(k("LLM_KV_ROPE_DIMENSION_SECTIONS"), "ints") if "LLM_KV_ROPE_DIMENSION_SECTIONS" in reads \
+    sections = f.get(k("LLM_KV_ROPE_DIMENSION_SECTIONS"), "ints", n=4) if "LLM_KV_ROPE_DIMENSION_SECTIONS" in reads \
         else None
     rtype = rope_type_of(arch, has_sections=bool(sections and any(sections)), where=where)
     if rtype == "NONE":
         return Reading(source=str(path), format="gguf", architecture=arch, head_dim=head_dim,
-                       layers=(RopeSpec.nope(ctx),) * n_layers, declared=declared,
+                       layers=(RopeSpec.nope(ctx),) * n_layers, declared=declared, problems=tuple(f.problems),
                        notes=(*notes, f"llama.cpp's {arch!r} uses no RoPE (rope type NONE)."))
     if rtype not in STYLE_OF_ROPE_TYPE:
         raise ReadError(f"{where}architecture {arch!r} has rope type {rtype}, which ropelab's GGUF reader does not "
@@ -240,7 +311,10 @@ def read_gguf(path: str | Path) -> Reading:
     if base is None:
         base = 10000.0
         notes.append(f"{k('LLM_KV_ROPE_FREQ_BASE')} is absent: llama.cpp uses 10000.")
-    scaling = _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, reader, notes)
+    rope_tensors = _rope_tensors(f.g, n_rot, k, where)
+    for name, values in rope_tensors.items():
+        declared[f"tensor {name}"] = values.tolist()
+    scaling = _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, rope_tensors, notes)
 
     swa = _swa_layers(f, k, entry, n_layers, where)
     full = swa_spec = _spec(style, base, n_rot, head_dim, scaling, ctx, where)
@@ -267,12 +341,13 @@ def read_gguf(path: str | Path) -> Reading:
             notes.append(f"llama.cpp's converter permutes q/k for {arch!r} (NORM on the stored weights equals the "
                          f"Hugging Face model's rotate_half), except for {', '.join(kept)}.")
     return Reading(source=str(path), format="gguf", architecture=arch, head_dim=head_dim, layers=layers,
-                   sections=multi, qk_permuted=qk_permuted, declared=declared, notes=tuple(notes))
+                   sections=multi, qk_permuted=qk_permuted, declared=declared, notes=tuple(notes),
+                   problems=tuple(f.problems))
 
 
-def _head_count(f: _Fields, key: str) -> int:
-    if f.has(key) and f._type(key) == f.T.ARRAY:
-        counts = set(f.get(key, "ints"))
+def _head_count(f: _Fields, key: str, n_layers: int) -> int:
+    if f.has(key) and f.fields[key].is_array:
+        counts = set(f.get(key, "ints", n=n_layers))
         if len(counts) != 1:
             raise ReadError(f"{f.where}{key} differs per layer {sorted(counts)}; give attention.key_length.")
         return counts.pop()
@@ -287,14 +362,20 @@ def _spec(style, base, n_rot, head_dim, scaling, ctx, where) -> RopeSpec:
         raise ReadError(f"{where}the rope keys do not make a valid RoPE: {e}") from e
 
 
-def _tensor(reader: Any, name: str) -> np.ndarray | None:
-    for t in reader.tensors:
-        if t.name == name:
-            return np.asarray(t.data, dtype=np.float64).reshape(-1)
-    return None
+def _rope_tensors(g: GGUFFile, n_rot: int, k, where: str) -> dict[str, np.ndarray]:
+    """The rope tensors (``rope_freqs``, ``rope_factors_long`` / ``_short``) by name, each checked to hold one
+    entry per rotated pair before its data is read."""
+    out = {}
+    for name, t in g.tensors.items():
+        if name.startswith(("rope_freqs", "rope_factors")):
+            if t.n_elements != n_rot // 2:
+                raise ReadError(f"{where}tensor {name.split('.')[0]} has {t.n_elements} entries, but "
+                                f"{k('LLM_KV_ROPE_DIMENSION_COUNT')}={n_rot} has {n_rot // 2} pairs.")
+            out[name] = g.tensor_values(name)
+    return out
 
 
-def _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, reader, notes) -> dict | None:
+def _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, tensors, notes) -> dict | None:
     where = f.where
     stype = f.get(k("LLM_KV_ROPE_SCALING_TYPE"), "str", "linear")
     if stype not in _SCALING_TYPES:
@@ -308,8 +389,8 @@ def _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, reader, notes
         factor = 1.0  # llama_context: "never scale if scaling type is none"
     attn = f.get(k("LLM_KV_ROPE_SCALING_ATTN_FACTOR"), "float", 1.0)
     orig = f.get(k("LLM_KV_ROPE_SCALING_ORIG_CTX_LEN"), "int", ctx)
-    freqs = _tensor(reader, "rope_freqs.weight")
-    long_f, short_f = _tensor(reader, "rope_factors_long.weight"), _tensor(reader, "rope_factors_short.weight")
+    freqs = tensors.get("rope_freqs.weight")
+    long_f, short_f = tensors.get("rope_factors_long.weight"), tensors.get("rope_factors_short.weight")
     for name, t in (("rope_freqs", freqs), ("rope_factors_long", long_f), ("rope_factors_short", short_f)):
         if t is not None and t.size != n_rot // 2:
             raise ReadError(f"{where}tensor {name} has {t.size} entries, but {k('LLM_KV_ROPE_DIMENSION_COUNT')}="
@@ -376,7 +457,7 @@ def _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, reader, notes
 def _swa_layers(f, k, entry, n_layers, where) -> list[bool]:
     key = k("LLM_KV_ATTENTION_SLIDING_WINDOW_PATTERN")
     pat = entry["swa_pattern"]
-    if f.has(key) and f._type(key) == f.T.ARRAY:
+    if f.has(key) and f.fields[key].is_array:
         flags = f.get(key, "bools")
         if len(flags) != n_layers:
             raise ReadError(f"{where}{key} has {len(flags)} entries for {n_layers} layers.")
