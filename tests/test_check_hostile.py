@@ -301,7 +301,8 @@ def test_config_seeds_keep_the_contract(tmp_path, capsys):
         assert main([*map(str, pair), "--json"]) == 1
         doc = _strict_json(capsys.readouterr().out)
         assert doc["exit_code"] == 1 and any("cover 48 rotary pairs" in p["problem"] for p in doc["problems"])
-    assert main([str(paths["head_dim"])]) == 2 and "head_dim" in capsys.readouterr().err  # refused before any allocation
+    # refused before any allocation
+    assert main([str(paths["head_dim"])]) == 2 and "head_dim" in capsys.readouterr().err
     assert main([str(paths["mp"])]) == 2 and "pass --position in 1..2^53" in capsys.readouterr().err
 
 
