@@ -449,6 +449,11 @@ def hf_config_notes(config: Any, *, style: str | None = None) -> tuple[str, ...]
     notes += [f"model type {model_type!r}: transformers' modeling code does not read {k!r} (it rotates the slice its "
               "rope dict says), so it is not applied."
               for k in conv.get("ignored_keys", ()) if _get(config, k) is not None]
+    params = _get(config, "rope_parameters")
+    if ("partial_rotary_factor" in conv.get("ignored_keys", ()) and isinstance(params, Mapping)
+            and params.get("partial_rotary_factor") is not None and params.get("rope_type", "default") == "default"):
+        notes.append(f"model type {model_type!r}: transformers' default rotation for it does not read "
+                     "rope_parameters['partial_rotary_factor'] (it rotates the whole head), so it is not applied.")
     return tuple(notes)
 
 
@@ -466,9 +471,22 @@ def _with_partial(config: Any, params: Mapping[str, Any], head_dim: int, conv: M
     or the top level (``partial_rotary_factor``), an absolute ``rotary_dim`` (GPT-J, CodeGen, MiniMax-M2), the
     legacy fraction ``rotary_pct`` (GPT-NeoX), else the fraction transformers' modeling code fixes (measured)."""
     params = dict(params)
+    ignored = set(conv.get("ignored_keys", ()))  # declared by the config class, never read by its modeling code
+    if "partial_rotary_factor" in ignored and not any(isinstance(v, Mapping) for v in params.values()):
+        # Measured: this type's default rotation reads no factor, from its rope dict either (Llama's rotates the
+        # whole head), so one there is not applied (transformers moves a top-level one into the rope dict).
+        factor = params.get("partial_rotary_factor", _get(config, "partial_rotary_factor"))
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind == "default":
+            params.pop("partial_rotary_factor", None)
+        elif is_real(factor) and float(factor) != 1.0:
+            # A scaling's inv_freq (modeling_rope_utils) does read it: tables for part of the head meet the
+            # whole head in the model's apply_rotary_pos_emb, and transformers' forward fails on the shapes.
+            raise ValueError(f"partial_rotary_factor={factor!r} with rope_type {kind!r}: this "
+                             f"model type's code rotates the whole head while the scaling's frequencies cover "
+                             f"part of it, so transformers fails on this config; drop partial_rotary_factor.")
     if "partial_rotary_factor" in params or params.get("rope_type") == "proportional":
         return params
-    ignored = set(conv.get("ignored_keys", ()))  # declared by the config class, never read by its modeling code
     for key, value in (("partial_rotary_factor", _get(config, "partial_rotary_factor")),
                        ("rotary_dim", _get(config, "rotary_dim")), ("rotary_pct", _get(config, "rotary_pct"))):
         if value is None or key in ignored:

@@ -14,7 +14,7 @@ import torch
 
 from ropelab import apply_rope
 from ropelab.conformance.hf_table import CONVENTIONS, TRANSFORMERS_VERSION
-from ropelab.spec import RopeSpec
+from ropelab.spec import RopeSpec, hf_config_notes
 
 transformers = pytest.importorskip("transformers")
 from ropelab.conformance import sweep as conformance  # noqa: E402
@@ -205,6 +205,17 @@ def test_slice_keys_the_modeling_code_ignores_are_not_read():
         if "rotary_dim" in keys:
             cfg = {**BASE, "model_type": mt, "rotary_dim": 16}
             assert all(s.rotary_dim is None or s.is_nope for s in RopeSpec.per_layer(cfg)), mt
+        if "partial_rotary_factor" in keys and mt in ("llama", "qwen3", "olmo2"):
+            # measured (the default rotation run with half the factor rotated the same dims): not applied, from
+            # the top level nor from the rope dict where transformers moves it, and named as a note
+            top = {**BASE, "model_type": mt, "partial_rotary_factor": 0.5}
+            nested = {**BASE, "model_type": mt, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                                     "partial_rotary_factor": 0.5}}
+            for cfg in (top, nested):
+                assert all(s.rotary_dim is None for s in RopeSpec.per_layer(cfg)), (mt, cfg)
+                assert any("partial_rotary_factor" in n for n in hf_config_notes(cfg)), (mt, cfg)
+    assert "partial_rotary_factor" not in CONVENTIONS["phi"].get("ignored_keys", ())  # Phi's code reads it
+    assert RopeSpec.per_layer({**BASE, "model_type": "phi", "partial_rotary_factor": 0.5})[0].rotary_dim == 32
     with pytest.raises(ValueError):  # the same key is read where the code reads it (GPT-J's rotary_dim)
         RopeSpec.per_layer({**BASE, "model_type": "gptj", "rotary_dim": True})
     assert RopeSpec.per_layer({**BASE, "model_type": "gptj", "rotary_dim": 16})[0].rotary_dim == 16

@@ -59,9 +59,14 @@ def _v4(rope: dict) -> dict:
 @pytest.mark.parametrize("source_schema", ["v5", "v4"])
 @pytest.mark.parametrize("schema", ["v5", "v4"])
 def test_round_trip_every_rope_type(name, source_schema, schema):
+    # Llama's code rotates the whole head whatever partial_rotary_factor says (measured: hf_table's ignored_keys):
+    # the partial rotations go through Phi's config, whose code reads the factor
+    arch = "phi" if "partial" in name else "llama"
     cfg = llama(ROPES[name]) if source_schema == "v5" else llama(v4=_v4(ROPES[name]))
+    cfg["model_type"] = arch
     reading = read_config(cfg)
-    assert reading.format == "transformers" and reading.architecture == "llama" and reading.head_dim == 64
+    assert reading.format == "transformers" and reading.architecture == arch and reading.head_dim == 64
+    assert (reading.layers[0].rotary_dim is not None) == ("partial" in name)
     written = write_config(reading, schema=schema)
     assert RopeSpec.per_layer(written) == reading.effective_specs()
     if schema == "v5":
@@ -79,7 +84,7 @@ def test_written_configs_are_what_transformers_reads():
     """transformers' own config class (v5 standardises v4 keys) reads the written config to the same specs."""
     transformers = pytest.importorskip("transformers")
     for name in ("llama3", "yarn", "partial", "longrope"):
-        reading = read_config(llama(ROPES[name]))
+        reading = read_config({**llama(ROPES[name]), "model_type": "phi" if name == "partial" else "llama"})
         for schema in ("v5", "v4"):
             written = write_config(reading, schema=schema)
             cfg = transformers.AutoConfig.for_model(**written)
@@ -267,3 +272,11 @@ def test_a_config_class_with_its_own_rotary_key_gets_it_written():
             if base is not None:
                 assert written["n_layer"] == 2 and "num_hidden_layers" not in written
 
+
+
+def test_a_partial_rotation_is_not_written_as_a_type_whose_code_rotates_the_whole_head():
+    """Llama's code reads no partial_rotary_factor (measured): a config written for it could not hold the slice, so
+    write_config refuses, saying what it would read back as."""
+    reading = read_config({**llama(ROPES["partial"]), "model_type": "phi"})
+    with pytest.raises(ValueError, match="cannot express"):
+        write_config(reading, llama())

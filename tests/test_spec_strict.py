@@ -81,6 +81,12 @@ _ODD: list[tuple[str, str, Any]] = [
 ]
 CORPUS = {f"{b}:{k}={json.dumps(v)}": {**BASES[b], k: v} for b, k, v in _ODD}
 CORPUS.update({f"{b}:as is": dict(d) for b, d in BASES.items()})
+# Llama's default rotation reads no partial_rotary_factor; its scalings do (modeling_rope_utils) and then the
+# shorter tables meet the whole head in apply_rotary_pos_emb: transformers fails on the forward.
+CORPUS["llama:linear with partial_rotary_factor"] = {**BASES["llama"], "partial_rotary_factor": 0.5,
+                                                     "rope_scaling": {"type": "linear", "factor": 2.0}}
+CORPUS["llama:rope dict with partial_rotary_factor"] = {
+    **BASES["llama"], "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}
 CORPUS["gpt_neox:rope_theta only"] = {**{k: v for k, v in BASES["gpt_neox"].items() if k != "rotary_emb_base"},
                                       "rope_theta": 500000.0}
 
@@ -95,14 +101,6 @@ STRICTER = {
     "gpt_neox:rope_theta only": "GPT-NeoX's config class reads no rope_theta and falls back to its default base; "
                                 "ropelab names rotary_emb_base, the key the class reads, instead of guessing",
 }
-# Where ropelab still reads a key transformers' modeling code ignores: the convention table
-# (ropelab.conformance.hf_table) measures ignored slice keys on each type's default config only, and neither
-# LlamaConfig's nor GPTNeoXConfig's default has partial_rotary_factor, so the table cannot say so yet.
-_LLAMA_PARTIAL = ("LlamaRotaryEmbedding.compute_default_rope_parameters never reads partial_rotary_factor (it "
-                  "rotates the whole head); the convention table does not record that yet, so ropelab applies it")
-NOT_YET = {"llama:partial_rotary_factor=0.5": _LLAMA_PARTIAL, 'llama:partial_rotary_factor="0.5"': _LLAMA_PARTIAL,
-           "llama:partial_rotary_factor=Infinity": _LLAMA_PARTIAL}
-
 _MODULES: dict[str, Any] = {}
 
 
@@ -165,8 +163,6 @@ def test_readers_accept_what_transformers_accepts(name):
     if theirs == "refuse":
         assert ours == "refuse", f"transformers refuses ({got}) but ropelab reads {specs}"
         return
-    if name in NOT_YET:
-        pytest.xfail(NOT_YET[name])
     assert ours == "accept", f"transformers reads it, ropelab refuses: {specs}"
     inv, att, head_dim = got
     spec = specs[0]

@@ -90,6 +90,31 @@ def _config_dict(config_cls, kwargs: dict, v4: bool) -> tuple[Any, dict]:
 
 
 
+def _ignores_partial_factor(config_cls, module, kwargs: dict, d: dict, rotating: int, head_dim: int,
+                            sliced: bool) -> bool:
+    """Whether the default rope type's code reads no ``partial_rotary_factor`` (measured): the type's default
+    config run again with the factor set to half its rotating share (in its rope dict, where transformers moves a
+    top-level one) still rotates the same dims. LlamaRotaryEmbedding's ``compute_default_rope_parameters``
+    rotates the whole head whatever the factor; Phi's reads it. False where it cannot be measured (a nested or
+    scaled rope dict, a slice too small to halve, a run that fails)."""
+    params = d.get("rope_parameters")
+    if not isinstance(params, dict) or params.get("rope_type", "default") != "default" or any(
+            isinstance(v, dict) for v in params.values()):
+        return False
+    probe_dims = (rotating // 2) // 2 * 2
+    if probe_dims < 2 or rotating > head_dim:
+        return False
+    rope = {**params, "partial_rotary_factor": probe_dims / head_dim}
+    try:
+        config = config_cls(**json.loads(json.dumps({**kwargs, "rope_parameters": rope})))
+        run = run_transformers(config, module)
+        conv = measure_calls(run["calls"], run["positions"])
+    except Exception:  # noqa: BLE001 - nothing measured: say nothing
+        return False
+    got = rotated_pairs(run["calls"][0])[0][0].shape[-1] if sliced else conv.get("rotating_dims")
+    return got == rotating
+
+
 def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None, probe: bool = True) -> dict:
     """One config variant: transformers' calls per layer against ``RopeSpec.per_layer`` of its dict.
 
@@ -138,6 +163,10 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
             if "rotating_dims" in conv:
                 conv["rotary_fraction"] = conv["rotating_dims"] / head_dim
             ignored = ignored_slice_keys(d, conv, head_dim, sliced)
+            if "partial_rotary_factor" not in ignored and _ignores_partial_factor(
+                    config_cls, module, kwargs, d, conv["rotating_dims"] if not sliced else call_dim, head_dim,
+                    sliced):
+                ignored.append("partial_rotary_factor")
             if ignored:
                 conv["ignored_keys"] = ignored
         out["convention"] = conv

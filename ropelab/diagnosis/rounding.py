@@ -39,7 +39,7 @@ import torch
 
 from ..precision import DTYPE_NAMES, UNIT_ROUNDOFF, wrap_angle
 
-__all__ = ["Rounding", "fit_frequencies", "read_rounding", "ulp", "ROUNDINGS", "MIN_RESOLVED", "QUANTITIES"]
+__all__ = ["Rounding", "fit_frequencies", "on_grid", "read_rounding", "ulp", "ROUNDINGS", "MIN_RESOLVED", "QUANTITIES"]
 
 ROUNDINGS = 4  # at most this many ulps off: base, power, reciprocal and cast each rounded once
 MIN_RESOLVED = 4  # pairs whose fit resolves the dtype's grid (tau <= ulp / 16) needed to call it a grid
