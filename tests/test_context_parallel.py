@@ -105,7 +105,8 @@ def test_te_fused_rope_cp2(case, gen):
 
 def test_local_positions_would_fail(gen):
     """The check above can fail: rank 1 rotated at 0, 1, 2, ... (its local indices, the CP bug) is far outside
-    the bound, while rank 0's first chunk (positions 0 .. c - 1 either way) is not."""
+    the bound, while rank 0's first chunk (positions 0 .. c - 1 either way) is not; so is a packed rank rotated
+    with its local cu_seqlens instead of cp_varlen's positions."""
     s, cp = 64, 2
     x = torch.rand(1, s, 2, 32, generator=gen)
     ref = oracle(x, torch.arange(s), "b s h d", "half", 32)
@@ -114,6 +115,36 @@ def test_local_positions_would_fail(gen):
         assert_within_bound(apply_rope(x_r, layout="b s h d"), ref_r, x_r, 32, "half")
     x0, ref0 = cp_slice(x, cp, 0, 1)[:, : s // 4], cp_slice(ref, cp, 0, 1)[:, : s // 4]
     assert_within_bound(apply_rope(x0, layout="b s h d"), ref0, x0, 32, "half")
+    # packed: the local cu_seqlens restart the positions at 0 at each local boundary, which is wrong too
+    cu = torch.tensor([0, 16, 64])
+    packed = torch.rand(64, 2, 32, generator=gen)
+    ref_t = oracle(packed, varlen_positions(cu), "t h d", "half", 32)
+    local = cp_varlen(cu, cp, 1)
+    x_t, ref_tr = packed[local.token_index], ref_t[local.token_index]
+    assert_within_bound(apply_rope(x_t, local.positions, layout="t h d"), ref_tr, x_t, 32, "half")
+    with pytest.raises(AssertionError, match="max excess"):
+        assert_within_bound(apply_rope(x_t, layout="t h d", cu_seqlens=local.local_cu_seqlens), ref_tr, x_t, 32,
+                            "half")
+
+
+@pytest.mark.parametrize("cp", [1, 2, 3, 4, 8])
+def test_positions_are_transformer_engines(cp):
+    """The positions, in order, as Transformer Engine's two code paths state them (rewritten on integers):
+    ``_get_freqs_on_this_cp_rank`` in ``transformer_engine/pytorch/attention/rope.py`` (rows r seg .. (r+1) seg
+    then full - (r+1) seg .. full - r seg of the table, seg = local length / 2, full = cp * local length) and
+    ``fused_rope_forward_kernel`` in ``transformer_engine/common/fused_rope/fused_rope.cu`` (local token s_id
+    at s_id + r cur/2 in the first half, else at s_id + cur cp - (r+1) cur/2 - cur/2; cur = local length)."""
+    for local in (2, 6, 40):
+        full, seg = cp * local, local // 2
+        table = torch.arange(full)
+        for r in range(cp):
+            unfused = table[:local] if cp == 1 else torch.cat(
+                [table[r * seg:(r + 1) * seg], table[full - (r + 1) * seg:full - r * seg]])
+            s_id = torch.arange(local)
+            kernel = s_id if cp == 1 else torch.where(
+                s_id < local // 2, s_id + r * local // 2, s_id + local * cp - (r + 1) * local // 2 - local // 2)
+            assert torch.equal(cp_positions(full, cp, r), unfused)
+            assert torch.equal(cp_positions(full, cp, r), kernel)
 
 
 # --------------------------------------------------------------------------------------------------
