@@ -17,6 +17,9 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
   (``rotate``, ``cos_sin``, ``pair_indices``, ``parse_layout``, ``Layout``, ``STYLES``, ``resolve_positions``,
   ``varlen_positions``, ``rotation_matrix``, ``reference_matrix``, ``reference_complex``);
 - ``spec``: one RoPE setting, validated once, read from a Hugging Face config (``RopeSpec``);
+- ``context_parallel``: context parallelism's load-balanced layout (rank r holds chunks r and 2 cp - 1 - r of
+  every sequence, as Transformer Engine and Megatron-LM split it): each rank's global positions and its slice,
+  packed batches too (``cp_positions``, ``cp_varlen``, ``cp_slice``, ``cp_gather``);
 - ``rope``: ``apply_rope``, the one call from keywords or a ``RopeSpec`` to the rotation on any backend
   (torch, compile, triton, multi-axis), above the modules it dispatches to;
 - ``conformance``: the conformance sweep against transformers' own modeling code, a package (``sweep``, and
@@ -69,7 +72,8 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
 import sys
 import types
 
-from . import _aliases, attention, convert, cope, decay, diagnosis, precision, scaling, spec
+from . import _aliases, attention, context_parallel, convert, cope, decay, diagnosis, precision, scaling, spec
+from .context_parallel import CPVarlen, cp_gather, cp_positions, cp_slice, cp_varlen
 from .cope import CoPE
 from .core import (
     STYLES,
@@ -93,6 +97,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CoPE",
+    "CPVarlen",
     "Comparison",
     "Diagnosis",
     "compare",
@@ -103,8 +108,13 @@ __all__ = [
     "Layout",
     "apply_rope",
     "attention",
+    "context_parallel",
     "convert",
     "cope",
+    "cp_gather",
+    "cp_positions",
+    "cp_slice",
+    "cp_varlen",
     "cos_sin",
     "decay",
     "diagnosis",
