@@ -90,8 +90,6 @@ def _split(qkv, q, k, v, num_heads: int, num_kv_heads: int, head_dim: int):
     for name, n in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
         if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
             raise ValueError(f"{name} must be a positive int, got {n!r}.")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}) (GQA groups).")
     if head_dim % 2 or head_dim > MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be even and at most {MAX_HEAD_DIM}, got {head_dim}.")
     if qkv is not None:
@@ -303,7 +301,7 @@ def _cpu_path(x, w, cos, sin, eps, w_offset, style, out_dtype):
 
 def _triton_path(q, k, v, wq, wk, cos, sin, eps, w_offset, style, slots, kc, vc):
     from . import qk_norm_rope_triton as kt
-    from .fused_rope import _pow2, why_unavailable
+    from .fused_rope import why_unavailable
 
     why = why_unavailable(q.device)
     if why is not None:
@@ -330,7 +328,7 @@ def _triton_path(q, k, v, wq, wk, cos, sin, eps, w_offset, style, slots, kc, vc)
         *q.stride(), *k.stride(), *vv.stride(),
         oq.stride(0), oq.stride(1), ok.stride(0), ok.stride(1),
         kcf.stride(0), kcf.stride(1), vcf.stride(0), vcf.stride(1), cos.stride(0),
-        BLOCK_D=_pow2(D), INTERLEAVED=style == "interleaved", HAS_CACHE=has_cache, CDT=cdt,
+        BLOCK_D=1 << (D - 1).bit_length(), INTERLEAVED=style == "interleaved", HAS_CACHE=has_cache, CDT=cdt,
         num_warps=4,
     )
     return oq, ok
@@ -368,7 +366,8 @@ def qk_norm_rope(
         qkv: the packed projection output ``[tokens, (Hq + 2 Hkv) * D]`` (q, k, v side by side, as vLLM's
             ``qkv_proj``), or None and ``q``, ``k`` (and ``v``) as ``[tokens, H * D]`` or ``[tokens, H, D]``
             (any strides).
-        num_heads, num_kv_heads, head_dim: Hq, Hkv (Hq a multiple of Hkv: GQA), D (even, at most 512).
+        num_heads, num_kv_heads, head_dim: Hq, Hkv (any counts: the op is per head, GQA's grouping is
+            attention's), D (even, at most 512).
         q_weight, k_weight: the norm weights ``[D]`` (Qwen3's ``q_norm.weight``/``k_norm.weight``), shared by
             every head. ``unit_offset=True`` multiplies by ``1 + weight`` (Gemma 3's ``q_norm``).
         eps: the RMSNorm epsilon (``rms_norm_eps``), > 0.
