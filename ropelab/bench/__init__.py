@@ -25,8 +25,8 @@ counts less (the explorers aim at 200 ms per update on a 2-core CPU). Run it on 
 ``ropelab.qk_norm_rope`` (each backend that runs) on the same packed QKV and paged cache, with each row's ratio
 to the norm alone (``ropelab.bench.fused``).
 
-One file per benchmark: ``cpu``, ``decode``, ``explorers``, ``fused``, ``gpu`` (the fused kernels against their peers) and
-``gpu_decode`` (the Triton decode kernel's GPU rows); ``timing`` holds what they share. Benchmarks sit above
+One file per benchmark: ``cpu``, ``decode``, ``explorers``, ``fused``, ``gpu`` (the fused kernels against their
+peers) and ``gpu_decode`` (the Triton decode kernel's GPU rows); ``timing`` holds what they share. Benchmarks sit above
 everything they time; nothing in the package imports them.
 """
 

@@ -41,7 +41,8 @@ def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
 
 
-def bench_fused(tokens: int = 1024, heads: tuple[int, int] = (32, 8), head_dim: int = 128, rotary_dim: int | None = None,
+def bench_fused(tokens: int = 1024, heads: tuple[int, int] = (32, 8), head_dim: int = 128,
+                rotary_dim: int | None = None,
                 dtype: str = "bfloat16", repeats: int = 20, threads: int = 2, page_size: int = 16,
                 backends: tuple[str, ...] = ("torch", "cpu", "triton"), device: str = "cpu") -> dict:
     """Time the three ways (module docstring) on one input; rows carry ``median_ms``, ``q25_ms``, ``q75_ms`` and

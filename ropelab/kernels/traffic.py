@@ -217,7 +217,8 @@ def qk_norm_rope_traffic(tokens: int, num_heads: int, num_kv_heads: int, head_di
     Q, K = tokens * num_heads * head_dim, tokens * num_kv_heads * head_dim
     W, tab = 2 * head_dim * s, tokens * r * st  # two weight vectors; cos and sin rows, r/2 each
     norm = Traffic("RMSNorm alone (q, k)", note="by hand: read q, k, weights; write q, k")
-    norm.ops += [OpTraffic("norm: load q, k, weights", (Q + K) * s + W, 0), OpTraffic("norm: store q, k", 0, (Q + K) * s)]
+    norm.ops += [OpTraffic("norm: load q, k, weights", (Q + K) * s + W, 0),
+                 OpTraffic("norm: store q, k", 0, (Q + K) * s)]
     unfused = Traffic("unfused: norm -> RoPE -> cache write", note="by hand: one pass per op")
     unfused.ops += list(norm.ops)
     unfused.ops.append(OpTraffic("rope: load q, k, cos/sin rows", (Q + K) * s + tab, 0))
