@@ -19,12 +19,15 @@ import torch
 
 import ropelab
 from ropelab import RopeSpec, qk_norm_rope
-from ropelab.kernels import fused_rope
+from ropelab.kernels import cpu_build, fused_rope
+from ropelab.kernels import qk_norm_rope as qnr
 from ropelab.kernels.qk_norm_rope import qk_norm_rope_oracle
 from ropelab.precision import UNIT_ROUNDOFF
 
 TRITON = fused_rope.available("cpu")
-BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not TRITON, reason="Triton interpreter off"))]
+CPU_WHY = cpu_build.why_unavailable("cpu_qk_norm_rope", qnr._C_SOURCE)
+BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not TRITON, reason="Triton interpreter off")),
+            pytest.param("cpu", marks=pytest.mark.skipif(CPU_WHY is not None, reason=f"no C kernel: {CPU_WHY}"))]
 
 
 def pair_sum(a: torch.Tensor, r: int, style: str) -> torch.Tensor:
@@ -349,8 +352,8 @@ def test_vllm_slot_mapping_with_padding_and_contiguous_cache(backend, gen):
     assert int((kc2.abs().sum((-1, -2)) > 0).sum()) == 3
 
 
-def test_cpu_backend(gen):
-    """backend="cpu" (torch.compile of the formula, Inductor's C++) against the oracle: bf16, GPT-J pairs,
+def test_compile_backend(gen):
+    """backend="compile" (torch.compile of the formula, Inductor's C++) against the oracle: bf16, GPT-J pairs,
     partial rotary, a paged cache write (one configuration: the first compile takes ~20 s on 2 cores)."""
     T, Hq, Hkv, D = 4, 2, 1, 64
     for dtype, style in ((torch.bfloat16, "interleaved"),):
@@ -360,15 +363,15 @@ def test_cpu_backend(gen):
         spec = RopeSpec(style=style, rotary_dim=48)
         oq, ok = qk_norm_rope(qkv, num_heads=Hq, num_kv_heads=Hkv, head_dim=D, q_weight=wq, k_weight=wk, eps=1e-6,
                               spec=spec, offset=2, kv_cache=(kc, vc), slot_mapping=torch.tensor([7, 1, 2, 3]),
-                              backend="cpu")
+                              backend="compile")
         q, k, _ = parts(qkv, Hq, Hkv, D)
         for x, w, y in ((q, wq, oq), (k, wk, ok)):
             ref, r = oracle_spec(x, w, 1e-6, spec, torch.arange(T) + 2, D)
-            assert_within(y, ref, r, style, dtype, "cpu")
+            assert_within(y, ref, r, style, dtype, "compile")
         assert torch.equal(kc.view(-1, Hkv, D)[torch.tensor([7, 1, 2, 3])], ok)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS[:2])
 def test_float64_and_separate_q_k_v(backend, gen):
     """float64 q, k given apart ([T, H*D] strided slices and [T, H, D]), computed in float64: within the float64
     bound of the oracle."""
@@ -436,6 +439,7 @@ def _cache(n=2, bs=4):
     (dict(kv_cache=torch.zeros(2, 4, 1, 16)), "must be a pair"),
     (dict(spec=RopeSpec.nope()), "without RoPE"),
     (dict(angle_dtype=torch.float16), "angle_dtype"),
+    (dict(qkv=torch.randn(4, 64, dtype=torch.float64), backend="cpu"), "backend='cpu' takes float32"),
 ])
 def test_bad_input_raises_a_clear_error(over, match):
     args, kw = _base(**over)
@@ -457,3 +461,25 @@ def test_bad_separate_inputs():
         qk_norm_rope(q=torch.randn(4, 32), k=torch.randn(4, 16).half(), **kw)
     with pytest.raises(ValueError, match="needs v"):
         qk_norm_rope(q=torch.randn(4, 32), k=torch.randn(4, 16), kv_cache=_cache(), **kw)
+
+
+@pytest.mark.skipif(CPU_WHY is not None, reason="no C kernel")
+def test_cpu_kernel_threads_and_strided_input(gen):
+    """The C kernel on enough rows to split them over OpenMP threads (2 here), from a transposed-then-sliced q whose
+    last dim is not contiguous (copied once by the wrapper), with a paged cache: within the oracle's bound."""
+    T, Hq, Hkv, D = 256, 8, 2, 128
+    torch.set_num_threads(2)
+    qkv, wq, wk = make(T, Hq, Hkv, D, torch.bfloat16, gen)
+    q, k, v = parts(qkv, Hq, Hkv, D)
+    q_strided = q.transpose(1, 2).contiguous().transpose(1, 2)  # same values, last-dim stride Hq
+    kc = torch.zeros(T // 16 + 1, 16, Hkv, D, dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    spec = RopeSpec(base=1e6)
+    oq, ok = qk_norm_rope(q=q_strided, k=k, v=v, num_heads=Hq, num_kv_heads=Hkv, head_dim=D, q_weight=wq,
+                          k_weight=wk, eps=1e-6, spec=spec, kv_cache=(kc, vc), slot_mapping=torch.arange(T) + 16,
+                          backend="cpu")
+    for x, w, y in ((q, wq, oq), (k, wk, ok)):
+        ref, r = oracle_spec(x, w, 1e-6, spec, torch.arange(T), D)
+        assert_within(y, ref, r, "half", torch.bfloat16, "cpu")
+    assert torch.equal(kc.view(-1, Hkv, D)[16:], ok) and torch.equal(vc.view(-1, Hkv, D)[16:], v)
+    assert not kc[0].any() and not vc[0].any()

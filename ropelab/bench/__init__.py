@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     fus.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     fus.add_argument("--repeats", type=int, default=20)
     fus.add_argument("--threads", type=int, default=2)
-    fus.add_argument("--backends", nargs="+", default=["torch", "cpu", "triton"])
+    fus.add_argument("--backends", nargs="+", default=["torch", "compile", "cpu", "triton"])
     fus.add_argument("--device", default="cpu")
     fus.add_argument("--out", default=str(DATA_DIR / "bench" / "fused.json"))
     args = parser.parse_args(argv)

@@ -9,7 +9,8 @@ write cost *on top of* the norm they are fused into. Every method gets the same 
 - ``RMSNorm alone``: the per-head norm of q and k (float32 math, one rounding), nothing else;
 - ``unfused``: that norm, then :func:`ropelab.apply_rope` on q and k (``spec=``, ``layout="t h d"``), then the
   cache write of k and v (an indexed copy);
-- ``fused (backend=...)``: :func:`ropelab.qk_norm_rope` writing the same cache.
+- ``fused (backend=...)``: :func:`ropelab.qk_norm_rope` writing the same cache: ``torch`` (eager reference),
+  ``compile`` (``torch.compile`` of it), ``cpu`` (the C/OpenMP kernel), ``triton`` (on a GPU).
 
 Median and interquartile range of ``--repeats`` rounds, methods interleaved round-robin
 (:func:`ropelab.bench.timing.time_methods`); each row's ratio is its median over the norm's. The byte model of
@@ -44,7 +45,7 @@ def _norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def bench_fused(tokens: int = 1024, heads: tuple[int, int] = (32, 8), head_dim: int = 128,
                 rotary_dim: int | None = None,
                 dtype: str = "bfloat16", repeats: int = 20, threads: int = 2, page_size: int = 16,
-                backends: tuple[str, ...] = ("torch", "cpu", "triton"), device: str = "cpu") -> dict:
+                backends: tuple[str, ...] = ("torch", "compile", "cpu", "triton"), device: str = "cpu") -> dict:
     """Time the three ways (module docstring) on one input; rows carry ``median_ms``, ``q25_ms``, ``q75_ms`` and
     ``ratio_to_norm``; ``traffic`` holds the byte model's totals for the same shape."""
     if not isinstance(repeats, int) or repeats < 1:
@@ -94,7 +95,7 @@ def bench_fused(tokens: int = 1024, heads: tuple[int, int] = (32, 8), head_dim: 
             continue
         try:
             t0 = time.perf_counter()
-            qk_norm_rope(qkv, backend=b, **kw)  # the first call compiles (backend="cpu": Inductor C++)
+            qk_norm_rope(qkv, backend=b, **kw)  # the first call builds: Inductor for "compile", the C library for "cpu"
             notes[f"first call seconds, backend={b}"] = round(time.perf_counter() - t0, 3)
         except Exception as e:  # no C++ toolchain, no GPU: say so rather than fail
             notes[f"fused (backend={b})"] = f"skipped: {type(e).__name__}: {str(e)[:200]}"

@@ -46,11 +46,14 @@ contiguous cache). Every other entry of the cache is left exactly as it was.
 
 **Backends**: ``"torch"`` (eager PyTorch, the reference), ``"triton"`` (:mod:`ropelab.kernels.qk_norm_rope_triton`:
 one launch, one program per token-head row; CUDA, or the CPU under ``TRITON_INTERPRET=1``), ``"cpu"``
-(``torch.compile`` of the reference, Inductor's C++: one loop per row; a C kernel is left for later).
+(the C kernel ``cpu_qk_norm_rope.c``, built on first use by :mod:`ropelab.kernels.cpu_build`: one OpenMP pass
+over the token-head rows, float32, the bf16 rounding to nearest even) and ``"compile"`` (``torch.compile`` of
+the reference: Inductor's C++ on a CPU).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,7 +63,7 @@ from ..spec import RopeSpec
 
 __all__ = ["qk_norm_rope", "qk_norm_rope_oracle", "QK_NORM_ROPE_BACKENDS", "resolve_slots"]
 
-QK_NORM_ROPE_BACKENDS = ("torch", "triton", "cpu")
+QK_NORM_ROPE_BACKENDS = ("torch", "compile", "triton", "cpu")
 MAX_HEAD_DIM = 512
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -291,12 +294,72 @@ def _norm_rope_formula(x, w, cos, sin, eps: float, w_offset: float, style: str, 
 _COMPILED: dict[str, Any] = {}
 
 
-def _cpu_path(x, w, cos, sin, eps, w_offset, style, out_dtype):
-    """``torch.compile`` (Inductor C++) of :func:`_norm_rope_formula`: one fused loop per row."""
+def _compiled_path(x, w, cos, sin, eps, w_offset, style, out_dtype):
+    """``torch.compile`` (Inductor) of :func:`_norm_rope_formula`: one fused loop per row."""
     fn = _COMPILED.get("fn")
     if fn is None:
         fn = _COMPILED["fn"] = torch.compile(_norm_rope_formula, dynamic=False)
     return fn(x, w, cos, sin, eps, w_offset, style, out_dtype)
+
+
+_C_SOURCE = Path(__file__).with_name("cpu_qk_norm_rope.c")
+_C_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _c_library():
+    """The C kernel, built once by :mod:`ropelab.kernels.cpu_build` (ValueError saying why when it cannot be)."""
+    import ctypes
+
+    from .cpu_build import BuildError, load_library
+
+    try:
+        lib = load_library("cpu_qk_norm_rope", _C_SOURCE)
+    except BuildError as e:
+        raise ValueError(f"backend='cpu' cannot run: {e} Use backend='torch' or 'compile' instead.") from e
+    fn = lib.ropelab_qk_norm_rope
+    if fn.argtypes is None:
+        P, I64, F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+        fn.argtypes = [P] * 12 + [I64] * 13 + [F, F] + [ctypes.c_int] * 4
+        fn.restype = ctypes.c_int
+        lib.ropelab_qkn_has_f16.restype = ctypes.c_int
+    return lib
+
+
+def _cpu_path(q, k, v, wq, wk, cos, sin, eps, w_offset, style, slots, kc, vc):
+    """The C kernel (:file:`cpu_qk_norm_rope.c`): one OpenMP pass over the token-head rows."""
+    if q.device.type != "cpu":
+        raise ValueError(f"backend='cpu' runs on CPU tensors, got {q.device}; use backend='triton' on a GPU.")
+    if q.dtype not in _C_DTYPES:
+        raise ValueError(f"backend='cpu' takes float32, bfloat16 or float16, got {q.dtype}; use backend='torch'.")
+    lib = _c_library()
+    if q.dtype == torch.float16 and not lib.ropelab_qkn_has_f16():
+        raise ValueError("backend='cpu': this C compiler has no _Float16, so float16 is not built; use "
+                         "backend='torch' or 'compile' for float16.")
+    # the kernel reads rows with a contiguous last dim; another layout is copied once here (never silently
+    # computed differently)
+    q, k = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k))
+    v = v if v is None or v.stride(-1) == 1 else v.contiguous()
+    T, Hq, D = q.shape
+    Hkv = k.shape[1]
+    oq = torch.empty(T, Hq, D, dtype=q.dtype)
+    ok = torch.empty(T, Hkv, D, dtype=q.dtype)
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    wq32, wk32 = wq.float().contiguous(), wk.float().contiguous()
+    has_cache = kc is not None
+    vv = v if v is not None else k
+    sl = slots.contiguous() if has_cache else torch.zeros(1, dtype=torch.long)
+    kcf = kc.view(-1, Hkv, D) if has_cache else ok
+    vcf = vc.view(-1, Hkv, D) if has_cache else ok
+    rc = lib.ropelab_qk_norm_rope(
+        q.data_ptr(), k.data_ptr(), vv.data_ptr(), wq32.data_ptr(), wk32.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+        sl.data_ptr(), oq.data_ptr(), ok.data_ptr(), kcf.data_ptr(), vcf.data_ptr(),
+        T, Hq, Hkv, D, cos.shape[1], q.stride(0), q.stride(1), k.stride(0), k.stride(1), vv.stride(0), vv.stride(1),
+        kcf.stride(0), kcf.stride(1), eps, w_offset, int(style == "interleaved"), _C_DTYPES[q.dtype],
+        int(has_cache), torch.get_num_threads(),
+    )
+    if rc != 0:
+        raise ValueError(f"the C kernel refused its arguments (head_dim {D} at most 512, r/2 {cos.shape[1]}).")
+    return oq, ok
 
 
 def _triton_path(q, k, v, wq, wk, cos, sin, eps, w_offset, style, slots, kc, vc):
@@ -379,7 +442,7 @@ def qk_norm_rope(
         seq_len, angle_dtype: for ``spec``: the current length of length-dependent scalings (default
             max(position) + 1) and the angle precision (float64 default, or float32).
         kv_cache, slot_mapping, block_table: see the module docstring ("Cache").
-        backend: ``"torch"``, ``"triton"`` or ``"cpu"``.
+        backend: ``"torch"``, ``"compile"``, ``"triton"`` or ``"cpu"`` (the C kernel; fp32/bf16/fp16).
 
     Returns ``(q', k')`` as ``[tokens, Hq, D]`` and ``[tokens, Hkv, D]`` new tensors in q's dtype (inputs
     are not modified); the cache, when given, is written in place.
@@ -405,7 +468,9 @@ def qk_norm_rope(
         raise ValueError("slot_mapping/block_table place tokens in a cache: pass kv_cache=(k_cache, v_cache) too.")
     if backend == "triton":
         return _triton_path(q, k, v, wq, wk, cos, sin, eps, w_offset, style, slots, kc, vc)
-    run = _cpu_path if backend == "cpu" else _norm_rope_formula
+    if backend == "cpu":
+        return _cpu_path(q, k, v, wq, wk, cos, sin, eps, w_offset, style, slots, kc, vc)
+    run = _compiled_path if backend == "compile" else _norm_rope_formula
     oq = run(q, wq, cos, sin, eps, w_offset, style, q.dtype)
     ok = run(k, wk, cos, sin, eps, w_offset, style, q.dtype)
     if kc is not None:
