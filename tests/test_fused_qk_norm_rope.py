@@ -483,3 +483,20 @@ def test_cpu_kernel_threads_and_strided_input(gen):
         assert_within(y, ref, r, "half", torch.bfloat16, "cpu")
     assert torch.equal(kc.view(-1, Hkv, D)[16:], ok) and torch.equal(vc.view(-1, Hkv, D)[16:], v)
     assert not kc[0].any() and not vc[0].any()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_qk_rms_norm_alone(backend, gen):
+    """qk_rms_norm: the same kernels with rotary dim 0 and no cache (the benchmark's own-norm reference) against
+    the float64 norm; every dim is then a pass-through, so the bound is (D/2 + 10) u_32 2|y| + u |y|."""
+    from ropelab.kernels.qk_norm_rope import qk_rms_norm
+
+    T, Hq, Hkv, D = 3, 2, 1, 64
+    qkv, wq, wk = make(T, Hq, Hkv, D, torch.bfloat16, gen)
+    q, k, _ = parts(qkv, Hq, Hkv, D)
+    oq, ok = qk_rms_norm(q, k, num_heads=Hq, num_kv_heads=Hkv, head_dim=D, q_weight=wq, k_weight=wk, eps=1e-6,
+                         backend=backend)
+    for x, w, y in ((q, wq, oq), (k, wk, ok)):
+        x64 = x.double()
+        ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+        assert_within(y, ref, 0, "half", torch.bfloat16, backend)

@@ -61,7 +61,7 @@ import torch
 from ..core import check_cu_seqlens, check_positions, check_style, cos_sin, rotate, varlen_positions
 from ..spec import RopeSpec
 
-__all__ = ["qk_norm_rope", "qk_norm_rope_oracle", "QK_NORM_ROPE_BACKENDS", "resolve_slots"]
+__all__ = ["qk_norm_rope", "qk_rms_norm", "qk_norm_rope_oracle", "QK_NORM_ROPE_BACKENDS", "resolve_slots"]
 
 QK_NORM_ROPE_BACKENDS = ("torch", "compile", "triton", "cpu")
 MAX_HEAD_DIM = 512
@@ -478,6 +478,33 @@ def qk_norm_rope(
         kc.view(-1, *kc.shape[2:])[slots[keep]] = ok[keep]
         vc.view(-1, *vc.shape[2:])[slots[keep]] = v[keep]
     return oq, ok
+
+
+def qk_rms_norm(q: torch.Tensor, k: torch.Tensor, *, num_heads: int, num_kv_heads: int, head_dim: int,
+                q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, unit_offset: bool = False,
+                backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-head RMSNorm of q and k alone (no RoPE, no cache), by the same kernels as :func:`qk_norm_rope`
+    (rotary dim 0): the reference a fused op's overhead is measured against (``python -m ropelab.bench fused``).
+    Same numerics (float32, one rounding) and checks; backends ``"torch"``, ``"triton"``, ``"cpu"``."""
+    if backend not in ("torch", "triton", "cpu"):
+        raise ValueError(f"backend must be 'torch', 'triton' or 'cpu', got {backend!r}.")
+    q, k, _ = _split(None, q, k, None, num_heads, num_kv_heads, head_dim)
+    wq = _check_weight(q_weight, "q_weight", head_dim, q)
+    wk = _check_weight(k_weight, "k_weight", head_dim, q)
+    eps = _check_eps(eps)
+    w_offset = 1.0 if unit_offset else 0.0
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    none = torch.empty(q.shape[0], 0, dtype=cdt, device=q.device)
+    if backend == "triton":
+        return _triton_path(q, k, None, wq, wk, none, none, eps, w_offset, "half", None, None, None)
+    if backend == "cpu":
+        return _cpu_path(q, k, None, wq, wk, none, none, eps, w_offset, "half", None, None, None)
+
+    def norm(x, w):
+        xf = x.to(cdt)
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (w.to(cdt) + w_offset)).to(q.dtype)
+
+    return norm(q, wq), norm(k, wk)
 
 
 def qk_norm_rope_oracle(x: torch.Tensor, w: torch.Tensor, eps: float, cos64: torch.Tensor, sin64: torch.Tensor,
