@@ -41,59 +41,56 @@ def qk_norm_rope_kernel(
     dmask = d < D
     is_q = h < Hq
     is_v = h >= Hq + Hkv
-    hk = tl.where(is_q, 0, h - Hq)  # head index within k (or v, below)
-    hv = tl.where(is_v, h - Hq - Hkv, 0)
-    hq = tl.where(is_q, h, 0)
-    # The row's base address in q, k or v (int64).
-    if is_q:
-        base = Q + t64 * sqt + hq.to(tl.int64) * sqh
-        sd = sqd
-    elif is_v:
-        base = V + t64 * svt + hv.to(tl.int64) * svh
-        sd = svd
+    hk = tl.where(is_q, 0, h - Hq).to(tl.int64)  # head index within k (or v, below)
+    hv = tl.where(is_v, h - Hq - Hkv, 0).to(tl.int64)
+    hq = tl.where(is_q, h, 0).to(tl.int64)
+    # The pair partner of each dim (dims past r have none), and its cos/sin column.
+    r = 2 * half
+    rot = d < r
+    if INTERLEAVED:
+        partner = d ^ 1
+        first = (d % 2) == 0
+        i = d // 2
     else:
-        base = K + t64 * skt + hk.to(tl.int64) * skh
-        sd = skd
-    x = tl.load(base + d * sd, mask=dmask, other=0.0).to(CDT)
+        first = d < half
+        partner = tl.where(first, d + half, d - half)
+        i = tl.where(first, d, d - half)
+    pmask = dmask & rot
     if HAS_CACHE:
         slot = tl.load(SLOT + t).to(tl.int64)
     else:
         slot = t64 * 0 - 1
     smask = dmask & ((d.to(tl.int64) * 0 + slot) >= 0)  # -1: the token is not written to the cache
-    if is_v:
+    if is_v:  # a v row: only its copy into the cache slot
         if HAS_CACHE:
-            tl.store(VC + slot * svcs + hv.to(tl.int64) * svch + d, x.to(VC.dtype.element_ty), mask=smask)
+            xv = tl.load(V + t64 * svt + hv * svh + d * svd, mask=dmask, other=0.0)
+            tl.store(VC + slot * svcs + hv * svch + d, xv.to(VC.dtype.element_ty), mask=smask)
     else:
+        # Each branch yields loaded values only (the row, its partners, the weights), never pointers or strides.
         if is_q:
-            W = WQ
+            row_q = Q + t64 * sqt + hq * sqh
+            x = tl.load(row_q + d * sqd, mask=dmask, other=0.0).to(CDT)
+            xp = tl.load(row_q + partner * sqd, mask=pmask, other=0.0).to(CDT)
+            w = tl.load(WQ + d, mask=dmask, other=0.0).to(CDT)
+            wp = tl.load(WQ + partner, mask=pmask, other=0.0).to(CDT)
         else:
-            W = WK
+            row_k = K + t64 * skt + hk * skh
+            x = tl.load(row_k + d * skd, mask=dmask, other=0.0).to(CDT)
+            xp = tl.load(row_k + partner * skd, mask=pmask, other=0.0).to(CDT)
+            w = tl.load(WK + d, mask=dmask, other=0.0).to(CDT)
+            wp = tl.load(WK + partner, mask=pmask, other=0.0).to(CDT)
         ms = tl.sum(x * x, axis=0) / D
         rstd = 1.0 / tl.sqrt(ms + eps)
-        w = tl.load(W + d, mask=dmask, other=0.0).to(CDT) + w_offset
-        xn = x * rstd * w
-        r = 2 * half
-        rot = d < r
-        if INTERLEAVED:
-            partner = d ^ 1
-            first = (d % 2) == 0
-            i = d // 2
-        else:
-            first = d < half
-            partner = tl.where(first, d + half, d - half)
-            i = tl.where(first, d, d - half)
-        pmask = dmask & rot
-        xp = tl.load(base + partner * sd, mask=pmask, other=0.0).to(CDT)
-        wp = tl.load(W + partner, mask=pmask, other=0.0).to(CDT) + w_offset
-        xpn = xp * rstd * wp
+        xn = x * rstd * (w + w_offset)
+        xpn = xp * rstd * (wp + w_offset)
         row = tl.load(POS_IDX + t).to(tl.int64) * s_cos
         c = tl.load(COS + row + i, mask=pmask, other=1.0).to(CDT)
         s = tl.load(SIN + row + i, mask=pmask, other=0.0).to(CDT)
         # y_a = xa c - xb s (first of the pair), y_b = xb c + xa s (second): x here is this dim, xp its partner.
         y = tl.where(rot, tl.where(first, xn * c - xpn * s, xn * c + xpn * s), xn)
         if is_q:
-            tl.store(OQ + t64 * soqt + hq.to(tl.int64) * soqh + d, y.to(OQ.dtype.element_ty), mask=dmask)
+            tl.store(OQ + t64 * soqt + hq * soqh + d, y.to(OQ.dtype.element_ty), mask=dmask)
         else:
-            tl.store(OK + t64 * sokt + hk.to(tl.int64) * sokh + d, y.to(OK.dtype.element_ty), mask=dmask)
+            tl.store(OK + t64 * sokt + hk * sokh + d, y.to(OK.dtype.element_ty), mask=dmask)
             if HAS_CACHE:
-                tl.store(KC + slot * scs + hk.to(tl.int64) * sch + d, y.to(KC.dtype.element_ty), mask=smask)
+                tl.store(KC + slot * scs + hk * sch + d, y.to(KC.dtype.element_ty), mask=smask)
