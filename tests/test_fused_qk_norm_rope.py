@@ -544,3 +544,20 @@ def test_triton_kernel_compiles_for_an_sm90_gpu_without_one():
     if proc.returncode != 0 and ("ptxas" in proc.stderr or "No such file" in proc.stderr):
         pytest.skip(f"Triton's CUDA toolchain (ptxas) is not usable here: {proc.stderr[-300:]}")
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float32_angles(backend, gen):
+    """angle_dtype=torch.float32 forms the angles as Hugging Face does (float32 position x float32 inv_freq): the
+    result meets the bound of an oracle given those same float32-angle tables (in float64 from there on)."""
+    T, Hq, Hkv, D = 3, 2, 1, 32
+    qkv, wq, wk = make(T, Hq, Hkv, D, torch.float32, gen)
+    spec = RopeSpec(base=1e6)
+    pos = torch.arange(T) + 70000
+    oq, ok = qk_norm_rope(qkv, num_heads=Hq, num_kv_heads=Hkv, head_dim=D, q_weight=wq, k_weight=wk, eps=1e-6,
+                          spec=spec, positions=pos, angle_dtype=torch.float32, backend=backend)
+    inv, af = spec.frequencies(D)
+    c32, s32 = ropelab.cos_sin(pos, inv, af, dtype=torch.float64, angle_dtype=torch.float32)
+    q, k, _ = parts(qkv, Hq, Hkv, D)
+    for x, w, y in ((q, wq, oq), (k, wk, ok)):
+        assert_within(y, qk_norm_rope_oracle(x, w, 1e-6, c32, s32, "half"), D, "half", torch.float32, backend)
