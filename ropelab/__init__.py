@@ -62,8 +62,9 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
 - ``nbclean``: keeps notebook outputs out of git (Jupyter pre-save hook, nbstripout filter);
 - ``site``: the static site of the executed notebooks (``make site``: Sphinx with myst-nb; the notebook map, one
   page per notebook, the API reference from these docstrings, the guides under ``docs/``);
-- ``kernels``: a fused Triton RoPE (forward and backward), ``backend="compile"`` for the CPU, the decode kernel
-  and the byte model; ``apply_rope`` imports them on first use, ``core`` never;
+- ``kernels``: a fused Triton RoPE (forward and backward), ``backend="compile"`` for the CPU, the decode kernel,
+  the fused QK-RMSNorm + RoPE + KV-cache write (``qk_norm_rope``) and the byte model; ``apply_rope`` imports
+  them on first use, ``core`` never;
 - ``machine``: the CPU, threads and library versions a measurement ran on;
 - ``bench``: benchmarks that print ratios measured in one run, one file per benchmark (``cpu``, ``decode``,
   ``explorers``, ``gpu``, ``gpu_decode``); nothing in the package imports them.
@@ -89,6 +90,7 @@ from .core import (
     varlen_positions,
 )
 from .diagnosis import Comparison, Diagnosis, compare, diagnose
+from .kernels.qk_norm_rope import qk_norm_rope
 from .rope import apply_rope
 from .scaling import ROPE_TYPES, frequencies
 from .spec import RopeSpec
@@ -122,6 +124,7 @@ __all__ = [
     "pair_indices",
     "precision",
     "parse_layout",
+    "qk_norm_rope",
     "reference_complex",
     "reference_matrix",
     "resolve_positions",

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check, under 6 minutes: the Triton kernels' correctness tests on the GPU, then `python -m ropelab.bench gpu`.
+# GPU check, under 7 minutes: the Triton kernels' correctness tests on the GPU (the fused QK-norm+RoPE's among them),
+# then `python -m ropelab.bench gpu` and `python -m ropelab.bench fused --device cuda`.
 #   scripts/gpu_check.sh OUT_DIR        (run from the checkout; PYTHONPATH=. is set here)
 # Optional peers come from .whl/ (scripts/fetch_wheels.sh, run beforehand where there is network).
 # Every step's log and the benchmark JSON go to OUT_DIR (flat: no subfolders). To add a check, add one line
@@ -23,6 +24,7 @@ STEPS=(
     "env|20|nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())'"
     "tests|120|$PY -m pytest tests/test_kernels_gpu.py -q -p no:cacheprovider -n 8 --timeout 110"
     "bench|200|$PY -m ropelab.bench gpu --out-dir $OUT"
+    "fused|90|$PY -m ropelab.bench fused --device cuda --tokens 8192 --backends torch triton --repeats 50 --out $OUT/fused-gpu.json"
 )
 
 status=0

@@ -118,3 +118,21 @@ def test_the_old_names_of_the_page_writers_warn_and_still_work(tmp_path):
     with pytest.warns(DeprecationWarning, match="write_page"):
         assert report.write_readme(page) == page
     assert page.read_text() == f"a\n{report.render()}\nb\n"
+
+
+def test_bench_fused_small(tmp_path):
+    """``python -m ropelab.bench fused`` at a tiny shape: every row (norm alone, unfused, fused per backend that
+    runs on the CPU) is timed from the same run and carries its ratio to the norm; no time is asserted."""
+    out = tmp_path / "fused.json"
+    args = ["fused", "--tokens", "8", "--heads", "2", "1", "--head-dim", "32", "--repeats", "2",
+            "--backends", "torch", "triton", "--out", str(out)]
+    assert bench.main(args) == 0
+    result = json.loads(out.read_text())
+    names = [r["method"] for r in result["rows"]]
+    assert names == ["RMSNorm alone (q, k)", "unfused: norm -> apply_rope -> cache write",
+                     "fused qk_norm_rope (backend=torch)"]
+    assert result["rows"][0]["ratio_to_norm"] == 1.0
+    assert all(r["q25_ms"] <= r["median_ms"] <= r["q75_ms"] for r in result["rows"])
+    assert "GPU only" in result["notes"]["fused (backend=triton)"]
+    model = result["traffic_bytes"]
+    assert model["fused qk_norm_rope"] < model["unfused: norm -> RoPE -> cache write"]

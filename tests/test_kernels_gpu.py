@@ -92,3 +92,52 @@ def test_past_2_31_elements():
     for name, sl in rows.items():
         pos = torch.arange(n_tok)[sl]
         check(x[0, sl], before[name], oracle(before[name], "s h d", positions=pos), 128, "half", torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("style", ["half", "interleaved"])
+@pytest.mark.parametrize("d,r", [(128, 128), (128, 64), (80, 64), (256, 256)])
+def test_qk_norm_rope_triton_matches_oracle_and_writes_the_paged_cache(dtype, style, d, r):
+    """ropelab.qk_norm_rope(backend="triton") compiled for the GPU: q and k against the float64 oracle (norm then
+    rope in float64, on the CPU) within (D/2 + 10) u_32 (|y_a| + |y_b|) + u |y_a|, and the paged cache: the written
+    slots hold exactly the returned k and the given v, every other entry is untouched (NaN-filled)."""
+    from ropelab.kernels.qk_norm_rope import qk_norm_rope_oracle
+    from ropelab.precision import UNIT_ROUNDOFF
+
+    g = torch.Generator().manual_seed(0)
+    T, Hq, Hkv, bs = 300, 16, 4, 16
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * d, generator=g).to(dtype)
+    wq, wk = ((1 + 0.1 * torch.randn(d, generator=g)).to(dtype) for _ in range(2))
+    spec = ropelab.RopeSpec(style=style, base=1e6, rotary_dim=r)
+    pos = torch.arange(T) + 1000
+    n_blocks = -(-(T + 1000) // bs) + 1
+    perm = torch.randperm(n_blocks, generator=g)
+    slots = perm[pos // bs] * bs + pos % bs
+    kc = torch.full((n_blocks, bs, Hkv, d), float("nan"), dtype=dtype, device="cuda")
+    vc = kc.clone()
+    oq, ok = ropelab.qk_norm_rope(qkv.cuda(), num_heads=Hq, num_kv_heads=Hkv, head_dim=d, q_weight=wq.cuda(),
+                                  k_weight=wk.cuda(), eps=1e-6, spec=spec, positions=pos.cuda(), kv_cache=(kc, vc),
+                                  slot_mapping=slots.cuda(), backend="triton")
+    inv, af = spec.frequencies(d)
+    c, s = ropelab.cos_sin(pos, inv, af, dtype=torch.float64)
+    q3 = qkv[:, :Hq * d].unflatten(1, (Hq, d))
+    k3 = qkv[:, Hq * d:(Hq + Hkv) * d].unflatten(1, (Hkv, d))
+    v3 = qkv[:, (Hq + Hkv) * d:].unflatten(1, (Hkv, d))
+    u = UNIT_ROUNDOFF[dtype] if dtype != torch.float32 else 0.0
+    for x, w, y in ((q3, wq, oq), (k3, wk, ok)):
+        ref = qk_norm_rope_oracle(x, w, 1e-6, c, s, style)
+        a = ref.abs()
+        pair = 2 * a.clone()
+        h = r // 2
+        if style == "half":
+            pair[..., :h] = pair[..., h:r] = a[..., :h] + a[..., h:r]
+        else:
+            pair[..., 0:r:2] = pair[..., 1:r:2] = a[..., 0:r:2] + a[..., 1:r:2]
+        bound = (d / 2 + 10) * UNIT_ROUNDOFF[torch.float32] * pair + u * a
+        err = (y.double().cpu() - ref).abs()
+        assert bool((err <= bound).all()), f"max excess {(err - bound).max().item():.3g}"
+    kf, vf = kc.view(-1, Hkv, d).cpu(), vc.view(-1, Hkv, d).cpu()
+    assert torch.equal(kf[slots], ok.cpu()) and torch.equal(vf[slots], v3)
+    rest = torch.ones(kf.shape[0], dtype=torch.bool)
+    rest[slots] = False
+    assert bool(kf[rest].isnan().all()) and bool(vf[rest].isnan().all())

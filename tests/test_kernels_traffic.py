@@ -32,6 +32,36 @@ def test_eager_traffic_and_fused_model():
     assert hf.total > 4 * fused.total
 
 
+def test_qk_norm_rope_model_against_an_independent_count():
+    """The fused QK-norm+RoPE model against bytes counted from real tensors: the qkv slices the op reads
+    (distinct_bytes), the outputs it returns, and the cache entries it changed (a NaN-filled cache, counted
+    after a run of the op); the unfused sequence against the norm + :func:`traffic.count_fused` (the RoPE
+    kernel's own model) + a cache copy of k and v."""
+    from ropelab import RopeSpec, qk_norm_rope
+
+    T, Hq, Hkv, D, r = 5, 4, 2, 32, 16
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * D).to(torch.bfloat16)
+    q, k, v = qkv[:, :Hq * D], qkv[:, Hq * D:(Hq + Hkv) * D], qkv[:, (Hq + Hkv) * D:]
+    w = torch.ones(D, dtype=torch.bfloat16)
+    kc = torch.full((2, 4, Hkv, D), float("nan"), dtype=torch.bfloat16)
+    vc = kc.clone()
+    oq, ok = qk_norm_rope(qkv, num_heads=Hq, num_kv_heads=Hkv, head_dim=D, q_weight=w, k_weight=w, eps=1e-6,
+                          spec=RopeSpec(rotary_dim=r), kv_cache=(kc, vc), slot_mapping=torch.tensor([0, 3, 4, 6, 7]))
+    cache_written = int((~kc.isnan()).sum() + (~vc.isnan()).sum()) * 2
+    tables = 2 * T * (r // 2) * 4
+    norm, unfused, fused = traffic.qk_norm_rope_traffic(T, Hq, Hkv, D, r, itemsize=2)
+    qk = sum(traffic.distinct_bytes(t) for t in (q, k))
+    assert norm.read == qk + 2 * traffic.distinct_bytes(w) and norm.written == oq.nbytes + ok.nbytes
+    assert fused.read == norm.read + traffic.distinct_bytes(v) + tables
+    assert fused.written == oq.nbytes + ok.nbytes + cache_written
+    rope_pass = traffic.count_fused(oq, ok, T, r // 2)
+    assert unfused.total == norm.total + rope_pass.total + 2 * cache_written
+    # RoPE fused into the norm: beyond the norm's own pass only the tables and the cache write itself
+    assert fused.total - norm.total == tables + traffic.distinct_bytes(v) + cache_written
+    no_cache = traffic.qk_norm_rope_traffic(T, Hq, Hkv, D, r, itemsize=2, cache=False)
+    assert no_cache[2].total - no_cache[0].total == tables
+
+
 def test_compiled_traffic_reads_inductor_buffers():
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 

@@ -63,3 +63,11 @@ def test_package_docstring_and_readme_name_every_module():
     for module in MODULES:
         assert f"``{module}``" in ropelab.__doc__, f"ropelab/__init__.py's docstring does not name {module}"
         assert f"`ropelab.{module}`" in table, f"docs/guides/modules.md's table does not name ropelab.{module}"
+
+
+def test_fused_qk_norm_rope_is_exported_from_the_package():
+    """``ropelab.qk_norm_rope`` is the kernels module's function (one home), listed in the package's ``__all__``."""
+    from ropelab.kernels import qk_norm_rope as home
+
+    assert "qk_norm_rope" in ropelab.__all__
+    assert ropelab.qk_norm_rope is home.qk_norm_rope

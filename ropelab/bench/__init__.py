@@ -4,6 +4,7 @@
     python -m ropelab.bench gpu [--out-dir data/bench] [--quick]   (ropelab.bench.gpu)
     python -m ropelab.bench decode [--lengths 1024 4096 16384 32768] [--batches 1 8] [--out data/bench/decode.json]
     python -m ropelab.bench explorers [--repeats 7] [--out data/bench/explorers.json]
+    python -m ropelab.bench fused [--tokens 1024] [--heads 32 8] [--head-dim 128] [--repeats 20] [--out F]
     python -m ropelab.bench readme      (docs/guides/benchmarks.md's block, from the committed JSON: ``report``)
 
 ``cpu`` times, on the same q and k ([b, h, s, d] float32 by default, the issue's Llama-7B-like head
@@ -20,8 +21,12 @@ Agg drawing, PNG encoding) for every move in :data:`EXPLORER_MOVES`, each from t
 explorers' caches cleared, ``--repeats`` times. CPU time of this process, not wall time, so a neighbour's load
 counts less (the explorers aim at 200 ms per update on a 2-core CPU). Run it on a quiet machine.
 
-One file per benchmark: ``cpu``, ``decode``, ``explorers``, ``gpu`` (the fused kernels against their peers) and
-``gpu_decode`` (the Triton decode kernel's GPU rows); ``timing`` holds what they share. Benchmarks sit above
+``fused`` times QK-RMSNorm alone, the unfused norm -> ``apply_rope`` -> cache-write sequence and the fused
+``ropelab.qk_norm_rope`` (each backend that runs) on the same packed QKV and paged cache, with each row's ratio
+to the norm alone (``ropelab.bench.fused``).
+
+One file per benchmark: ``cpu``, ``decode``, ``explorers``, ``fused``, ``gpu`` (the fused kernels against their
+peers) and ``gpu_decode`` (the Triton decode kernel's GPU rows); ``timing`` holds what they share. Benchmarks sit above
 everything they time; nothing in the package imports them.
 """
 
@@ -51,7 +56,7 @@ def _write_json(result: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ropelab.bench cpu | gpu | decode | explorers``."""
+    """``python -m ropelab.bench cpu | gpu | decode | explorers | fused``."""
     parser = argparse.ArgumentParser(prog="python -m ropelab.bench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="which", required=True)
     cpu = sub.add_parser("cpu", help="RoPE on q and k: ropelab vs Hugging Face eager and compiled, vs a copy")
@@ -82,7 +87,26 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--repeats", type=int, default=7)
     exp.add_argument("--threads", type=int, default=2)
     exp.add_argument("--out", default=str(DATA_DIR / "bench" / "explorers.json"))
+    fus = sub.add_parser("fused", help="QK-RMSNorm alone vs norm -> RoPE -> cache write vs the fused qk_norm_rope")
+    fus.add_argument("--tokens", type=int, default=1024)
+    fus.add_argument("--heads", type=int, nargs=2, default=[32, 8], metavar=("Q", "KV"))
+    fus.add_argument("--head-dim", type=int, default=128)
+    fus.add_argument("--rotary-dim", type=int, default=None)
+    fus.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    fus.add_argument("--repeats", type=int, default=20)
+    fus.add_argument("--threads", type=int, default=2)
+    fus.add_argument("--backends", nargs="+", default=["torch", "compile", "cpu", "triton"])
+    fus.add_argument("--device", default="cpu")
+    fus.add_argument("--out", default=str(DATA_DIR / "bench" / "fused.json"))
     args = parser.parse_args(argv)
+    if args.which == "fused":
+        from .fused import bench_fused, print_fused
+
+        result = bench_fused(args.tokens, tuple(args.heads), args.head_dim, args.rotary_dim, args.dtype, args.repeats,
+                             args.threads, backends=tuple(args.backends), device=args.device)
+        print_fused(result)
+        _write_json(result, args.out)
+        return 0
     if args.which == "readme":
         print(f"wrote the benchmark block of {write_page()}")
         return 0

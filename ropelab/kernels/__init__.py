@@ -7,6 +7,9 @@ are measured against (the benchmarks themselves are in :mod:`ropelab.bench`).
   is the entry point, ``ropelab.apply_rope(..., backend="triton")`` the same kernel behind the usual API;
 - :mod:`ropelab.kernels.compiled`: ``backend="compile"``, ``torch.compile`` of one single-pass formula
   (the CPU path at the memory floor);
+- :mod:`ropelab.kernels.qk_norm_rope`: QK-RMSNorm + RoPE + the KV-cache write as one op (``ropelab.qk_norm_rope``):
+  its checks, the torch reference, ``torch.compile`` of it, the C/OpenMP CPU kernel (``cpu_qk_norm_rope.c``,
+  built by :mod:`ropelab.kernels.cpu_build`) and the launch of :mod:`ropelab.kernels.qk_norm_rope_triton`;
 - :mod:`ropelab.kernels.traffic`: the bytes each implementation moves, counted op by op (a model);
 - :mod:`ropelab.kernels.decode_attention`: flash-decoding attention for one query token per sequence that
   rotates pre-RoPE cached keys as it loads them (modes ``post_rope`` and ``rope_on_load``): the Triton programs

@@ -13,6 +13,9 @@ by the memory bandwidth. This module counts those bytes on any machine, CPU incl
 - **the fused Triton kernel** (:mod:`ropelab.kernels.rope_triton`): from its loads and stores, by
   hand: q and k read once and written once, plus the cos/sin rows of the positions used.
 - **the floor**: a copy of q and k (read once, write once).
+- **QK-RMSNorm + RoPE + KV-cache write** (:func:`qk_norm_rope_traffic`, :mod:`ropelab.kernels.qk_norm_rope`): the
+  norm alone, the unfused sequence (norm, RoPE, cache write: three passes) and the fused op (the norm's own
+  pass, plus reading v and writing k and v into the cache, which any cache write must do), by hand.
 
 The model assumes each op's inputs come from memory (no reuse between ops through a cache). On a GPU
 whose L2 is smaller than the working set this is close; for small tensors that fit in L2 it
@@ -31,7 +34,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["OpTraffic", "Traffic", "count_eager", "count_compiled", "count_fused", "count_copy", "rope_traffic"]
+__all__ = ["OpTraffic", "Traffic", "count_eager", "count_compiled", "count_fused", "count_copy", "rope_traffic",
+           "qk_norm_rope_traffic"]
 
 # aten ops that only make a new view of the same storage: no data moves.
 _VIEW_OPS = {
@@ -190,3 +194,40 @@ def rope_traffic(shape_q=(1, 32, 512, 128), heads_k: int = 8, dtype=torch.bfloat
             out.append(Traffic("torch.compile(HF apply_rotary_pos_emb)", note=f"not counted: {type(e).__name__}"))
     out.append(count_fused(q, k, s, d // 2))
     return out
+
+
+def qk_norm_rope_traffic(tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, rotary_dim: int | None = None,
+                         itemsize: int = 2, table_itemsize: int = 4, cache: bool = True) -> list[Traffic]:
+    r"""Bytes of QK-RMSNorm, of the unfused norm -> RoPE -> cache-write sequence and of the fused op, by hand.
+
+    With ``Q = T Hq D``, ``K = V = T Hkv D`` elements of ``itemsize`` bytes, weights ``2 D``, tables
+    ``2 T r/2`` elements of ``table_itemsize`` (cos and sin rows of each token's position):
+
+    - **RMSNorm alone**: read q, k and the weights; write q, k: :math:`(2(Q + K) + 2D)\,s`.
+    - **unfused**: the norm as above; RoPE reads q, k and the tables, writes q, k; the cache write reads k, v
+      and writes them into the cache: :math:`(4(Q+K) + 2D + 4K)\,s + T r\,s_t`. Three passes over k.
+    - **fused**: read q, k, v, the weights and the tables once; write q, k and k, v into the cache:
+      :math:`(2(Q + K) + 2D + 3K)\,s + T r\,s_t` (``3K``: v read, k and v written to the cache).
+
+    ``cache=False`` drops the cache write (and v) from the unfused and fused counts. The fused op's bytes
+    beyond the norm alone are then only the tables: RoPE adds no pass over the projection output.
+    """
+    r = head_dim if rotary_dim is None else rotary_dim
+    s, st = itemsize, table_itemsize
+    Q, K = tokens * num_heads * head_dim, tokens * num_kv_heads * head_dim
+    W, tab = 2 * head_dim * s, tokens * r * st  # two weight vectors; cos and sin rows, r/2 each
+    norm = Traffic("RMSNorm alone (q, k)", note="by hand: read q, k, weights; write q, k")
+    norm.ops += [OpTraffic("norm: load q, k, weights", (Q + K) * s + W, 0),
+                 OpTraffic("norm: store q, k", 0, (Q + K) * s)]
+    unfused = Traffic("unfused: norm -> RoPE -> cache write", note="by hand: one pass per op")
+    unfused.ops += list(norm.ops)
+    unfused.ops.append(OpTraffic("rope: load q, k, cos/sin rows", (Q + K) * s + tab, 0))
+    unfused.ops.append(OpTraffic("rope: store q, k", 0, (Q + K) * s))
+    if cache:
+        unfused.ops.append(OpTraffic("cache write: load k, v; store into the cache", 2 * K * s, 2 * K * s))
+    fused = Traffic("fused qk_norm_rope", note="by hand: from the kernel's loads and stores")
+    fused.ops.append(OpTraffic("load q, k" + (", v" if cache else "") + ", weights, cos/sin rows",
+                               (Q + K + (K if cache else 0)) * s + W + tab, 0))
+    fused.ops.append(OpTraffic("store q, k" + (" and k, v into the cache" if cache else ""), 0,
+                               (Q + K + (2 * K if cache else 0)) * s))
+    return [norm, unfused, fused]

@@ -1,0 +1,128 @@
+/* ropelab's CPU RoPE kernel (ropelab/kernels/cpu_rope.py is its wrapper and documents the contract).
+ *
+ * For every row (i0, i1, i2) of x, viewed as [n0, n1, n2, d] with element strides and a contiguous last dim:
+ *   a = x[pair first], b = x[pair second]   (style half: (i, i + r/2); interleaved: (2i, 2i + 1))
+ *   y_a = a c - b s,  y_b = a s + b c       with c, s = the float32 table row of this token's position
+ *   y[r:] = x[r:]                           (pass-through)
+ * in float32, rounded once to x's dtype (bfloat16: round to nearest even, NaN kept quiet). The table row of
+ * (i0, i1, i2) is cos + i0*ts0 + i1*ts1 + i2*ts2 (a stride of 0 repeats it: the tables broadcast).
+ * Each row is read whole into local float buffers before any of it is written, so out may be x (in place).
+ * Vector ISAs: the row loop is cloned for AVX-512 and AVX2+FMA and picked at load time (target_clones), so the
+ * library itself is built with portable flags.
+ */
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define ROPELAB_MAX_HALF 2048
+
+#if defined(__GNUC__) && defined(__linux__) && defined(__x86_64__)
+#define ROPELAB_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#else
+#define ROPELAB_CLONES
+#endif
+
+enum { F32 = 0, BF16 = 1, F16 = 2 };
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* NaN: stays a (quiet) NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                               /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+int ropelab_has_f16(void) {
+#ifdef __FLT16_MAX__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Rows [start, end) of the flattened (i0, i1, i2) range. */
+ROPELAB_CLONES
+static void rows(const char *x, char *out, const float *cos_t, const float *sin_t, int64_t start, int64_t end,
+                 int64_t n1, int64_t n2, int64_t xs0, int64_t xs1, int64_t xs2, int64_t os0, int64_t os1,
+                 int64_t os2, int64_t ts0, int64_t ts1, int64_t ts2, int64_t half, int64_t d, int interleaved,
+                 int dtype) {
+    float a[ROPELAB_MAX_HALF], b[ROPELAB_MAX_HALF], ya[ROPELAB_MAX_HALF], yb[ROPELAB_MAX_HALF];
+    const int64_t r = 2 * half;
+    const int64_t esize = dtype == F32 ? 4 : 2;
+    for (int64_t row = start; row < end; ++row) {
+        const int64_t i2 = row % n2, i01 = row / n2, i1 = i01 % n1, i0 = i01 / n1;
+        const char *xr = x + (i0 * xs0 + i1 * xs1 + i2 * xs2) * esize;
+        char *orow = out + (i0 * os0 + i1 * os1 + i2 * os2) * esize;
+        const float *c = cos_t + i0 * ts0 + i1 * ts1 + i2 * ts2;
+        const float *s = sin_t + i0 * ts0 + i1 * ts1 + i2 * ts2;
+        const int64_t step = interleaved ? 2 : 1, second = interleaved ? 1 : half;
+        if (dtype == F32) {
+            const float *xf = (const float *)xr;
+            for (int64_t i = 0; i < half; ++i) { a[i] = xf[i * step]; b[i] = xf[i * step + second]; }
+        } else if (dtype == BF16) {
+            const uint16_t *xh = (const uint16_t *)xr;
+            for (int64_t i = 0; i < half; ++i) { a[i] = bf16_to_f32(xh[i * step]); b[i] = bf16_to_f32(xh[i * step + second]); }
+        } else {
+#ifdef __FLT16_MAX__
+            const _Float16 *xh = (const _Float16 *)xr;
+            for (int64_t i = 0; i < half; ++i) { a[i] = (float)xh[i * step]; b[i] = (float)xh[i * step + second]; }
+#endif
+        }
+        for (int64_t i = 0; i < half; ++i) {
+            ya[i] = a[i] * c[i] - b[i] * s[i];
+            yb[i] = a[i] * s[i] + b[i] * c[i];
+        }
+        if (dtype == F32) {
+            float *of = (float *)orow;
+            for (int64_t i = 0; i < half; ++i) { of[i * step] = ya[i]; of[i * step + second] = yb[i]; }
+        } else if (dtype == BF16) {
+            uint16_t *oh = (uint16_t *)orow;
+            for (int64_t i = 0; i < half; ++i) { oh[i * step] = f32_to_bf16(ya[i]); oh[i * step + second] = f32_to_bf16(yb[i]); }
+        } else {
+#ifdef __FLT16_MAX__
+            _Float16 *oh = (_Float16 *)orow;
+            for (int64_t i = 0; i < half; ++i) { oh[i * step] = (_Float16)ya[i]; oh[i * step + second] = (_Float16)yb[i]; }
+#endif
+        }
+        if (r < d && orow != xr) memcpy(orow + r * esize, xr + r * esize, (size_t)((d - r) * esize));
+    }
+}
+
+/* Returns 0, or 1 for arguments the kernel does not take (the wrapper checks them first). */
+int ropelab_rope(const void *x, void *out, const float *cos_t, const float *sin_t, int64_t n0, int64_t n1,
+                 int64_t n2, int64_t xs0, int64_t xs1, int64_t xs2, int64_t os0, int64_t os1, int64_t os2,
+                 int64_t ts0, int64_t ts1, int64_t ts2, int64_t half, int64_t d, int interleaved, int dtype,
+                 int nthreads) {
+    if (half < 0 || half > ROPELAB_MAX_HALF || 2 * half > d || dtype < 0 || dtype > 2) return 1;
+    if (dtype == F16 && !ropelab_has_f16()) return 1;
+    const int64_t n = n0 * n1 * n2;
+    if (n <= 0) return 0;
+    /* Small work (a decode step) is not worth waking threads for: 32 KiB of elements per thread at least. */
+    int64_t want = (n * d) / 32768;
+    int nt = nthreads < 1 ? 1 : nthreads;
+    if (want < nt) nt = want < 1 ? 1 : (int)want;
+#ifdef _OPENMP
+    if (nt > 1) {
+#pragma omp parallel num_threads(nt)
+        {
+            const int64_t t = omp_get_thread_num(), k = omp_get_num_threads();
+            const int64_t lo = n * t / k, hi = n * (t + 1) / k;
+            rows((const char *)x, (char *)out, cos_t, sin_t, lo, hi, n1, n2, xs0, xs1, xs2, os0, os1, os2, ts0,
+                 ts1, ts2, half, d, interleaved, dtype);
+        }
+        return 0;
+    }
+#endif
+    rows((const char *)x, (char *)out, cos_t, sin_t, 0, n, n1, n2, xs0, xs1, xs2, os0, os1, os2, ts0, ts1, ts2, half,
+         d, interleaved, dtype);
+    return 0;
+}
