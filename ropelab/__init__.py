@@ -18,7 +18,8 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
   ``varlen_positions``, ``rotation_matrix``, ``reference_matrix``, ``reference_complex``);
 - ``spec``: one RoPE setting, validated once, read from a Hugging Face config (``RopeSpec``);
 - ``rope``: ``apply_rope``, the one call from keywords or a ``RopeSpec`` to the rotation on any backend
-  (torch, compile, triton, multi-axis), above the modules it dispatches to;
+  (auto, the CPU kernel, torch, compile, triton, multi-axis), above the modules it dispatches to;
+  ``apply_rope_qk`` (q and k in one call), ``rope_path`` (which backend a call takes, and why);
 - ``conformance``: the conformance sweep against transformers' own modeling code, a package (``sweep``, and
   ``hf_table``, the convention table it generates and ``spec`` reads; ``python -m ropelab.conformance``);
 - ``engines``: a model's RoPE as each engine reads it (transformers configs, GGUF as llama.cpp reads it, MLX and
@@ -85,7 +86,7 @@ from .core import (
     varlen_positions,
 )
 from .diagnosis import Comparison, Diagnosis, compare, diagnose
-from .rope import apply_rope
+from .rope import RopePath, apply_rope, apply_rope_qk, rope_path
 from .scaling import ROPE_TYPES, frequencies
 from .spec import RopeSpec
 
@@ -102,6 +103,9 @@ __all__ = [
     "RopeSpec",
     "Layout",
     "apply_rope",
+    "apply_rope_qk",
+    "rope_path",
+    "RopePath",
     "attention",
     "convert",
     "cope",
