@@ -99,9 +99,18 @@ def _kernel_can_write(x: torch.Tensor, out: torch.Tensor, d_idx: int) -> bool:
     is read whole before it is written) or memory apart from x's."""
     if out.shape[d_idx] > 1 and out.stride(d_idx) != 1:
         return False
-    if out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr():
+    if out.data_ptr() == x.data_ptr() and out.stride() == x.stride():
         return True
-    return out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
+    return not _ranges_meet(x, out)
+
+
+def _ranges_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte ranges a and b span (first to last element) intersect: a cheap, conservative overlap test."""
+    def span(t):
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
 
 
 def _rotate_on(backend: str, x: torch.Tensor, lay: Layout, p: torch.Tensor, p_axes: tuple[str, ...],
@@ -111,33 +120,41 @@ def _rotate_on(backend: str, x: torch.Tensor, lay: Layout, p: torch.Tensor, p_ax
     use); a layer without RoPE (:meth:`RopeSpec.nope`) returns x as it is, its positions checked. With ``out``
     the result is written there (which may be x) and ``out`` returned."""
     d_idx = lay.index("d")
+    checked = False
     if backend == "auto":
         backend = _auto_path(x, lay, spec).backend
         if backend == "cpu" and out is not None and not _kernel_can_write(x, out, d_idx):
             backend = "torch"
+        checked = True
     if backend == "cpu":
         from .kernels import cpu_buffers, cpu_rope
-        from .kernels.tables import cached_tables
+        from .kernels.tables import cached_tables_for
 
         if spec.is_nope:
             return x.clone() if out is None else out.copy_(x)
-        cos, sin = cached_tables(spec, x.shape[d_idx], p, _current_length(spec, p, seq_len), angle_dtype)
-        cos, sin = tables_for(x, lay, cos, sin, p_axes)
-        why = cpu_rope.supported(x, cos.shape[-1], d_idx)
-        if why is not None:
-            raise ValueError(f"backend='cpu' cannot take this call: {why}; use backend='auto' (which then runs "
-                             "the torch path) or backend='torch'.")
-        if torch.is_grad_enabled() and x.requires_grad:
-            raise ValueError("backend='cpu' has no autograd and x requires grad; use backend='auto' or 'torch'.")
-        if out is not None and not _kernel_can_write(x, out, d_idx):
-            raise ValueError("backend='cpu' writes out= only with a contiguous head dim, into x itself or into "
-                             "memory apart from x's; use backend='auto' or 'torch' for this out.")
-        xm = x.movedim(d_idx, -1)
-        om = None if out is None else out.movedim(d_idx, -1)
-        if om is None and x.is_contiguous():
-            om = cpu_buffers.empty(x).movedim(d_idx, -1)
-        ym = cpu_rope.rotate_cpu(xm, cos, sin, style=spec.style, out=om)
-        return ym.movedim(-1, d_idx) if out is None else out
+        cos, sin = cached_tables_for(spec, x, lay, p, p_axes, _current_length(spec, p, seq_len), angle_dtype)
+        if not checked:
+            why = cpu_rope.supported(x, cos.shape[-1], d_idx)
+            if why is not None:
+                raise ValueError(f"backend='cpu' cannot take this call: {why}; use backend='auto' (which then "
+                                 "runs the torch path) or backend='torch'.")
+            if torch.is_grad_enabled() and x.requires_grad:
+                raise ValueError("backend='cpu' has no autograd and x requires grad; use backend='auto' or "
+                                 "'torch'.")
+            if out is not None and not _kernel_can_write(x, out, d_idx):
+                raise ValueError("backend='cpu' writes out= only with a contiguous head dim, into x itself or "
+                                 "into memory apart from x's; use backend='auto' or 'torch' for this out.")
+        xm = x.movedim(d_idx, -1) if d_idx != x.ndim - 1 else x
+        if out is None:
+            out = cpu_buffers.empty(x) if x.is_contiguous() else None
+            om = None if out is None else (out.movedim(d_idx, -1) if d_idx != x.ndim - 1 else out)
+            if om is None:
+                return cpu_rope.rotate_cpu(xm, cos, sin, style=spec.style).movedim(-1, d_idx)
+        else:
+            om = out.movedim(d_idx, -1) if d_idx != x.ndim - 1 else out
+        if x.numel():
+            cpu_rope.launch(xm, cos, sin, spec.style, om)
+        return out
     y = _rotate_torch(backend, x, lay, p, p_axes, spec, seq_len, angle_dtype)
     return y if out is None else out.copy_(y)
 

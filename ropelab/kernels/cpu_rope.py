@@ -128,6 +128,13 @@ def rotate_cpu(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, style: 
         raise ValueError(f"out's head dim must be contiguous (stride 1), got stride {out.stride(-1)}.")
     if x.numel() == 0:
         return out
+    return launch(x, cos, sin, style, out)
+
+
+def launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str, out: torch.Tensor) -> torch.Tensor:
+    """The kernel call itself, for arguments :func:`rotate_cpu` (or the caller) has checked: x, out [..., d]
+    (same shape and dtype, head dim contiguous), float32 tables [..., r/2] of x's dims with equal strides."""
+    half, d = cos.shape[-1], x.shape[-1]
     (n0, n1, n2), xs = _rows3(x)
     _, os_ = _rows3(out)
     _, ts = _rows3(cos)

@@ -20,7 +20,7 @@ import torch
 
 from ..core import cos_sin
 
-__all__ = ["MAX_ENTRIES", "cached_tables", "cached_frequencies", "clear", "cache_info"]
+__all__ = ["MAX_ENTRIES", "cached_tables", "cached_tables_for", "cached_frequencies", "clear", "cache_info"]
 
 MAX_ENTRIES = 16
 _TABLES: OrderedDict = OrderedDict()
@@ -46,6 +46,10 @@ def cached_tables(spec, head_dim: int, p: torch.Tensor, seq_len: int | None,
                   angle_dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """Float32 cos and sin ``p.shape + [r/2]`` for ``spec`` at positions ``p`` (module docstring), from the
     cache when these positions (by content) were seen with these settings."""
+    return _entry(spec, head_dim, p, seq_len, angle_dtype)[:2]
+
+
+def _entry(spec, head_dim: int, p: torch.Tensor, seq_len: int | None, angle_dtype: torch.dtype) -> tuple:
     content = p.detach().contiguous().cpu().numpy().tobytes()
     key = (spec, head_dim, seq_len, angle_dtype, p.device, p.dtype, tuple(p.shape), content)
     hit = _TABLES.get(key)
@@ -56,9 +60,24 @@ def cached_tables(spec, head_dim: int, p: torch.Tensor, seq_len: int | None,
     _STATS["misses"] += 1
     inv_freq, attention_factor = cached_frequencies(spec, head_dim, seq_len)
     cos, sin = cos_sin(p, inv_freq, attention_factor, dtype=torch.float32, angle_dtype=angle_dtype)
-    hit = _TABLES[key] = (cos.contiguous(), sin.contiguous())
+    hit = _TABLES[key] = (cos.contiguous(), sin.contiguous(), {})
     if len(_TABLES) > MAX_ENTRIES:
         _TABLES.popitem(last=False)
+    return hit
+
+
+def cached_tables_for(spec, x: torch.Tensor, layout, p: torch.Tensor, p_axes: tuple[str, ...],
+                      seq_len: int | None,
+                      angle_dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`cached_tables` shaped for ``x.movedim(d, -1)`` by :func:`ropelab.core.tables_for` (views of the
+    cached tables, kept with them per layout and x's sizes)."""
+    from ..core import tables_for
+
+    cos, sin, shaped = _entry(spec, x.shape[layout.index("d")], p, seq_len, angle_dtype)
+    key = (layout.axes, p_axes, tuple(x.shape))
+    hit = shaped.get(key)
+    if hit is None:
+        hit = shaped[key] = tables_for(x, layout, cos, sin, p_axes)
     return hit
 
 
