@@ -7,7 +7,8 @@
  * in float32, rounded once to x's dtype (bfloat16: round to nearest even, NaN kept quiet). The table row of
  * (i0, i1, i2) is cos + i0*ts0 + i1*ts1 + i2*ts2 (a stride of 0 repeats it: the tables broadcast).
  * Each row is read whole into local float buffers before any of it is written, so out may be x (in place).
- * Vector ISAs: the row loop is cloned for AVX-512 and AVX2+FMA and picked at load time (target_clones), so the
+ * Vector ISAs: the row loop is cloned for x86-64-v4 (AVX-512) and x86-64-v3 (AVX2, FMA, F16C) and picked at load
+ * time by CPU features (target_clones; arch=haswell would test the CPU model, not its features), so the
  * library itself is built with portable flags.
  */
 #include <stdint.h>
@@ -19,7 +20,7 @@
 #define ROPELAB_MAX_HALF 2048
 
 #if defined(__GNUC__) && defined(__linux__) && defined(__x86_64__)
-#define ROPELAB_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#define ROPELAB_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define ROPELAB_CLONES
 #endif
