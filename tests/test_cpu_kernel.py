@@ -144,6 +144,10 @@ def test_the_table_cache_follows_positions_mutated_in_place():
     y1 = ropelab.apply_rope(x, pos, layout="b h s d")
     assert not torch.allclose(y0, y1)
     _assert_within_bound(y1, x, 32, "half", positions=torch.arange(6) + 50, layout="b h s d")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.int32):  # any dtype's positions key the cache
+        p = torch.arange(6).to(dtype)
+        _assert_within_bound(ropelab.apply_rope(x, p, layout="b h s d"), x, 32, "half", positions=p,
+                             layout="b h s d")
 
 
 def test_bf16_nan_and_inf_stay_nonfinite_and_results_are_not_reused_while_alive():

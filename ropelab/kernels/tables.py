@@ -50,7 +50,8 @@ def cached_tables(spec, head_dim: int, p: torch.Tensor, seq_len: int | None,
 
 
 def _entry(spec, head_dim: int, p: torch.Tensor, seq_len: int | None, angle_dtype: torch.dtype) -> tuple:
-    content = p.detach().contiguous().cpu().numpy().tobytes()
+    # the bytes, whatever the dtype (numpy has no bfloat16: view them as uint8)
+    content = p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
     key = (spec, head_dim, seq_len, angle_dtype, p.device, p.dtype, tuple(p.shape), content)
     hit = _TABLES.get(key)
     if hit is not None:
