@@ -21,7 +21,8 @@ Modules, each with one job (its public names are its ``__all__``; the names belo
   every sequence, as Transformer Engine and Megatron-LM split it): each rank's global positions and its slice,
   packed batches too (``cp_positions``, ``cp_varlen``, ``cp_slice``, ``cp_gather``);
 - ``rope``: ``apply_rope``, the one call from keywords or a ``RopeSpec`` to the rotation on any backend
-  (torch, compile, triton, multi-axis), above the modules it dispatches to;
+  (auto, the CPU kernel, torch, compile, triton, multi-axis), above the modules it dispatches to;
+  ``apply_rope_qk`` (q and k in one call), ``rope_path`` (which backend a call takes, and why);
 - ``conformance``: the conformance sweep against transformers' own modeling code, a package (``sweep``, and
   ``hf_table``, the convention table it generates and ``spec`` reads; ``python -m ropelab.conformance``);
 - ``engines``: a model's RoPE as each engine reads it (transformers configs, GGUF as llama.cpp reads it, MLX and
@@ -91,7 +92,7 @@ from .core import (
 )
 from .diagnosis import Comparison, Diagnosis, compare, diagnose
 from .kernels.qk_norm_rope import qk_norm_rope
-from .rope import apply_rope
+from .rope import RopePath, apply_rope, apply_rope_qk, rope_path
 from .scaling import ROPE_TYPES, frequencies
 from .spec import RopeSpec
 
@@ -109,6 +110,9 @@ __all__ = [
     "RopeSpec",
     "Layout",
     "apply_rope",
+    "apply_rope_qk",
+    "rope_path",
+    "RopePath",
     "attention",
     "context_parallel",
     "convert",

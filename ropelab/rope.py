@@ -9,6 +9,10 @@ This module sits above everything it dispatches to, so imports flow one way::
 spec once (:meth:`RopeSpec.from_keywords`). The positions are checked and resolved once, in
 :func:`ropelab.core.resolve_positions`. The spec and the resolved positions then go down to one backend:
 
+- ``"auto"`` (the default): ``"cpu"`` where it applies (:func:`rope_path` says which path a call takes and why),
+  else ``"torch"``;
+- ``"cpu"``: the C/OpenMP kernel (:mod:`ropelab.kernels.cpu_rope`) on cached float32 tables
+  (:mod:`ropelab.kernels.tables`): CPU, float32/bfloat16/float16, no autograd; built on first use;
 - ``"torch"``: the tables of :func:`ropelab.core.cos_sin` and the eager :func:`ropelab.core.rotate`;
 - ``"compile"``: the same tables through one single-pass formula (:mod:`ropelab.kernels.compiled`);
 - ``"triton"``: the fused kernel, cos/sin formed in the kernel (:mod:`ropelab.kernels.fused_rope`);
@@ -20,7 +24,7 @@ The kernels are imported on first use: importing ropelab never needs triton or t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -29,9 +33,9 @@ from .multiaxis import MultiAxis, multiaxis_rope
 from .scaling import LENGTH_DEPENDENT
 from .spec import RopeSpec
 
-__all__ = ["apply_rope", "BACKENDS"]
+__all__ = ["apply_rope", "apply_rope_qk", "rope_path", "RopePath", "BACKENDS"]
 
-BACKENDS = ("torch", "compile", "triton")
+BACKENDS = ("auto", "cpu", "torch", "compile", "triton")
 # style, base, rotary_dim, rope_scaling and max_position_embeddings at the signature's defaults: what spec= replaces.
 _SPEC_DEFAULTS = ("half", 10000.0, None, None, None)
 
@@ -49,10 +53,10 @@ def _check_sections_alone(spec: RopeSpec | None, backend: str, cu_seqlens: Any, 
                           max_position_embeddings: Any) -> None:
     """sections= takes its offsets inside the positions and runs on the torch backend."""
     max_pos = spec.max_position_embeddings if spec is not None else max_position_embeddings
-    if (backend != "torch" or cu_seqlens is not None or isinstance(offset, torch.Tensor) or offset != 0
+    if (backend not in ("torch", "auto") or cu_seqlens is not None or isinstance(offset, torch.Tensor) or offset != 0
             or seq_len is not None or max_pos is not None):
         raise ValueError("sections= (multi-axis positions) takes positions, layout, style, base, rotary_dim "
-                         "and rope_scaling only; give offsets inside the positions, backend='torch'.")
+                         "and rope_scaling only; give offsets inside the positions, backend='torch' (or 'auto').")
 
 
 def _current_length(spec: RopeSpec, p: torch.Tensor, seq_len: int | None) -> int | None:
@@ -64,10 +68,100 @@ def _current_length(spec: RopeSpec, p: torch.Tensor, seq_len: int | None) -> int
     return seq_len
 
 
+class RopePath(NamedTuple):
+    """Which backend a call of :func:`apply_rope` runs on (``"cpu"``, ``"torch"``, ...) and why."""
+
+    backend: str
+    reason: str
+
+
+def _auto_path(x: torch.Tensor, lay: Layout, spec: RopeSpec) -> RopePath:
+    """``backend="auto"``: the CPU kernel when it computes this call correctly, else eager torch, with why."""
+    from .kernels import cpu_rope
+
+    if spec.is_nope:
+        return RopePath("torch", "a layer without RoPE (spec.nope()): x is returned as it is")
+    if torch.compiler.is_compiling():
+        return RopePath("torch", "inside torch.compile: the traceable torch path")
+    if type(x) is not torch.Tensor:
+        return RopePath("torch", f"x is a {type(x).__name__} (a tensor subclass): the torch path")
+    if torch.is_grad_enabled() and x.requires_grad:
+        return RopePath("torch", "x requires grad: the differentiable torch path")
+    half = (spec.rotary_dim or x.shape[lay.index("d")]) // 2
+    why = cpu_rope.supported(x, half, lay.index("d"))
+    if why is not None:
+        return RopePath("torch", why)
+    return RopePath("cpu", "CPU, no autograd, a supported dtype and a contiguous head dim: the C kernel")
+
+
+def _kernel_can_write(x: torch.Tensor, out: torch.Tensor, d_idx: int) -> bool:
+    """Whether the kernel can write into ``out``: a contiguous head dim, and either x itself (in place: each row
+    is read whole before it is written) or memory apart from x's."""
+    if out.shape[d_idx] > 1 and out.stride(d_idx) != 1:
+        return False
+    if out.data_ptr() == x.data_ptr() and out.stride() == x.stride():
+        return True
+    return not _ranges_meet(x, out)
+
+
+def _ranges_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte ranges a and b span (first to last element) intersect: a cheap, conservative overlap test."""
+    def span(t):
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
 def _rotate_on(backend: str, x: torch.Tensor, lay: Layout, p: torch.Tensor, p_axes: tuple[str, ...],
-               spec: RopeSpec, seq_len: int | None, angle_dtype: torch.dtype) -> torch.Tensor:
+               spec: RopeSpec, seq_len: int | None, angle_dtype: torch.dtype,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """x rotated by ``spec`` at the resolved positions ``p`` on one backend (the kernels are imported on first
-    use); a layer without RoPE (:meth:`RopeSpec.nope`) returns x as it is, its positions checked."""
+    use); a layer without RoPE (:meth:`RopeSpec.nope`) returns x as it is, its positions checked. With ``out``
+    the result is written there (which may be x) and ``out`` returned."""
+    d_idx = lay.index("d")
+    checked = False
+    if backend == "auto":
+        backend = _auto_path(x, lay, spec).backend
+        if backend == "cpu" and out is not None and not _kernel_can_write(x, out, d_idx):
+            backend = "torch"
+        checked = True
+    if backend == "cpu":
+        from .kernels import cpu_buffers, cpu_rope
+        from .kernels.tables import cached_tables_for
+
+        if spec.is_nope:
+            return x.clone() if out is None else out.copy_(x)
+        cos, sin = cached_tables_for(spec, x, lay, p, p_axes, _current_length(spec, p, seq_len), angle_dtype)
+        if not checked:
+            why = cpu_rope.supported(x, cos.shape[-1], d_idx)
+            if why is not None:
+                raise ValueError(f"backend='cpu' cannot take this call: {why}; use backend='auto' (which then "
+                                 "runs the torch path) or backend='torch'.")
+            if torch.is_grad_enabled() and x.requires_grad:
+                raise ValueError("backend='cpu' has no autograd and x requires grad; use backend='auto' or "
+                                 "'torch'.")
+            if out is not None and not _kernel_can_write(x, out, d_idx):
+                raise ValueError("backend='cpu' writes out= only with a contiguous head dim, into x itself or "
+                                 "into memory apart from x's; use backend='auto' or 'torch' for this out.")
+        xm = x.movedim(d_idx, -1) if d_idx != x.ndim - 1 else x
+        if out is None:
+            out = cpu_buffers.empty(x) if x.is_contiguous() else None
+            om = None if out is None else (out.movedim(d_idx, -1) if d_idx != x.ndim - 1 else out)
+            if om is None:
+                return cpu_rope.rotate_cpu(xm, cos, sin, style=spec.style).movedim(-1, d_idx)
+        else:
+            om = out.movedim(d_idx, -1) if d_idx != x.ndim - 1 else out
+        if x.numel():
+            cpu_rope.launch(xm, cos, sin, spec.style, om)
+        return out
+    y = _rotate_torch(backend, x, lay, p, p_axes, spec, seq_len, angle_dtype)
+    return y if out is None else out.copy_(y)
+
+
+def _rotate_torch(backend: str, x: torch.Tensor, lay: Layout, p: torch.Tensor, p_axes: tuple[str, ...],
+                  spec: RopeSpec, seq_len: int | None, angle_dtype: torch.dtype) -> torch.Tensor:
+    """The torch, compile and triton backends."""
     if spec.is_nope:
         return x.clone()
     inv_freq, attention_factor = spec.frequencies(x.shape[lay.index("d")], seq_len=_current_length(spec, p, seq_len))
@@ -90,8 +184,9 @@ def _rotate_on(backend: str, x: torch.Tensor, lay: Layout, p: torch.Tensor, p_ax
 def apply_rope(x: torch.Tensor, positions: Any = None, *, layout: str, style: str = "half", base: float = 10000.0,
                rotary_dim: int | None = None, rope_scaling: Mapping[str, Any] | None = None, cu_seqlens: Any = None,
                offset: int | torch.Tensor = 0, max_position_embeddings: int | None = None, seq_len: int | None = None,
-               angle_dtype: torch.dtype = torch.float64, spec: RopeSpec | None = None, backend: str = "torch",
-               sections: MultiAxis | None = None) -> torch.Tensor:
+               angle_dtype: torch.dtype = torch.float64, spec: RopeSpec | None = None, backend: str = "auto",
+               sections: MultiAxis | None = None, out: torch.Tensor | None = None,
+               inplace: bool = False) -> torch.Tensor:
     r"""Apply RoPE to ``x``, whose every axis is named by ``layout``.
 
     Args:
@@ -117,19 +212,57 @@ def apply_rope(x: torch.Tensor, positions: Any = None, *, layout: str, style: st
         angle_dtype: float64 (default) or float32 for the angles :math:`m\,\omega_i`.
         spec: a :class:`ropelab.spec.RopeSpec` giving style, base, rotary_dim, scaling and
             max_position_embeddings at once (then leave those keywords at their defaults).
-        backend: ``"torch"`` (eager PyTorch, :func:`rotate`), ``"compile"`` (one single-pass formula through
+        backend: ``"auto"`` (the default: ``"cpu"`` where it computes the call correctly, else ``"torch"``;
+            :func:`rope_path` says which and why), ``"cpu"`` (the C/OpenMP kernel of
+            :mod:`ropelab.kernels.cpu_rope` on cached float32 tables: CPU tensors of float32, bfloat16 or
+            float16 with a contiguous head dim, no autograd; compiled on first use, about 0.5 s with gcc, then
+            cached on disk: :func:`ropelab.kernels.cpu_rope.build_info`), ``"torch"`` (eager PyTorch,
+            :func:`rotate`, exactly as before ``"auto"`` existed), ``"compile"`` (one single-pass formula through
             ``torch.compile``: the CPU path at the memory floor) or ``"triton"`` (the fused kernel of
             :mod:`ropelab.kernels`, CUDA or ``TRITON_INTERPRET=1``). Same checks, same tables and the same
-            error bound for all three, forward and backward: 16-bit x is computed in float32 and rounded
+            error bound for all, forward and backward: 16-bit x is computed in float32 and rounded
             once, so per pair (a, b) :math:`|y_a - y_a^{exact}| \le 4u_{32}(|x_a| + |x_b|) + u\,|y_a^{exact}|`
             and, for the gradient (:math:`R^\top g`, g = dL/dy), :math:`|dx_a - dx_a^{exact}| \le
             4u_{32}(|g_a| + |g_b|) + u\,|dx_a^{exact}|`, u the unit roundoff of x's dtype (plus half its
             subnormal spacing; Triton's CPU interpreter truncates to bfloat16: 2u there).
         sections: a :class:`ropelab.multiaxis.MultiAxis` (M-RoPE or axial): then ``positions`` is [A, s] or
             [A, b, s], one row per axis, and pair i rotates with its axis's position.
+        out: a tensor of x's shape and dtype to write the result into (no allocation); it may be x.
+        inplace: write the result into x itself (``out=x``), as flash-attn's ``apply_rotary_emb(...,
+            inplace=True)``; not with ``out``, nor for an x that requires grad.
 
-    Returns a tensor of x's shape and dtype.
+    Returns a tensor of x's shape and dtype (``out``, or x when ``inplace``).
     """
+    lay, spec, p, p_axes = _prepare(x, positions, layout, style, base, rotary_dim, rope_scaling, cu_seqlens, offset,
+                                    max_position_embeddings, seq_len, spec, backend, sections)
+    out = _check_out(x, out, inplace)
+    if sections is not None:
+        y = multiaxis_rope(x, lay, positions, sections, spec, angle_dtype=angle_dtype)
+        return y if out is None else out.copy_(y)
+    return _rotate_on(backend, x, lay, p, p_axes, spec, seq_len, angle_dtype, out)
+
+
+def _check_out(x: torch.Tensor, out: torch.Tensor | None, inplace: bool) -> torch.Tensor | None:
+    """The tensor to write into: ``out``, x when ``inplace``, None for a new one; checked."""
+    if not isinstance(inplace, bool):
+        raise ValueError(f"inplace must be True or False, got {inplace!r}.")
+    if inplace:
+        if out is not None:
+            raise ValueError("give out= or inplace=True, not both (inplace=True means out=x).")
+        out = x
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
+            raise ValueError(f"out must be a tensor of x's shape, dtype and device ({tuple(x.shape)}, {x.dtype}, "
+                             f"{x.device}), got {getattr(out, 'shape', type(out).__name__)}.")
+        if torch.is_grad_enabled() and (x.requires_grad or out.requires_grad):
+            raise ValueError("out= and inplace=True write without autograd; x (or out) requires grad: call "
+                             "apply_rope without them, or under torch.no_grad().")
+    return out
+
+
+def _prepare(x, positions, layout, style, base, rotary_dim, rope_scaling, cu_seqlens, offset,
+             max_position_embeddings, seq_len, spec, backend, sections):
+    """apply_rope's checks, the spec, the resolved positions: what every backend starts from."""
     if spec is not None:
         _check_spec_alone(spec, (style, base, rotary_dim, rope_scaling, max_position_embeddings))
     if sections is not None:
@@ -142,8 +275,65 @@ def apply_rope(x: torch.Tensor, positions: Any = None, *, layout: str, style: st
         spec = RopeSpec.from_keywords(head_dim, style=style, base=base, rotary_dim=rotary_dim,
                                       rope_scaling=rope_scaling, max_position_embeddings=max_position_embeddings)
     if sections is not None:
-        return multiaxis_rope(x, lay, positions, sections, spec, angle_dtype=angle_dtype)
+        return lay, spec, None, None
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}.")
     p, p_axes = resolve_positions(x, lay, positions, cu_seqlens=cu_seqlens, offset=offset)
-    return _rotate_on(backend, x, lay, p, p_axes, spec, seq_len, angle_dtype)
+    return lay, spec, p, p_axes
+
+
+def rope_path(x: torch.Tensor, positions: Any = None, *, layout: str, backend: str = "auto",
+              sections: MultiAxis | None = None, **settings: Any) -> RopePath:
+    """Which backend :func:`apply_rope` with these arguments runs on, and why (the same checks; nothing is
+    rotated). ``backend="auto"`` names the path it picks; another backend names itself. E.g.
+    ``rope_path(q, layout="b h s d")`` -> ``RopePath(backend='cpu', reason='CPU, no autograd, ...')``."""
+    spec = settings.pop("spec", None)
+    keys = ("style", "base", "rotary_dim", "rope_scaling", "cu_seqlens", "offset", "max_position_embeddings",
+            "seq_len")
+    unknown = sorted(set(settings) - set(keys) - {"angle_dtype"})
+    if unknown:
+        raise ValueError(f"rope_path takes apply_rope's keywords; unknown: {unknown}.")
+    defaults = {"style": "half", "base": 10000.0, "rotary_dim": None, "rope_scaling": None, "cu_seqlens": None,
+                "offset": 0, "max_position_embeddings": None, "seq_len": None}
+    kw = {**defaults, **{k: v for k, v in settings.items() if k in keys}}
+    lay, spec, _, _ = _prepare(x, positions, layout, *(kw[k] for k in keys[:4]), kw["cu_seqlens"], kw["offset"],
+                               kw["max_position_embeddings"], kw["seq_len"], spec, backend, sections)
+    if sections is not None:
+        return RopePath("torch", "sections= (multi-axis positions) runs on the torch path")
+    if backend != "auto":
+        return RopePath(backend, f"backend={backend!r} was asked for")
+    return _auto_path(x, lay, spec)
+
+
+def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions: Any = None, *, layout: str, style: str = "half",
+                  base: float = 10000.0, rotary_dim: int | None = None, rope_scaling: Mapping[str, Any] | None = None,
+                  cu_seqlens: Any = None, offset: int | torch.Tensor = 0, max_position_embeddings: int | None = None,
+                  seq_len: int | None = None, angle_dtype: torch.dtype = torch.float64, spec: RopeSpec | None = None,
+                  backend: str = "auto", out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`apply_rope` on queries and keys at the same positions in one call: ``(q_rot, k_rot)``.
+
+    The same arguments and results as two :func:`apply_rope` calls (q and k may differ in their number of heads,
+    as in grouped-query attention; every other axis but d must match, and d too), with the positions resolved,
+    the tables formed and the path chosen once. ``out`` is a pair ``(q_out, k_out)``; ``inplace=True`` writes
+    into q and k.
+    """
+    if not isinstance(k, torch.Tensor) or not isinstance(q, torch.Tensor):
+        raise ValueError("q and k must be torch tensors.")
+    lay, spec, p, p_axes = _prepare(q, positions, layout, style, base, rotary_dim, rope_scaling, cu_seqlens, offset,
+                                    max_position_embeddings, seq_len, spec, backend, None)
+    if k.ndim != q.ndim or any(a != "h" and q.shape[i] != k.shape[i] for i, a in enumerate(lay.axes)):
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must match on every axis of {layout!r} but "
+                         "h (the heads may differ: grouped-query attention).")
+    if k.dtype != q.dtype or k.device != q.device:
+        raise ValueError(f"q and k must share dtype and device, got {q.dtype}/{q.device} and {k.dtype}/{k.device}.")
+    if out is not None and not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise ValueError("out must be a pair (q_out, k_out).")
+    q_out = _check_out(q, None if out is None else out[0], inplace)
+    k_out = _check_out(k, None if out is None else out[1], inplace)
+    if backend == "auto":
+        backend = _auto_path(q, lay, spec).backend
+        if backend == "cpu" and _auto_path(k, lay, spec).backend != "cpu":
+            backend = "torch"
+    return (_rotate_on(backend, q, lay, p, p_axes, spec, seq_len, angle_dtype, q_out),
+            _rotate_on(backend, k, lay, p, p_axes, spec, seq_len, angle_dtype, k_out))

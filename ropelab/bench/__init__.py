@@ -1,6 +1,7 @@
 """Benchmarks: ratios measured in one run on the same inputs (not timed tests).
 
-    python -m ropelab.bench cpu [--shape 1 32 4096 128] [--repeats 20] [--out data/bench/cpu.json]
+    python -m ropelab.bench cpu [--shape 1 32 4096 128] [--repeats 20] [--dtypes float32 bfloat16]
+        [--cases prefill decode] [--out data/bench/cpu.json]
     python -m ropelab.bench gpu [--out-dir data/bench] [--quick]   (ropelab.bench.gpu)
     python -m ropelab.bench decode [--lengths 1024 4096 16384 32768] [--batches 1 8] [--out data/bench/decode.json]
     python -m ropelab.bench explorers [--repeats 7] [--out data/bench/explorers.json]
@@ -64,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     cpu.add_argument("--repeats", type=int, default=20)
     cpu.add_argument("--threads", type=int, default=2)
     cpu.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    cpu.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
+    cpu.add_argument("--cases", nargs="+", default=["prefill"], choices=["prefill", "decode"],
+                     help="prefill: --shape as given; decode: batch 8, one token per sequence at 32000 + i, "
+                          "--shape's heads and head dim")
     cpu.add_argument("--out", default=str(DATA_DIR / "bench" / "cpu.json"))
     gpu = sub.add_parser("gpu", help="fused RoPE kernels vs peers on a GPU (CPU implementations without one)")
     gpu.add_argument("--out-dir", default=str(DATA_DIR / "bench"))
@@ -131,7 +136,17 @@ def main(argv: list[str] | None = None) -> int:
         print_decode(result)
         _write_json(result, args.out)
     if args.which == "cpu":
-        result = bench_cpu(tuple(args.shape), args.repeats, args.threads, compile=not args.no_compile)
-        print_table(result)
-        _write_json(result, args.out)
+        import torch
+
+        for case in args.cases:
+            for dtype in args.dtypes:
+                shape = tuple(args.shape) if case == "prefill" else (8, args.shape[1], 1, args.shape[3])
+                result = bench_cpu(shape, args.repeats, args.threads, compile=not args.no_compile,
+                                   dtype=getattr(torch, dtype), decode=case == "decode")
+                print_table(result)
+                # prefill float32 goes to --out (the file the guide quotes); every other case beside it
+                out = Path(args.out)
+                if (case, dtype) != ("prefill", "float32"):
+                    out = out.with_name(f"{out.stem}-{case}-{dtype}{out.suffix}")
+                _write_json(result, str(out))
     return 0

@@ -5,6 +5,10 @@ are measured against (the benchmarks themselves are in :mod:`ropelab.bench`).
 - :mod:`ropelab.kernels.fused_rope`: its launch, ``autograd.Function`` and the checks only the kernel needs
   (positions, offsets and ``cu_seqlens`` are checked by :func:`ropelab.core.check_position_args`); :func:`rope`
   is the entry point, ``ropelab.apply_rope(..., backend="triton")`` the same kernel behind the usual API;
+- :mod:`ropelab.kernels.cpu_rope`: the C/OpenMP CPU kernel (``cpu_rope.c``) behind ``apply_rope``'s default
+  ``backend="auto"`` on a CPU, built and cached by :mod:`ropelab.kernels.cpu_build`; its tables come from
+  :mod:`ropelab.kernels.tables` (a small LRU cache by positions' content) and its large outputs from
+  :mod:`ropelab.kernels.cpu_buffers` (a pool that a freed result hands back);
 - :mod:`ropelab.kernels.compiled`: ``backend="compile"``, ``torch.compile`` of one single-pass formula
   (the CPU path at the memory floor);
 - :mod:`ropelab.kernels.qk_norm_rope`: QK-RMSNorm + RoPE + the KV-cache write as one op (``ropelab.qk_norm_rope``):

@@ -7,7 +7,8 @@
  * in float32, rounded once to x's dtype (bfloat16: round to nearest even, NaN kept quiet). The table row of
  * (i0, i1, i2) is cos + i0*ts0 + i1*ts1 + i2*ts2 (a stride of 0 repeats it: the tables broadcast).
  * Each row is read whole into local float buffers before any of it is written, so out may be x (in place).
- * Vector ISAs: the row loop is cloned for AVX-512 and AVX2+FMA and picked at load time (target_clones), so the
+ * Vector ISAs: the row loop is cloned for x86-64-v4 (AVX-512) and x86-64-v3 (AVX2, FMA, F16C) and picked at load
+ * time by CPU features (target_clones; arch=haswell would test the CPU model, not its features), so the
  * library itself is built with portable flags.
  */
 #include <stdint.h>
@@ -19,7 +20,7 @@
 #define ROPELAB_MAX_HALF 2048
 
 #if defined(__GNUC__) && defined(__linux__) && defined(__x86_64__)
-#define ROPELAB_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#define ROPELAB_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define ROPELAB_CLONES
 #endif
@@ -36,9 +37,9 @@ static inline float bf16_to_f32(uint16_t h) {
 static inline uint16_t f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* NaN: stays a (quiet) NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                               /* round to nearest even */
-    return (uint16_t)(u >> 16);
+    /* NaN stays a (quiet) NaN; else round to nearest even. A select, not a branch, so the loop vectorises. */
+    const uint32_t nan = (uint32_t)((u >> 16) | 0x0040u), rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
 int ropelab_has_f16(void) {
@@ -64,35 +65,37 @@ static void rows(const char *x, char *out, const float *cos_t, const float *sin_
         char *orow = out + (i0 * os0 + i1 * os1 + i2 * os2) * esize;
         const float *c = cos_t + i0 * ts0 + i1 * ts1 + i2 * ts2;
         const float *s = sin_t + i0 * ts0 + i1 * ts1 + i2 * ts2;
-        const int64_t step = interleaved ? 2 : 1, second = interleaved ? 1 : half;
-        if (dtype == F32) {
-            const float *xf = (const float *)xr;
-            for (int64_t i = 0; i < half; ++i) { a[i] = xf[i * step]; b[i] = xf[i * step + second]; }
-        } else if (dtype == BF16) {
-            const uint16_t *xh = (const uint16_t *)xr;
-            for (int64_t i = 0; i < half; ++i) { a[i] = bf16_to_f32(xh[i * step]); b[i] = bf16_to_f32(xh[i * step + second]); }
-        } else {
+        /* Constant strides per style, so each loop vectorises (half: two contiguous runs; interleaved: stride 2). */
+#define LOAD(T, CONV)                                                                                          \
+    do {                                                                                                       \
+        const T *xt = (const T *)xr;                                                                           \
+        if (interleaved) for (int64_t i = 0; i < half; ++i) { a[i] = CONV(xt[2 * i]); b[i] = CONV(xt[2 * i + 1]); } \
+        else { for (int64_t i = 0; i < half; ++i) a[i] = CONV(xt[i]);                                          \
+               for (int64_t i = 0; i < half; ++i) b[i] = CONV(xt[half + i]); }                                 \
+    } while (0)
+#define STORE(T, CONV)                                                                                         \
+    do {                                                                                                       \
+        T *ot = (T *)orow;                                                                                     \
+        if (interleaved) for (int64_t i = 0; i < half; ++i) { ot[2 * i] = CONV(ya[i]); ot[2 * i + 1] = CONV(yb[i]); } \
+        else { for (int64_t i = 0; i < half; ++i) ot[i] = CONV(ya[i]);                                         \
+               for (int64_t i = 0; i < half; ++i) ot[half + i] = CONV(yb[i]); }                                \
+    } while (0)
+#define ID(v) (v)
+#define TO_F32(v) ((float)(v))
+        if (dtype == F32) LOAD(float, ID);
+        else if (dtype == BF16) LOAD(uint16_t, bf16_to_f32);
 #ifdef __FLT16_MAX__
-            const _Float16 *xh = (const _Float16 *)xr;
-            for (int64_t i = 0; i < half; ++i) { a[i] = (float)xh[i * step]; b[i] = (float)xh[i * step + second]; }
+        else LOAD(_Float16, TO_F32);
 #endif
-        }
         for (int64_t i = 0; i < half; ++i) {
             ya[i] = a[i] * c[i] - b[i] * s[i];
             yb[i] = a[i] * s[i] + b[i] * c[i];
         }
-        if (dtype == F32) {
-            float *of = (float *)orow;
-            for (int64_t i = 0; i < half; ++i) { of[i * step] = ya[i]; of[i * step + second] = yb[i]; }
-        } else if (dtype == BF16) {
-            uint16_t *oh = (uint16_t *)orow;
-            for (int64_t i = 0; i < half; ++i) { oh[i * step] = f32_to_bf16(ya[i]); oh[i * step + second] = f32_to_bf16(yb[i]); }
-        } else {
+        if (dtype == F32) STORE(float, ID);
+        else if (dtype == BF16) STORE(uint16_t, f32_to_bf16);
 #ifdef __FLT16_MAX__
-            _Float16 *oh = (_Float16 *)orow;
-            for (int64_t i = 0; i < half; ++i) { oh[i * step] = (_Float16)ya[i]; oh[i * step + second] = (_Float16)yb[i]; }
+        else STORE(_Float16, (_Float16));
 #endif
-        }
         if (r < d && orow != xr) memcpy(orow + r * esize, xr + r * esize, (size_t)((d - r) * esize));
     }
 }

@@ -1,0 +1,179 @@
+"""The CPU kernel behind ``apply_rope``'s default ``backend="auto"`` (ropelab.kernels.cpu_rope): within the
+docstring's error bound of a float64 oracle for float32, bfloat16 and float16, both styles, partial rotary,
+offsets, 2-D and negative positions, varlen, other layouts, out= and in place, q and k in one call; the dispatch
+takes the torch path where the kernel would be wrong (autograd, float64, a strided head dim); the table cache
+never returns stale tables; the build helper says why it fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _helpers import rope_error_bound
+
+import ropelab
+from ropelab.kernels import cpu_buffers, cpu_build, cpu_rope, tables
+
+pytestmark = pytest.mark.skipif(not cpu_rope.available(), reason=f"no CPU kernel: {cpu_rope.why_unavailable()}")
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _oracle(x, **kw):
+    """The same call in float64 on the torch path: float64 angles, tables and rotation."""
+    return ropelab.apply_rope(x.double(), backend="torch", **kw)
+
+
+def _assert_within_bound(y, x, r, pairs, **kw):
+    """y within rope_error_bound of the float64 oracle of the call ``kw`` (r rotary dims, pairs the style)."""
+    ref = _oracle(x, **kw)
+    bound = rope_error_bound(x.double(), ref, r, pairs, x.dtype)
+    err = (y.double() - ref).abs()
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert bool((err <= bound).all()), f"max excess {(err - bound).max().item():.3g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("style", ["half", "interleaved"])
+@pytest.mark.parametrize("rotary_dim", [None, 32])
+def test_default_call_takes_the_kernel_and_meets_the_bound(dtype, style, rotary_dim):
+    torch.manual_seed(0)
+    x = (torch.randn(2, 3, 17, 64) * 3).to(dtype)
+    kw = dict(layout="b h s d", style=style, rotary_dim=rotary_dim, offset=5)
+    assert ropelab.rope_path(x, **kw).backend == "cpu"
+    y = ropelab.apply_rope(x, **kw)
+    _assert_within_bound(y, x, rotary_dim or 64, style, **kw)
+    if rotary_dim:  # dims past r pass through unchanged
+        assert torch.equal(y[..., rotary_dim:], x[..., rotary_dim:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_shape_near_32k_with_2d_positions_and_offsets(dtype):
+    torch.manual_seed(1)
+    x = torch.randn(8, 32, 1, 128).to(dtype)
+    pos = (32000 + torch.arange(8))[:, None]
+    spec = ropelab.RopeSpec.from_keywords(128, base=500000.0)
+    _assert_within_bound(ropelab.apply_rope(x, pos, layout="b h s d", spec=spec), x, 128, "half",
+                         positions=pos, layout="b h s d", spec=spec)
+    off = 32000 + torch.arange(8)
+    _assert_within_bound(ropelab.apply_rope(x, layout="b h s d", offset=off, spec=spec), x, 128, "half",
+                         layout="b h s d", offset=off, spec=spec)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_varlen_negative_positions_and_other_layouts(dtype):
+    torch.manual_seed(2)
+    t = torch.randn(11, 4, 32).to(dtype)
+    cu = torch.tensor([0, 4, 11])
+    kw = dict(layout="t h d", cu_seqlens=cu, offset=torch.tensor([3, 100]), style="interleaved")
+    assert ropelab.rope_path(t, **kw).backend == "cpu"
+    _assert_within_bound(ropelab.apply_rope(t, **kw), t, 32, "interleaved", **kw)
+    # "b s h d" as a transposed view of a [b, h, s, d] buffer: strided axes, a contiguous head dim
+    x = torch.randn(2, 4, 9, 32).to(dtype).transpose(1, 2)
+    neg = torch.arange(-9, 0)
+    assert ropelab.rope_path(x, neg, layout="b s h d").backend == "cpu"
+    _assert_within_bound(ropelab.apply_rope(x, neg, layout="b s h d"), x, 32, "half", positions=neg,
+                         layout="b s h d")
+
+
+def test_a_strided_head_dim_float64_and_autograd_take_the_torch_path():
+    torch.manual_seed(3)
+    x = torch.randn(2, 32, 5, 3).transpose(1, 3)  # [b, h=3, s=5, d=32], d of stride 15
+    path = ropelab.rope_path(x, layout="b h s d")
+    assert path.backend == "torch" and "head dim" in path.reason
+    _assert_within_bound(ropelab.apply_rope(x, layout="b h s d"), x, 32, "half", layout="b h s d")
+    assert ropelab.rope_path(x.double(), layout="b h s d").backend == "torch"
+    xg = torch.randn(2, 3, 5, 32, requires_grad=True)
+    assert ropelab.rope_path(xg, layout="b h s d").backend == "torch"
+    y = ropelab.apply_rope(xg, layout="b h s d")
+    (g,) = torch.autograd.grad(y.square().sum(), xg)  # the differentiable path: a rotation keeps the norm
+    torch.testing.assert_close(g.norm(), 2 * xg.detach().norm(), rtol=1e-5, atol=0)
+    with pytest.raises(ValueError, match="autograd"):
+        ropelab.apply_rope(xg, layout="b h s d", backend="cpu")
+    with pytest.raises(ValueError, match="head dim"):
+        ropelab.apply_rope(x, layout="b h s d", backend="cpu")
+    with torch.no_grad():
+        assert ropelab.rope_path(xg, layout="b h s d").backend == "cpu"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_out_and_inplace(dtype):
+    torch.manual_seed(4)
+    x = torch.randn(1, 4, 33, 64).to(dtype)
+    kw = dict(layout="b h s d", offset=7)
+    out = torch.full_like(x, float("nan"))
+    assert ropelab.apply_rope(x, out=out, **kw) is out
+    _assert_within_bound(out, x, 64, "half", **kw)
+    xi = x.clone()
+    assert ropelab.apply_rope(xi, inplace=True, **kw) is xi
+    _assert_within_bound(xi, x, 64, "half", **kw)
+    # an out that overlaps x without being x: computed apart, then written (the torch path)
+    buf = torch.cat([x.reshape(-1), torch.zeros(64, dtype=dtype)])
+    xs, shifted = buf[:x.numel()].view_as(x), buf[64:].view_as(x)
+    assert ropelab.apply_rope(xs, out=shifted, **kw) is shifted
+    _assert_within_bound(shifted.clone(), x, 64, "half", **kw)
+    with pytest.raises(ValueError, match="out= or inplace"):
+        ropelab.apply_rope(x, out=out, inplace=True, **kw)
+    with pytest.raises(ValueError, match="shape, dtype"):
+        ropelab.apply_rope(x, out=out[..., :32], **kw)
+
+
+def test_q_and_k_in_one_call_with_grouped_heads():
+    torch.manual_seed(5)
+    q, k = torch.randn(2, 16, 8, 64).bfloat16(), torch.randn(2, 16, 2, 64).bfloat16()
+    pos = torch.arange(16) + 1000
+    kw = dict(layout="b s h d", style="interleaved")
+    qr, kr = ropelab.apply_rope_qk(q, k, pos, **kw)
+    _assert_within_bound(qr, q, 64, "interleaved", positions=pos, **kw)
+    _assert_within_bound(kr, k, 64, "interleaved", positions=pos, **kw)
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    assert ropelab.apply_rope_qk(q, k, pos, out=(qo, ko), **kw) == (qo, ko)
+    assert torch.equal(qo, qr) and torch.equal(ko, kr)
+    with pytest.raises(ValueError, match="must match"):
+        ropelab.apply_rope_qk(q, k[:, :8], **kw)
+
+
+def test_the_table_cache_follows_positions_mutated_in_place():
+    tables.clear()
+    x = torch.randn(1, 2, 6, 32)
+    pos = torch.arange(6)
+    y0 = ropelab.apply_rope(x, pos, layout="b h s d")
+    assert tables.cache_info()["misses"] == 1
+    ropelab.apply_rope(x, pos, layout="b h s d")
+    assert tables.cache_info()["hits"] == 1
+    pos += 50  # same tensor, new content: new tables
+    y1 = ropelab.apply_rope(x, pos, layout="b h s d")
+    assert not torch.allclose(y0, y1)
+    _assert_within_bound(y1, x, 32, "half", positions=torch.arange(6) + 50, layout="b h s d")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.int32):  # any dtype's positions key the cache
+        p = torch.arange(6).to(dtype)
+        _assert_within_bound(ropelab.apply_rope(x, p, layout="b h s d"), x, 32, "half", positions=p,
+                             layout="b h s d")
+
+
+def test_bf16_nan_and_inf_stay_nonfinite_and_results_are_not_reused_while_alive():
+    x = torch.zeros(1, 1, 2, 8, dtype=torch.bfloat16)
+    x[0, 0, 0, 0] = float("nan")
+    y = ropelab.apply_rope(x, layout="b h s d")
+    assert y[0, 0, 0, 0].isnan() and y[0, 0, 0, 4].isnan()  # NaN * sin(0) = NaN in its pair partner
+    big = torch.randn(1, 8, 512, 128)  # 2 MiB: from the buffer pool
+    assert big.numel() * 4 >= cpu_buffers.MIN_BYTES
+    first = ropelab.apply_rope(big, layout="b h s d")
+    keep = first.clone()
+    second = ropelab.apply_rope(big * 2, layout="b h s d")
+    assert second.data_ptr() != first.data_ptr() and torch.equal(first, keep)
+
+
+def test_build_helper_reports_compile_errors_and_build_info(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROPELAB_KERNEL_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "bad.c"
+    bad.write_text("int f(void) { return }\n")
+    with pytest.raises(cpu_build.BuildError, match="failed"):
+        cpu_build.load_library("bad", bad)
+    assert "failed" in cpu_build.why_unavailable("bad", bad)
+    good = tmp_path / "good.c"
+    good.write_text("int seven(void) { return 7; }\n")
+    assert cpu_build.load_library("good", good).seven() == 7
+    info = cpu_build.build_info("good")
+    assert info["from_cache"] is False and info["seconds"] > 0 and "-march=native" not in info["flags"]
+    assert list((tmp_path / "cache").glob("good-*.so")) and not list((tmp_path / "cache").glob("*.tmp"))
+    assert cpu_rope.build_info()["path"].endswith(".so")
