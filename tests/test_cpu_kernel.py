@@ -163,6 +163,35 @@ def test_bf16_nan_and_inf_stay_nonfinite_and_results_are_not_reused_while_alive(
     assert second.data_ptr() != first.data_ptr() and torch.equal(first, keep)
 
 
+def test_pooled_outputs_of_concurrent_calls_never_share_memory():
+    """Threads calling at once each get a block of their own (the pool's choice and its view are one step)."""
+    import threading
+
+    xs = [torch.randn(1, 8, 512, 128, generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    want = [ropelab.apply_rope(x, layout="b h s d", backend="torch") for x in xs]
+    got: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(xs))}
+    start = threading.Barrier(len(xs))
+
+    def work(i):
+        start.wait()
+        for _ in range(20):
+            got[i].append(ropelab.apply_rope(xs[i], layout="b h s d"))
+            if len(got[i]) > 2:
+                got[i].pop(0)  # frees a block for the others while they run
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    alive = [y for ys in got.values() for y in ys]
+    assert len({y.data_ptr() for y in alive}) == len(alive)
+    bound = 8 * torch.finfo(torch.float32).eps * max(float(x.abs().max()) for x in xs)
+    for i, ys in got.items():
+        for y in ys:
+            assert float((y - want[i]).abs().max()) <= bound, i
+
+
 def test_build_helper_reports_compile_errors_and_build_info(tmp_path, monkeypatch):
     monkeypatch.setenv("ROPELAB_KERNEL_CACHE", str(tmp_path / "cache"))
     bad = tmp_path / "bad.c"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -28,6 +29,9 @@ __all__ = ["MIN_BYTES", "MAX_BLOCKS", "enabled", "empty", "clear"]
 MIN_BYTES = 1 << 20
 MAX_BLOCKS = 8
 _BLOCKS: list[np.ndarray] = []
+# Choosing a free block and taking a view of it must be one step: two threads that both saw a block free between
+# the check and the view would get outputs sharing memory.
+_LOCK = threading.Lock()
 
 
 def _free_refs() -> int:
@@ -52,20 +56,24 @@ def empty(like: torch.Tensor) -> torch.Tensor:
     nbytes = like.numel() * like.element_size()
     if nbytes < MIN_BYTES or not enabled():
         return torch.empty(like.shape, dtype=like.dtype)
-    for block in _BLOCKS:
-        if block.nbytes == nbytes and sys.getrefcount(block) <= _FREE_REFS:
-            break
-    else:
-        block = np.empty(nbytes, dtype=np.uint8)
-        if len(_BLOCKS) >= MAX_BLOCKS:  # drop the oldest free block, if any; else serve without pooling
-            free = [i for i, b in enumerate(_BLOCKS) if sys.getrefcount(b) <= _FREE_REFS]
-            if free:
-                del _BLOCKS[free[0]]
-        if len(_BLOCKS) < MAX_BLOCKS:
-            _BLOCKS.append(block)
-    return torch.from_numpy(block[:]).view(like.dtype).view(like.shape)
+    with _LOCK:
+        for block in _BLOCKS:
+            if block.nbytes == nbytes and sys.getrefcount(block) <= _FREE_REFS:
+                break
+        else:
+            block = np.empty(nbytes, dtype=np.uint8)
+            if len(_BLOCKS) >= MAX_BLOCKS:  # drop the oldest free block, if any; else serve without pooling
+                free = [i for i, b in enumerate(_BLOCKS) if sys.getrefcount(b) <= _FREE_REFS]
+                if free:
+                    del _BLOCKS[free[0]]
+            if len(_BLOCKS) < MAX_BLOCKS:
+                _BLOCKS.append(block)
+        view = block[:]  # holds the block: no other caller sees it free from here on
+    del block
+    return torch.from_numpy(view).view(like.dtype).view(like.shape)
 
 
 def clear() -> None:
     """Forget every pooled block (tensors still using one keep it alive)."""
-    _BLOCKS.clear()
+    with _LOCK:
+        _BLOCKS.clear()
