@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..paths import DATA_DIR, REPO
 
-__all__ = ["BEGIN", "END", "PAGE", "cpu_markdown", "decode_markdown", "render", "page_with", "write_page",
+__all__ = ["BEGIN", "END", "PAGE", "cpu_markdown", "cpu_cases_markdown", "decode_markdown", "render", "page_with", "write_page",
            "readme_with", "write_readme"]
 
 BEGIN = "<!-- bench:begin (generated from data/bench/*.json by python -m ropelab.bench readme) -->"
@@ -55,6 +55,46 @@ def cpu_markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
+DEFAULT = "ropelab.apply_rope"  # the default call, the row each case is judged by
+RIVALS = ("torch.compile(HF apply_rotary_pos_emb)", "ggml_rope_ext (llama.cpp, compute only)")
+
+
+def _verdict(r: dict, rival: str) -> str:
+    names = {row["method"] for row in r["rows"]}
+    if rival not in names or DEFAULT not in names:
+        return "not timed"
+    ordered = {tuple(p) for p in r["ordering"]}
+    return ("faster" if (DEFAULT, rival) in ordered else "slower" if (rival, DEFAULT) in ordered
+            else "equal within noise")
+
+
+def cpu_cases_markdown(results: list[dict]) -> str:
+    """Every case of ``python -m ropelab.bench cpu --dtypes ... --cases ...`` (``data/bench/cpu*.json``) side by
+    side: each method's median as a multiple of the same run's copy, and whether the default call is ahead of
+    ``torch.compile`` of Hugging Face's function and of ggml's RoPE op across their IQRs."""
+    heads = [f"{r['case']} {r['dtype']} [{', '.join(map(str, r['shape_bhsd']))}]" for r in results]
+    methods = list(dict.fromkeys(row["method"] for r in results for row in r["rows"]))
+    lines = ["All cases of the same command (`data/bench/cpu*.json`), each method's median as a multiple of its "
+             "run's copy:", "", "| method | " + " | ".join(heads) + " |", "|---|" + "---|" * len(results)]
+    for m in methods:
+        cells = []
+        for r in results:
+            row = next((x for x in r["rows"] if x["method"] == m), None)
+            cells.append("-" if row is None else f"{row['ratio_to_copy']:.2f}")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    for rival in RIVALS:
+        lines.append(f"| {DEFAULT} against {rival} (IQRs) | " + " | ".join(_verdict(r, rival) for r in results)
+                     + " |")
+    return "\n".join(lines)
+
+
+def _cpu_cases() -> list[dict]:
+    order = {("prefill", "float32"): 0, ("prefill", "bfloat16"): 1, ("decode", "float32"): 2, ("decode", "bfloat16"): 3}
+    found = [json.loads(f.read_text()) for f in sorted((DATA_DIR / "bench").glob("cpu*.json"))]
+    found = [r for r in found if "case" in r]
+    return sorted(found, key=lambda r: order.get((r["case"], r["dtype"]), 9))
+
+
 def decode_markdown(r: dict) -> str:
     """``python -m ropelab.bench decode``'s rows at the longest cache: per batch and policy the median step with its
     IQR, the p99 where there are enough samples, the ratio to ``post_rope`` and whether it is equal within noise,
@@ -87,9 +127,11 @@ def decode_markdown(r: dict) -> str:
 
 def render(cpu: dict | None = None, decode: dict | None = None) -> str:
     """The whole block, from the given results or the committed files."""
+    cases = _cpu_cases() if cpu is None else []  # the committed cases, when the committed block is rendered
     cpu = cpu if cpu is not None else json.loads((DATA_DIR / "bench" / "cpu.json").read_text())
     decode = decode if decode is not None else json.loads((DATA_DIR / "bench" / "decode.json").read_text())
-    return "\n".join([BEGIN, cpu_markdown(cpu), "", decode_markdown(decode), END])
+    parts = [BEGIN, cpu_markdown(cpu)] + (["", cpu_cases_markdown(cases)] if len(cases) > 1 else [])
+    return "\n".join(parts + ["", decode_markdown(decode), END])
 
 
 def page_with(text: str, block: str) -> str:
