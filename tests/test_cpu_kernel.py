@@ -206,3 +206,16 @@ def test_build_helper_reports_compile_errors_and_build_info(tmp_path, monkeypatc
     assert info["from_cache"] is False and info["seconds"] > 0 and "-march=native" not in info["flags"]
     assert list((tmp_path / "cache").glob("good-*.so")) and not list((tmp_path / "cache").glob("*.tmp"))
     assert cpu_rope.build_info()["path"].endswith(".so")
+
+
+def test_the_pool_keeps_at_most_its_byte_bound(monkeypatch):
+    """A freed result is kept for reuse only within MAX_POOLED_BYTES: a one-off large call pins nothing."""
+    cpu_buffers.clear()
+    monkeypatch.setattr(cpu_buffers, "MAX_POOLED_BYTES", 3 << 20)
+    x = torch.randn(1, 8, 512, 128)  # 2 MiB
+    big = torch.randn(1, 16, 512, 128)  # 4 MiB: past the bound, not pooled
+    ropelab.apply_rope(x, layout="b h s d")
+    ropelab.apply_rope(big, layout="b h s d")
+    ropelab.apply_rope(x * 2, layout="b h s d")
+    assert sum(b.nbytes for b in cpu_buffers._BLOCKS) <= 3 << 20
+    cpu_buffers.clear()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from ..paths import DATA_DIR, REPO
 
-__all__ = ["BEGIN", "END", "PAGE", "cpu_markdown", "cpu_cases_markdown", "decode_markdown", "render", "page_with", "write_page",
-           "readme_with", "write_readme"]
+__all__ = ["BEGIN", "END", "PAGE", "cpu_markdown", "cpu_cases_markdown", "decode_markdown", "render", "page_with",
+           "write_page", "readme_with", "write_readme"]
 
 BEGIN = "<!-- bench:begin (generated from data/bench/*.json by python -m ropelab.bench readme) -->"
 END = "<!-- bench:end -->"

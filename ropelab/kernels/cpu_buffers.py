@@ -9,7 +9,8 @@ the RoPE itself: ``torch.empty_like(q).copy_(q)`` takes about 5x a copy into a p
 out tensors viewing them (``torch.from_numpy``). A tensor keeps its block alive through its storage, so a block
 is reused only when no tensor (nor view) of it is left: its reference count, exact in CPython, is back to the
 pool's own. A result lives as long as the caller keeps it; only after it is freed does its memory go to the next
-call. Smaller outputs (a decode step) come from ``torch.empty``. ``ROPELAB_CPU_POOL=0`` turns the pool off.
+call. Smaller outputs (a decode step) and larger ones (past :data:`MAX_POOLED_BYTES`, which also bounds what the
+pool keeps in all) come from ``torch.empty``. ``ROPELAB_CPU_POOL=0`` turns the pool off.
 
 The tensors are ordinary CPU tensors, except that their storage cannot be resized (``resize_`` to a larger size
 raises), as for any tensor from numpy.
@@ -24,10 +25,13 @@ import threading
 import numpy as np
 import torch
 
-__all__ = ["MIN_BYTES", "MAX_BLOCKS", "enabled", "empty", "clear"]
+__all__ = ["MIN_BYTES", "MAX_BLOCKS", "MAX_POOLED_BYTES", "enabled", "empty", "clear"]
 
 MIN_BYTES = 1 << 20
 MAX_BLOCKS = 8
+# What the pool may keep after its results are freed: a one-off huge call must not pin gigabytes for the rest of
+# the process (a larger output is an ordinary torch.empty).
+MAX_POOLED_BYTES = 1 << 30
 _BLOCKS: list[np.ndarray] = []
 # Choosing a free block and taking a view of it must be one step: two threads that both saw a block free between
 # the check and the view would get outputs sharing memory.
@@ -54,7 +58,7 @@ def enabled() -> bool:
 def empty(like: torch.Tensor) -> torch.Tensor:
     """An uninitialised contiguous CPU tensor of ``like``'s shape and dtype (module docstring)."""
     nbytes = like.numel() * like.element_size()
-    if nbytes < MIN_BYTES or not enabled():
+    if nbytes < MIN_BYTES or nbytes > MAX_POOLED_BYTES or not enabled():
         return torch.empty(like.shape, dtype=like.dtype)
     with _LOCK:
         for block in _BLOCKS:
@@ -62,11 +66,13 @@ def empty(like: torch.Tensor) -> torch.Tensor:
                 break
         else:
             block = np.empty(nbytes, dtype=np.uint8)
-            if len(_BLOCKS) >= MAX_BLOCKS:  # drop the oldest free block, if any; else serve without pooling
+            # drop the oldest free blocks while the pool is full (in count or bytes); else serve without pooling
+            while len(_BLOCKS) >= MAX_BLOCKS or sum(b.nbytes for b in _BLOCKS) + nbytes > MAX_POOLED_BYTES:
                 free = [i for i, b in enumerate(_BLOCKS) if sys.getrefcount(b) <= _FREE_REFS]
-                if free:
-                    del _BLOCKS[free[0]]
-            if len(_BLOCKS) < MAX_BLOCKS:
+                if not free:
+                    break
+                del _BLOCKS[free[0]]
+            if len(_BLOCKS) < MAX_BLOCKS and sum(b.nbytes for b in _BLOCKS) + nbytes <= MAX_POOLED_BYTES:
                 _BLOCKS.append(block)
         view = block[:]  # holds the block: no other caller sees it free from here on
     del block
