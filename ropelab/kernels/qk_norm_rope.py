@@ -397,6 +397,13 @@ def _triton_path(q, k, v, wq, wk, cos, sin, eps, w_offset, style, slots, kc, vc)
     return oq, ok
 
 
+def _norm_args(q: torch.Tensor, q_weight: Any, k_weight: Any, head_dim: int, eps: Any,
+               unit_offset: bool) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """The norm's checked weights, epsilon and weight offset (1 for Gemma's ``1 + weight``), for both ops."""
+    return (_check_weight(q_weight, "q_weight", head_dim, q), _check_weight(k_weight, "k_weight", head_dim, q),
+            _check_eps(eps), 1.0 if unit_offset else 0.0)
+
+
 def qk_norm_rope(
     qkv: torch.Tensor | None = None,
     *,
@@ -450,10 +457,7 @@ def qk_norm_rope(
     if backend not in QK_NORM_ROPE_BACKENDS:
         raise ValueError(f"backend must be one of {QK_NORM_ROPE_BACKENDS}, got {backend!r}.")
     q, k, v = _split(qkv, q, k, v, num_heads, num_kv_heads, head_dim)
-    wq = _check_weight(q_weight, "q_weight", head_dim, q)
-    wk = _check_weight(k_weight, "k_weight", head_dim, q)
-    eps = _check_eps(eps)
-    w_offset = 1.0 if unit_offset else 0.0
+    wq, wk, eps, w_offset = _norm_args(q, q_weight, k_weight, head_dim, eps, unit_offset)
     if angle_dtype not in (torch.float32, torch.float64):
         raise ValueError(f"angle_dtype must be torch.float32 or torch.float64, got {angle_dtype}.")
     T = q.shape[0]
@@ -489,10 +493,7 @@ def qk_rms_norm(q: torch.Tensor, k: torch.Tensor, *, num_heads: int, num_kv_head
     if backend not in ("torch", "triton", "cpu"):
         raise ValueError(f"backend must be 'torch', 'triton' or 'cpu', got {backend!r}.")
     q, k, _ = _split(None, q, k, None, num_heads, num_kv_heads, head_dim)
-    wq = _check_weight(q_weight, "q_weight", head_dim, q)
-    wk = _check_weight(k_weight, "k_weight", head_dim, q)
-    eps = _check_eps(eps)
-    w_offset = 1.0 if unit_offset else 0.0
+    wq, wk, eps, w_offset = _norm_args(q, q_weight, k_weight, head_dim, eps, unit_offset)
     cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
     none = torch.empty(q.shape[0], 0, dtype=cdt, device=q.device)
     if backend == "triton":
