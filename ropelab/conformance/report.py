@@ -94,18 +94,35 @@ def readme_paragraph(table: dict, load: str = "about 7") -> str:
     return "\n".join(lines)
 
 
-def plot_convention_classes(n_class: dict, n_covered: int, version: str):
-    """One horizontal bar per convention class (``n_class``: class -> the covered model types in it), labelled
-    with its count, out of ``n_covered`` covered model types measured on transformers ``version``. Returns the
-    figure (notebook 09)."""
+def plot_convention_classes(n_class: dict, n_covered: int, version: str, partition: tuple = ()):
+    """The convention classes (``n_class``: class -> the covered model types in it), out of ``n_covered``
+    covered model types measured on transformers ``version``. The classes named in ``partition`` split the
+    covered types (each type in exactly one: the pairing) and are drawn in a panel of their own on top; the
+    others are properties a type may have several of, one bar each below, on the same axis. Returns the figure
+    (notebook 09)."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 3.4))
-    names = list(n_class)[::-1]
-    ax.barh(names, [len(n_class[n]) for n in names], color="#4c72b0")
-    for y, n in enumerate(names):
+    props = [n for n in n_class if n not in partition][::-1]
+    if partition:
+        fig, (top, ax) = plt.subplots(2, 1, figsize=(8, 4.2), height_ratios=[len(partition), len(props)],
+                                      sharex=True)
+        names = list(partition)[::-1]
+        top.barh(names, [len(n_class[n]) for n in names], color="#dd8452")
+        for y, n in enumerate(names):
+            top.text(len(n_class[n]) + 0.5, y, str(len(n_class[n])), va="center", fontsize=8)
+        top.set_xlim(0, n_covered * 1.06)
+        top.set_title(f"pairing: each of the {n_covered} covered model types has exactly one (they sum to "
+                      f"{n_covered})", fontsize=9)
+    else:
+        fig, ax = plt.subplots(figsize=(8, 3.4))
+    ax.barh(props, [len(n_class[n]) for n in props], color="#4c72b0")
+    for y, n in enumerate(props):
         ax.text(len(n_class[n]) + 0.5, y, str(len(n_class[n])), va="center", fontsize=8)
     ax.set_xlabel(f"model types (of {n_covered} covered), measured on transformers {version}")
-    ax.set_title("RoPE conventions the config does not state, across model families")
+    if partition:
+        ax.set_title("conventions beyond the pairing (a type can have several)", fontsize=9)
+        fig.suptitle("RoPE conventions the config does not state, across model families")
+    else:
+        ax.set_title("RoPE conventions the config does not state, across model families")
     fig.tight_layout()
     return fig
