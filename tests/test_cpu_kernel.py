@@ -208,6 +208,23 @@ def test_build_helper_reports_compile_errors_and_build_info(tmp_path, monkeypatc
     assert cpu_rope.build_info()["path"].endswith(".so")
 
 
+def test_an_edited_header_rebuilds_and_a_missing_one_is_named(tmp_path, monkeypatch):
+    """The cache key covers the headers a source includes from its folder (cpu_dtypes.h is shared by both
+    kernels): editing one rebuilds instead of loading a library compiled from the old header."""
+    monkeypatch.setenv("ROPELAB_KERNEL_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "uses.c"
+    src.write_text('#include "value.h"\nint value(void) { return VALUE; }\n')
+    with pytest.raises(cpu_build.BuildError, match="value.h"):
+        cpu_build.load_library("uses_missing", src)
+    (tmp_path / "value.h").write_text("#define VALUE 3\n")
+    # _build_and_load: the on-disk cache alone (load_library also keeps loaded libraries for the process)
+    assert cpu_build._build_and_load("uses", src, ()).value() == 3
+    (tmp_path / "value.h").write_text("#define VALUE 4\n")
+    assert cpu_build._build_and_load("uses", src, ()).value() == 4  # not the cached library built with VALUE 3
+    assert cpu_build.build_info("uses")["from_cache"] is False
+    assert len(list((tmp_path / "cache").glob("uses-*.so"))) == 2
+
+
 def test_the_pool_keeps_at_most_its_byte_bound(monkeypatch):
     """A freed result is kept for reuse only within MAX_POOLED_BYTES: a one-off large call pins nothing."""
     cpu_buffers.clear()

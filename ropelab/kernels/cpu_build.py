@@ -15,10 +15,10 @@ kernel). API, stable:
 Portability: the flags are portable (``-O3 -fPIC -fopenmp``, never ``-march=native``), so a cached library runs on
 any x86-64 or aarch64 CPU of the same OS; a kernel that wants AVX2/AVX-512 asks for it per function with GCC's
 ``__attribute__((target_clones(...)))``, resolved at load time for the CPU that runs it. The cache key is a hash
-of the source, the flags, the compiler's ``--version`` and the machine's architecture
-(:func:`platform.machine`): a changed source or a new compiler rebuilds. Parallel processes (pytest-xdist workers)
-are safe: each compiles into a temporary file in the cache directory and renames it onto the final name
-(:func:`os.replace` is atomic), so a reader never sees half a library.
+of the source and the headers it includes from its folder, the flags, the compiler's ``--version`` and the
+machine's architecture (:func:`platform.machine`): a changed source or header, or a new compiler, rebuilds.
+Parallel processes (pytest-xdist workers) are safe: each compiles into a temporary file in the cache directory
+and renames it onto the final name (:func:`os.replace` is atomic), so a reader never sees half a library.
 
 The compiler is ``$CC``, else ``cc``, else ``gcc``. Without OpenMP (``-fopenmp`` refused) the library is
 rebuilt without it, single-threaded, and :func:`build_info` says so (``openmp: False``).
@@ -30,6 +30,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -84,8 +85,8 @@ def _compile(cc: str, source: Path, flags: Sequence[str], target: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([*cc.split(), *flags, str(source), "-o", tmp, "-lm"], capture_output=True,
-                              text=True, timeout=300)
+        proc = subprocess.run([*cc.split(), *flags, f"-I{source.parent}", str(source), "-o", tmp, "-lm"],
+                              capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise BuildError(f"compiling {source.name} with {cc} {' '.join(flags)} failed:\n{proc.stderr[-2000:]}")
         os.replace(tmp, target)
@@ -122,7 +123,7 @@ def _build_and_load(name: str, source: Path, extra: tuple[str, ...]) -> ctypes.C
         raise BuildError("no C compiler on PATH (tried $CC, cc, gcc): install gcc (e.g. apt-get install gcc) "
                          "or set CC.")
     version = _version(cc)
-    text = source.read_bytes()
+    text = b"\0".join([source.read_bytes(), *_local_headers(source)])
     last: BuildError | None = None
     for openmp in (True, False):
         flags = (*BASE_FLAGS, *(OPENMP_FLAGS if openmp else ()), *extra)
@@ -144,6 +145,20 @@ def _build_and_load(name: str, source: Path, extra: tuple[str, ...]) -> ctypes.C
         return lib
     assert last is not None
     raise last
+
+
+def _local_headers(source: Path) -> list[bytes]:
+    """The bytes of each header ``source`` includes by ``#include "name.h"`` from its own folder (one level: the
+    headers include none), in the order included: part of the cache key, so that editing a shared header
+    rebuilds every library built from it."""
+    out = []
+    for name in re.findall(rb'^\s*#\s*include\s+"([^"]+)"', source.read_bytes(), flags=re.M):
+        header = source.parent / name.decode()
+        if not header.is_file():
+            raise BuildError(f"{source.name} includes {name.decode()}, which is missing next to it (a broken "
+                             "install? reinstall ropelab).")
+        out.append(header.read_bytes())
+    return out
 
 
 def why_unavailable(name: str, source: Path | str, extra_flags: Sequence[str] = ()) -> str | None:

@@ -12,6 +12,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include "cpu_dtypes.h"
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -19,36 +20,14 @@
 
 #define QKN_MAX_D 512
 
-enum { QKN_F32 = 0, QKN_BF16 = 1, QKN_F16 = 2 };
-
-static inline float qkn_from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t qkn_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u); /* a NaN stays a quiet NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);                    /* nearest, ties to even */
-}
-
-int ropelab_qkn_has_f16(void) {
-#ifdef __FLT16_MAX__
-    return 1;
-#else
-    return 0;
-#endif
-}
+int ropelab_qkn_has_f16(void) { return ROPELAB_HAS_F16; }
 
 static inline void qkn_load(const char *p, float *x, int64_t d, int dtype) {
-    if (dtype == QKN_F32) {
+    if (dtype == ROPELAB_F32) {
         memcpy(x, p, (size_t)d * 4);
-    } else if (dtype == QKN_BF16) {
+    } else if (dtype == ROPELAB_BF16) {
         const uint16_t *h = (const uint16_t *)p;
-        for (int64_t j = 0; j < d; ++j) x[j] = qkn_from_bf16(h[j]);
+        for (int64_t j = 0; j < d; ++j) x[j] = ropelab_bf16_to_f32(h[j]);
     } else {
 #ifdef __FLT16_MAX__
         const _Float16 *h = (const _Float16 *)p;
@@ -58,11 +37,11 @@ static inline void qkn_load(const char *p, float *x, int64_t d, int dtype) {
 }
 
 static inline void qkn_store(char *p, const float *y, int64_t d, int dtype) {
-    if (dtype == QKN_F32) {
+    if (dtype == ROPELAB_F32) {
         memcpy(p, y, (size_t)d * 4);
-    } else if (dtype == QKN_BF16) {
+    } else if (dtype == ROPELAB_BF16) {
         uint16_t *h = (uint16_t *)p;
-        for (int64_t j = 0; j < d; ++j) h[j] = qkn_to_bf16(y[j]);
+        for (int64_t j = 0; j < d; ++j) h[j] = ropelab_f32_to_bf16(y[j]);
     } else {
 #ifdef __FLT16_MAX__
         _Float16 *h = (_Float16 *)p;
@@ -77,7 +56,7 @@ static void qkn_rows(const char *q, const char *k, const char *v, const float *w
                      int64_t qst, int64_t qsh, int64_t kst, int64_t ksh, int64_t vst, int64_t vsh, int64_t css,
                      int64_t csh, float eps, float w_offset, int interleaved, int dtype, int has_cache) {
     float x[QKN_MAX_D], y[QKN_MAX_D];
-    const int64_t es = dtype == QKN_F32 ? 4 : 2, per_token = hq + 2 * hkv;
+    const int64_t es = dtype == ROPELAB_F32 ? 4 : 2, per_token = hq + 2 * hkv;
     const int64_t step = interleaved ? 2 : 1, second = interleaved ? 1 : half, r = 2 * half;
     for (int64_t row = lo; row < hi; ++row) {
         const int64_t t = row / per_token, h = row % per_token;
@@ -115,7 +94,7 @@ int ropelab_qk_norm_rope(const void *q, const void *k, const void *v, const floa
                          int64_t qsh, int64_t kst, int64_t ksh, int64_t vst, int64_t vsh, int64_t css, int64_t csh,
                          float eps, float w_offset, int interleaved, int dtype, int has_cache, int nthreads) {
     if (d <= 0 || d > QKN_MAX_D || half < 0 || 2 * half > d || dtype < 0 || dtype > 2) return 1;
-    if (dtype == QKN_F16 && !ropelab_qkn_has_f16()) return 1;
+    if (dtype == ROPELAB_F16 && !ropelab_qkn_has_f16()) return 1;
     const int64_t n = tokens * (hq + (has_cache ? 2 : 1) * hkv);
     const int64_t per_token = hq + 2 * hkv;
     /* rows are numbered with the v heads included; without a cache they are skipped by the range below */

@@ -11,8 +11,7 @@
  * time by CPU features (target_clones; arch=haswell would test the CPU model, not its features), so the
  * library itself is built with portable flags.
  */
-#include <stdint.h>
-#include <string.h>
+#include "cpu_dtypes.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -25,30 +24,7 @@
 #define ROPELAB_CLONES
 #endif
 
-enum { F32 = 0, BF16 = 1, F16 = 2 };
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    /* NaN stays a (quiet) NaN; else round to nearest even. A select, not a branch, so the loop vectorises. */
-    const uint32_t nan = (uint32_t)((u >> 16) | 0x0040u), rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
-
-int ropelab_has_f16(void) {
-#ifdef __FLT16_MAX__
-    return 1;
-#else
-    return 0;
-#endif
-}
+int ropelab_has_f16(void) { return ROPELAB_HAS_F16; }
 
 /* Rows [start, end) of the flattened (i0, i1, i2) range. */
 ROPELAB_CLONES
@@ -58,7 +34,7 @@ static void rows(const char *x, char *out, const float *cos_t, const float *sin_
                  int dtype) {
     float a[ROPELAB_MAX_HALF], b[ROPELAB_MAX_HALF], ya[ROPELAB_MAX_HALF], yb[ROPELAB_MAX_HALF];
     const int64_t r = 2 * half;
-    const int64_t esize = dtype == F32 ? 4 : 2;
+    const int64_t esize = dtype == ROPELAB_F32 ? 4 : 2;
     /* The row's indices are stepped, not divided out per row: three 64-bit divisions cost about as much as
      * rotating a 128-wide bf16 row. */
     int64_t i2 = start % n2, i1 = (start / n2) % n1, i0 = (start / n2) / n1;
@@ -84,8 +60,8 @@ static void rows(const char *x, char *out, const float *cos_t, const float *sin_
     } while (0)
 #define ID(v) (v)
 #define TO_F32(v) ((float)(v))
-        if (dtype == F32) LOAD(float, ID);
-        else if (dtype == BF16) LOAD(uint16_t, bf16_to_f32);
+        if (dtype == ROPELAB_F32) LOAD(float, ID);
+        else if (dtype == ROPELAB_BF16) LOAD(uint16_t, ropelab_bf16_to_f32);
 #ifdef __FLT16_MAX__
         else LOAD(_Float16, TO_F32);
 #endif
@@ -93,8 +69,8 @@ static void rows(const char *x, char *out, const float *cos_t, const float *sin_
             ya[i] = a[i] * c[i] - b[i] * s[i];
             yb[i] = a[i] * s[i] + b[i] * c[i];
         }
-        if (dtype == F32) STORE(float, ID);
-        else if (dtype == BF16) STORE(uint16_t, f32_to_bf16);
+        if (dtype == ROPELAB_F32) STORE(float, ID);
+        else if (dtype == ROPELAB_BF16) STORE(uint16_t, ropelab_f32_to_bf16);
 #ifdef __FLT16_MAX__
         else STORE(_Float16, (_Float16));
 #endif
@@ -115,7 +91,7 @@ int ropelab_rope(const void *x, void *out, const float *cos_t, const float *sin_
                  int64_t ts0, int64_t ts1, int64_t ts2, int64_t half, int64_t d, int interleaved, int dtype,
                  int nthreads) {
     if (half < 0 || half > ROPELAB_MAX_HALF || 2 * half > d || dtype < 0 || dtype > 2) return 1;
-    if (dtype == F16 && !ropelab_has_f16()) return 1;
+    if (dtype == ROPELAB_F16 && !ropelab_has_f16()) return 1;
     const int64_t n = n0 * n1 * n2;
     if (n <= 0) return 0;
     /* Small work (a decode step) is not worth waking threads for: 32 KiB of elements per thread at least. */
