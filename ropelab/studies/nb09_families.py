@@ -77,7 +77,7 @@ def gemma3_v4_layers(v4: dict, *, torch_threads: int = 1) -> dict:
     ``config.json`` holds them; transformers' forward is recorded per layer and each layer's rotated q and k
     compared with ``apply_rope`` under (a) ``RopeSpec.per_layer`` of the dict and (b) one spec for every layer
     built from the top-level keys (the naive port). Returns per layer its type and both comparisons
-    (``max_error``, ``error_over_bound``: the error in units of the float32 bound), the largest |element| of q,
+    (``max_error``, ``error_over_bound``: the error in units of the float32 bound), the largest absolute element of q,
     and how far the naive sliding-layer frequencies are off (relative)."""
     import torch
     from transformers import CONFIG_MAPPING
