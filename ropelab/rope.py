@@ -33,7 +33,7 @@ from .multiaxis import MultiAxis, multiaxis_rope
 from .scaling import LENGTH_DEPENDENT
 from .spec import RopeSpec
 
-__all__ = ["apply_rope", "apply_rope_qk", "rope_path", "RopePath", "BACKENDS"]
+__all__ = ["apply_rope", "apply_rope_qk", "rope_path", "RopePath", "BACKENDS", "MAX_PLANS", "clear_plans"]
 
 BACKENDS = ("auto", "cpu", "torch", "compile", "triton")
 # style, base, rotary_dim, rope_scaling and max_position_embeddings at the signature's defaults: what spec= replaces.
@@ -104,13 +104,16 @@ def _kernel_can_write(x: torch.Tensor, out: torch.Tensor, d_idx: int) -> bool:
     return not _ranges_meet(x, out)
 
 
+def _extent(t: torch.Tensor) -> int:
+    """The bytes from t's first element to the end of its last (for a tensor with elements; non-negative
+    strides)."""
+    return (sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0) + 1) * t.element_size()
+
+
 def _ranges_meet(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the byte ranges a and b span (first to last element) intersect: a cheap, conservative overlap test."""
-    def span(t):
-        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
-        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + _extent(b) and b0 < a0 + _extent(a)
 
 
 def _rotate_on(backend: str, x: torch.Tensor, lay: Layout, p: torch.Tensor, p_axes: tuple[str, ...],
@@ -233,6 +236,17 @@ def apply_rope(x: torch.Tensor, positions: Any = None, *, layout: str, style: st
 
     Returns a tensor of x's shape and dtype (``out``, or x when ``inplace``).
     """
+    key = _plan_key(x, positions, layout, style, base, rotary_dim, rope_scaling, cu_seqlens, offset,
+                    max_position_embeddings, seq_len, angle_dtype, spec, backend, sections, out, inplace)
+    if key is not None:
+        plan = _PLANS.get(key, _MISSING)
+        if plan is _MISSING:
+            plan = _remember(key, _build_plan(x, positions, layout, style, base, rotary_dim, offset,
+                                              max_position_embeddings, seq_len, angle_dtype, spec, out, inplace))
+        if plan is not None:
+            y = _run_plan(plan, x, out, inplace)
+            if y is not None:
+                return y
     lay, spec, p, p_axes = _prepare(x, positions, layout, style, base, rotary_dim, rope_scaling, cu_seqlens, offset,
                                     max_position_embeddings, seq_len, spec, backend, sections)
     out = _check_out(x, out, inplace)
@@ -240,6 +254,117 @@ def apply_rope(x: torch.Tensor, positions: Any = None, *, layout: str, style: st
         y = multiaxis_rope(x, lay, positions, sections, spec, angle_dtype=angle_dtype)
         return y if out is None else out.copy_(y)
     return _rotate_on(backend, x, lay, p, p_axes, spec, seq_len, angle_dtype, out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Plans: a call seen before runs the kernel on what its first call checked and formed.
+#
+# A decode step calls apply_rope with the same shapes, settings and positions for q and k and for every layer.
+# Its tensors are small (a [8, 32, 1, 128] q is 128 KiB: a copy takes about 3 us), so the checks, the spec, the
+# positions and the table lookup (about 50 us in Python) cost many times the rotation. A call whose key (x's
+# dtype, shape and strides; every setting; the positions' dtype, shape and *content*; out's and inplace's) was
+# seen runs the C kernel with the packed arguments its first call built: the same kernel on the same tables, so
+# the same bits. The first call of a key goes the whole way, with every check; one that fails raises there and
+# stores no plan. Keys only hold plain values (str, int, float, None, dtypes, shapes, bytes, frozen specs).
+# ---------------------------------------------------------------------------------------------------------------
+
+MAX_PLANS = 64
+_PLANS: dict = {}
+_MISSING = object()
+_INT_OR_NONE = (int, type(None))
+_POSITION_DTYPES = (torch.int64, torch.int32, torch.int16, torch.float64, torch.float32)
+
+
+def _plan_key(x, positions, layout, style, base, rotary_dim, rope_scaling, cu_seqlens, offset,
+              max_position_embeddings, seq_len, angle_dtype, spec, backend, sections, out, inplace) -> tuple | None:
+    """The plan key of an apply_rope call, or None when the call is not one plans take (then every call goes
+    the whole way): backend "auto", a plain CPU x without autograd, no scaling dict (``spec=`` carries one), no
+    varlen or multi-axis positions, an int offset, positions None or a CPU tensor (its bytes are the key)."""
+    if (backend != "auto" or sections is not None or cu_seqlens is not None or rope_scaling is not None
+            or type(x) is not torch.Tensor or not x.is_cpu or type(offset) is not int or type(inplace) is not bool
+            or type(layout) is not str or type(style) is not str or type(base) not in (int, float)
+            or type(rotary_dim) not in _INT_OR_NONE or type(max_position_embeddings) not in _INT_OR_NONE
+            or type(seq_len) not in _INT_OR_NONE or (spec is not None and type(spec) is not RopeSpec)
+            or (x.requires_grad and torch.is_grad_enabled()) or torch.compiler.is_compiling()):
+        return None
+    if positions is None:
+        pkey = None
+    elif (type(positions) is torch.Tensor and positions.is_cpu and not positions.requires_grad
+          and positions.dtype in _POSITION_DTYPES):
+        pkey = (positions.dtype, positions.shape, positions.numpy().tobytes())
+    else:
+        return None
+    if out is None:
+        okey = None
+    elif type(out) is torch.Tensor and out.is_cpu and not out.requires_grad:
+        okey = (out.dtype, out.shape, out.stride())
+    else:
+        return None
+    return (layout, style, base, rotary_dim, max_position_embeddings, seq_len, offset, angle_dtype, spec, inplace,
+            x.dtype, x.shape, x.stride(), pkey, okey)
+
+
+def _remember(key: tuple, plan):
+    """Store a plan (None too: a key whose calls go the whole way); the oldest goes when full."""
+    if len(_PLANS) >= MAX_PLANS:
+        _PLANS.pop(next(iter(_PLANS)), None)
+    _PLANS[key] = plan
+    return plan
+
+
+def _build_plan(x, positions, layout, style, base, rotary_dim, offset, max_position_embeddings, seq_len,
+                angle_dtype, spec, out, inplace):
+    """Every check and choice of the whole way (raising as it does); a plan (the packed kernel arguments, whether
+    an out at x's address has x's strides, the launch and allocation functions, the tables it points into) when
+    the call runs on the C kernel, else None."""
+    from .kernels import cpu_rope
+    from .kernels.tables import cached_tables_for
+
+    lay, spec, p, p_axes = _prepare(x, positions, layout, style, base, rotary_dim, None, None, offset,
+                                    max_position_embeddings, seq_len, spec, "auto", None)
+    target = _check_out(x, out, inplace)
+    if spec.is_nope or x.numel() == 0 or _auto_path(x, lay, spec).backend != "cpu":
+        return None
+    d_idx = lay.index("d")
+    if target is None and not x.is_contiguous():
+        return None  # the whole way allocates its output per call
+    if target is not None and target.shape[d_idx] > 1 and target.stride(d_idx) != 1:
+        return None
+    from .kernels import cpu_buffers
+
+    cos, sin = cached_tables_for(spec, x, lay, p, p_axes, _current_length(spec, p, seq_len), angle_dtype)
+    xm = x.movedim(d_idx, -1)
+    om = xm if target is None else target.movedim(d_idx, -1)  # a new output has x's (contiguous) strides
+    same_strides = target is None or target.stride() == x.stride()
+    # the plan holds the functions it calls (no import machinery per call) and the byte extents of x and out
+    # (fixed by their shapes and strides, which the key holds) for _ranges_meet's overlap test
+    return (cpu_rope.pack(xm, cos, sin, spec.style, om), same_strides, cpu_rope.launch_packed, cpu_buffers.empty,
+            _extent(x), None if target is None else _extent(target), (cos, sin))
+
+
+def _run_plan(plan, x: torch.Tensor, out: torch.Tensor | None, inplace: bool) -> torch.Tensor | None:
+    """The kernel on a plan: the result, or None when this out overlaps x (the whole way decides then)."""
+    args, same_strides, launch, empty, x_bytes, out_bytes, _ = plan
+    x0 = x.data_ptr()
+    if inplace:
+        target = x
+    elif out is None:
+        target = empty(x)
+    else:
+        target = out
+        o0 = target.data_ptr()
+        if o0 == x0:
+            if not same_strides:
+                return None
+        elif x0 < o0 + out_bytes and o0 < x0 + x_bytes:  # _ranges_meet on the plan's extents
+            return None
+    launch(args, x0, target.data_ptr())
+    return target
+
+
+def clear_plans() -> None:
+    """Forget every plan (the next call of each key goes the whole way again)."""
+    _PLANS.clear()
 
 
 def _check_out(x: torch.Tensor, out: torch.Tensor | None, inplace: bool) -> torch.Tensor | None:
@@ -318,6 +443,36 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions: Any = None, *, la
     the tables formed and the path chosen once. ``out`` is a pair ``(q_out, k_out)``; ``inplace=True`` writes
     into q and k.
     """
+    settings = dict(layout=layout, style=style, base=base, rotary_dim=rotary_dim, rope_scaling=rope_scaling,
+                    cu_seqlens=cu_seqlens, offset=offset, max_position_embeddings=max_position_embeddings,
+                    seq_len=seq_len, angle_dtype=angle_dtype, spec=spec, backend=backend)
+    if out is not None:
+        return _apply_rope_qk(q, k, positions, out=out, inplace=inplace, **settings)
+    # plans (see apply_rope): both tensors' keys seen before, with the pair's own checks passed
+    args = (positions, layout, style, base, rotary_dim, rope_scaling, cu_seqlens, offset, max_position_embeddings,
+            seq_len, angle_dtype, spec, backend, None, None, inplace)
+    key_q, key_k = _plan_key(q, *args), _plan_key(k, *args)
+    if key_q is None or key_k is None:
+        return _apply_rope_qk(q, k, positions, out=None, inplace=inplace, **settings)
+    plans = _PLANS.get(("qk", key_q, key_k), _MISSING)
+    if plans is _MISSING:
+        pair = _apply_rope_qk(q, k, positions, out=None, inplace=inplace, **settings)  # raises for a bad call
+        # each tensor's plan as a new output's; in place, _run_plan writes x itself, which has those strides
+        built = [_build_plan(t, positions, layout, style, base, rotary_dim, offset, max_position_embeddings, seq_len,
+                             angle_dtype, spec, None, False) for t in (q, k)]
+        _remember(("qk", key_q, key_k), None if None in built else tuple(built))
+        return pair
+    if plans is None:
+        return _apply_rope_qk(q, k, positions, out=None, inplace=inplace, **settings)
+    return _run_plan(plans[0], q, None, inplace), _run_plan(plans[1], k, None, inplace)
+
+
+def _apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions: Any, *, layout: str, style: str, base: float,
+                   rotary_dim: int | None, rope_scaling: Mapping[str, Any] | None, cu_seqlens: Any,
+                   offset: int | torch.Tensor, max_position_embeddings: int | None, seq_len: int | None,
+                   angle_dtype: torch.dtype, spec: RopeSpec | None, backend: str,
+                   out: tuple[torch.Tensor, torch.Tensor] | None, inplace: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """apply_rope_qk the whole way: every check, the positions resolved and the path chosen once."""
     if not isinstance(k, torch.Tensor) or not isinstance(q, torch.Tensor):
         raise ValueError("q and k must be torch tensors.")
     lay, spec, p, p_axes = _prepare(q, positions, layout, style, base, rotary_dim, rope_scaling, cu_seqlens, offset,

@@ -11,6 +11,7 @@ import torch
 from _helpers import rope_error_bound
 
 import ropelab
+from ropelab import rope
 from ropelab.kernels import cpu_buffers, cpu_build, cpu_rope, tables
 
 pytestmark = pytest.mark.skipif(not cpu_rope.available(), reason=f"no CPU kernel: {cpu_rope.why_unavailable()}")
@@ -134,10 +135,14 @@ def test_q_and_k_in_one_call_with_grouped_heads():
 
 def test_the_table_cache_follows_positions_mutated_in_place():
     tables.clear()
+    rope.clear_plans()
     x = torch.randn(1, 2, 6, 32)
     pos = torch.arange(6)
     y0 = ropelab.apply_rope(x, pos, layout="b h s d")
     assert tables.cache_info()["misses"] == 1
+    assert torch.equal(ropelab.apply_rope(x, pos, layout="b h s d"), y0)  # the call's plan: no table lookup
+    assert tables.cache_info() == {"hits": 0, "misses": 1, "entries": 1}
+    rope.clear_plans()
     ropelab.apply_rope(x, pos, layout="b h s d")
     assert tables.cache_info()["hits"] == 1
     pos += 50  # same tensor, new content: new tables
@@ -236,3 +241,137 @@ def test_the_pool_keeps_at_most_its_byte_bound(monkeypatch):
     ropelab.apply_rope(x * 2, layout="b h s d")
     assert sum(b.nbytes for b in cpu_buffers._BLOCKS) <= 3 << 20
     cpu_buffers.clear()
+
+
+# Plans (ropelab.rope): a call seen before runs the kernel on what its first call checked and formed.
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("style", ["half", "interleaved"])
+@pytest.mark.parametrize("layout", ["b h s d", "b s h d"])
+def test_a_planned_call_gives_the_first_calls_bits_within_the_bound(dtype, style, layout):
+    torch.manual_seed(3)
+    rope.clear_plans()
+    shape = (8, 4, 1, 64) if layout == "b h s d" else (8, 1, 4, 64)
+    x = (torch.randn(shape) * 3).to(dtype)
+    pos = (32000 + torch.arange(8))[:, None]  # a decode step: one new token per sequence
+    kw = dict(layout=layout, style=style, rotary_dim=48, base=500000.0)
+    first = ropelab.apply_rope(x, pos, **kw)
+    assert len(rope._PLANS) == 1 and next(iter(rope._PLANS.values())) is not None
+    again = ropelab.apply_rope(x, pos, **kw)
+    assert again.data_ptr() != first.data_ptr()
+    # the same kernel on the same tables and the same x: the same computation, so the same bits
+    assert torch.equal(again, first)
+    _assert_within_bound(again, x, 48, style, positions=pos, **kw)
+    out = torch.empty_like(x)
+    assert ropelab.apply_rope(x, pos, out=out, **kw) is out and torch.equal(out, first)
+    assert ropelab.apply_rope(x, pos, out=out, **kw) is out and torch.equal(out, first)
+    xi = x.clone()
+    for _ in range(2):  # in place, twice through its plan: two rotations by the same angles
+        assert ropelab.apply_rope(xi, pos, inplace=True, **kw) is xi
+    twice = ropelab.apply_rope(first, pos, backend="torch", **kw)
+    tol = 8 * torch.finfo(dtype).eps * x.abs().max().item()  # two roundings to x's dtype of each path
+    assert (xi.double() - twice.double()).abs().max().item() <= tol
+    with torch.no_grad():
+        spec = ropelab.RopeSpec.from_keywords(64, style=style, rotary_dim=48, base=500000.0)
+        assert torch.equal(ropelab.apply_rope(x, pos, layout=layout, spec=spec), first)
+        assert torch.equal(ropelab.apply_rope(x, pos, layout=layout, spec=spec), first)
+
+
+def test_a_planned_key_never_serves_other_positions_or_settings():
+    rope.clear_plans()
+    x = torch.randn(2, 3, 5, 32)
+    pos = torch.arange(5)
+    y0 = ropelab.apply_rope(x, pos, layout="b h s d")
+    pos += 7  # mutated in place: its content is the key
+    _assert_within_bound(ropelab.apply_rope(x, pos, layout="b h s d"), x, 32, "half",
+                         positions=torch.arange(5) + 7, layout="b h s d")
+    for kw in (dict(offset=3), dict(base=100.0), dict(style="interleaved"), dict(rotary_dim=16)):
+        y = ropelab.apply_rope(x, torch.arange(5), layout="b h s d", **kw)
+        _assert_within_bound(y, x, kw.get("rotary_dim", 32), kw.get("style", "half"), positions=torch.arange(5),
+                             layout="b h s d", **kw)
+        assert not torch.equal(y, y0)
+    xt = x.transpose(1, 2).contiguous().transpose(1, 2)  # same shape, other strides: another key
+    assert torch.equal(ropelab.apply_rope(xt, torch.arange(5), layout="b h s d"), y0)
+
+
+def test_a_failing_call_stores_no_plan_and_fails_again():
+    rope.clear_plans()
+    x = torch.randn(1, 2, 4, 16)
+    for bad in (torch.tensor([0.0, 1.0, float("nan"), 3.0]), torch.arange(5)):
+        for _ in range(2):
+            with pytest.raises(ValueError):
+                ropelab.apply_rope(x, bad, layout="b h s d")
+    assert not any(rope._PLANS.values())
+    out = torch.empty(1, 2, 4, 16, dtype=torch.float64)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="out must"):
+            ropelab.apply_rope(x, layout="b h s d", out=out)
+
+
+def test_a_planned_out_that_overlaps_x_goes_the_whole_way():
+    rope.clear_plans()
+    buf = torch.randn(2 * 4 * 32 + 32)
+    x = buf[:256].view(1, 2, 4, 32)
+    want = ropelab.apply_rope(x.clone(), layout="b h s d")
+    out_apart = torch.empty(1, 2, 4, 32)
+    ropelab.apply_rope(x, layout="b h s d", out=out_apart)  # plans this key (out's shape, dtype and strides)
+    shifted = buf[32:288].view(1, 2, 4, 32)  # the same key, but overlapping x: the kernel must not write it
+    for _ in range(2):
+        xs = x.clone()
+        buf[:256] = xs.reshape(-1)
+        assert ropelab.apply_rope(x, layout="b h s d", out=shifted) is shifted
+        _assert_within_bound(shifted, xs, 32, "half", layout="b h s d")
+    assert torch.equal(out_apart, want)
+
+
+def test_plans_are_not_taken_with_autograd_and_stay_bounded():
+    rope.clear_plans()
+    x = torch.randn(1, 2, 3, 16, requires_grad=True)
+    ropelab.apply_rope(x, layout="b h s d").sum().backward()
+    assert not rope._PLANS and x.grad is not None
+    for n in range(rope.MAX_PLANS + 10):
+        ropelab.apply_rope(torch.randn(1, 1, n + 1, 8), layout="b h s d")
+    assert len(rope._PLANS) == rope.MAX_PLANS
+
+
+def test_threads_sharing_a_plan_each_get_their_own_result():
+    import threading
+
+    rope.clear_plans()
+    pos = (32000 + torch.arange(4))[:, None]
+    xs = [torch.randn(4, 8, 1, 64) for _ in range(6)]
+    want = [ropelab.apply_rope(x, pos, layout="b h s d") for x in xs]  # one key: every thread shares its plan
+    bad = []
+
+    def work(i):
+        for _ in range(200):
+            if not torch.equal(ropelab.apply_rope(xs[i], pos, layout="b h s d"), want[i]):
+                bad.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad and len(rope._PLANS) == 1
+
+
+def test_apply_rope_qk_plans_give_the_first_calls_bits_and_keep_the_pairs_checks():
+    rope.clear_plans()
+    torch.manual_seed(4)
+    pos = (32000 + torch.arange(3))[:, None]
+    q, k = torch.randn(3, 8, 1, 64).to(torch.bfloat16), torch.randn(3, 2, 1, 64).to(torch.bfloat16)  # GQA
+    first = ropelab.apply_rope_qk(q, k, pos, layout="b h s d")
+    for _ in range(2):
+        again = ropelab.apply_rope_qk(q, k, pos, layout="b h s d")
+        assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+    assert torch.equal(ropelab.apply_rope(q, pos, layout="b h s d"), first[0])
+    qi, ki = q.clone(), k.clone()
+    for _ in range(2):
+        assert ropelab.apply_rope_qk(qi, ki, pos, layout="b h s d", inplace=True) == (qi, ki)
+    _assert_within_bound(ropelab.apply_rope_qk(q.float(), k.float(), pos, layout="b h s d")[1], k.float(), 64,
+                         "half", positions=pos, layout="b h s d")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="must match"):
+            ropelab.apply_rope_qk(q, k[:2], pos, layout="b h s d")

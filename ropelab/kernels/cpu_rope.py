@@ -26,6 +26,7 @@ on disk); :func:`build_info` reports that time apart.
 from __future__ import annotations
 
 import ctypes
+import threading
 from pathlib import Path
 
 import torch
@@ -33,7 +34,7 @@ import torch
 from . import cpu_build
 
 __all__ = ["LIBRARY", "SOURCE", "DTYPES", "MAX_PAIRS", "available", "why_unavailable", "build_info", "supported",
-           "rotate_cpu"]
+           "rotate_cpu", "pack", "launch_packed"]
 
 LIBRARY = "cpu_rope"
 SOURCE = Path(__file__).with_name("cpu_rope.c")
@@ -52,7 +53,10 @@ def _lib():
         fn.restype = ctypes.c_int
         fn.argtypes = [p, p, p, p] + [i64] * 14 + [ctypes.c_int] * 3
         lib.ropelab_has_f16.restype = ctypes.c_int
-        _FN.extend([fn, bool(lib.ropelab_has_f16())])
+        packed = lib.ropelab_rope_packed
+        packed.restype = ctypes.c_int
+        packed.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+        _FN.extend([fn, bool(lib.ropelab_has_f16()), packed])
     return _FN[0]
 
 
@@ -144,3 +148,34 @@ def launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str, ou
         raise ValueError(f"the CPU kernel refused its arguments (status {status}): x {x.dtype} "
                          f"{tuple(x.shape)}, {half} pairs.")
     return out
+
+
+N_PACKED = 21  # ropelab_rope's arguments, in its order, as int64
+_PACKED_BYTES = 8 * N_PACKED
+_SCRATCH = threading.local()
+
+
+def pack(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str, out: torch.Tensor) -> ctypes.Array:
+    """:func:`launch`'s arguments for views of x's and out's shapes and strides, packed for
+    :func:`launch_packed`: the tables' pointers are kept (the caller keeps the tables alive), x's and out's are
+    filled per call. Checked as :func:`launch`'s arguments are."""
+    _lib()
+    half, d = cos.shape[-1], x.shape[-1]
+    (n0, n1, n2), xs = _rows3(x)
+    _, os_ = _rows3(out)
+    _, ts = _rows3(cos)
+    return (ctypes.c_int64 * N_PACKED)(0, 0, cos.data_ptr(), sin.data_ptr(), n0, n1, n2, *xs, *os_, *ts, half, d,
+                                       int(style == "interleaved"), DTYPES[x.dtype], 1)
+
+
+def launch_packed(args: ctypes.Array, x_ptr: int, out_ptr: int) -> None:
+    """The kernel on ``args`` from :func:`pack` with x's and out's data pointers (tensors of the packed shapes
+    and strides) and ``torch.get_num_threads()`` threads: one converted argument, where :func:`launch` converts
+    21. The arguments are filled in a per-thread copy, so threads sharing ``args`` do not race."""
+    a = getattr(_SCRATCH, "args", None)
+    if a is None:
+        a = _SCRATCH.args = (ctypes.c_int64 * N_PACKED)()
+    ctypes.memmove(a, args, _PACKED_BYTES)
+    a[0], a[1], a[20] = x_ptr, out_ptr, torch.get_num_threads()
+    if _FN[2](a) != 0:
+        raise ValueError(f"the CPU kernel refused its packed arguments: {list(args)[4:]}.")
