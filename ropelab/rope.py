@@ -281,7 +281,8 @@ def _plan_key(x, positions, layout, style, base, rotary_dim, rope_scaling, cu_se
     the whole way): backend "auto", a plain CPU x without autograd, no scaling dict (``spec=`` carries one), no
     varlen or multi-axis positions, an int offset, positions None or a CPU tensor (its bytes are the key)."""
     if (backend != "auto" or sections is not None or cu_seqlens is not None or rope_scaling is not None
-            or type(x) is not torch.Tensor or not x.is_cpu or type(offset) is not int or type(inplace) is not bool
+            or type(x) is not torch.Tensor or not x.is_cpu or x.layout is not torch.strided
+            or type(offset) is not int or type(inplace) is not bool
             or type(layout) is not str or type(style) is not str or type(base) not in (int, float)
             or type(rotary_dim) not in _INT_OR_NONE or type(max_position_embeddings) not in _INT_OR_NONE
             or type(seq_len) not in _INT_OR_NONE or (spec is not None and type(spec) is not RopeSpec)
@@ -289,14 +290,14 @@ def _plan_key(x, positions, layout, style, base, rotary_dim, rope_scaling, cu_se
         return None
     if positions is None:
         pkey = None
-    elif (type(positions) is torch.Tensor and positions.is_cpu and not positions.requires_grad
-          and positions.dtype in _POSITION_DTYPES):
+    elif (type(positions) is torch.Tensor and positions.is_cpu and positions.layout is torch.strided
+          and not positions.requires_grad and positions.dtype in _POSITION_DTYPES):
         pkey = (positions.dtype, positions.shape, positions.numpy().tobytes())
     else:
         return None
     if out is None:
         okey = None
-    elif type(out) is torch.Tensor and out.is_cpu and not out.requires_grad:
+    elif type(out) is torch.Tensor and out.is_cpu and out.layout is torch.strided and not out.requires_grad:
         okey = (out.dtype, out.shape, out.stride())
     else:
         return None
@@ -394,6 +395,8 @@ def _prepare(x, positions, layout, style, base, rotary_dim, rope_scaling, cu_seq
         _check_sections_alone(spec, backend, cu_seqlens, offset, seq_len, max_position_embeddings)
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
         raise ValueError(f"x must be a floating-point torch.Tensor, got {getattr(x, 'dtype', type(x).__name__)}.")
+    if x.layout is not torch.strided:
+        raise ValueError(f"x is a {x.layout} tensor; apply_rope takes dense (strided) tensors: pass x.to_dense().")
     lay = parse_layout(layout, x.ndim)
     head_dim = x.shape[lay.index("d")]
     if spec is None:  # the keywords become one spec, here and only here

@@ -375,3 +375,9 @@ def test_apply_rope_qk_plans_give_the_first_calls_bits_and_keep_the_pairs_checks
     for _ in range(2):
         with pytest.raises(ValueError, match="must match"):
             ropelab.apply_rope_qk(q, k[:2], pos, layout="b h s d")
+
+
+def test_a_sparse_x_is_refused_by_name():
+    for _ in range(2):
+        with pytest.raises(ValueError, match="dense"):
+            ropelab.apply_rope(torch.randn(1, 2, 3, 8).to_sparse(), layout="b h s d")
