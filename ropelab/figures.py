@@ -89,6 +89,8 @@ __all__ = [
     "BUILD_DIR",
     "answer",
     "headline",
+    "checked",
+    "runtime_text",
     "runtime_note",
     "RUNS",
     "load_runs",
@@ -177,6 +179,16 @@ def answer(text: str, smoke: bool) -> None:
     else:
         head = "**Answer.** "
     display(Markdown(head + text))
+
+
+def checked(yours) -> None:
+    """An exercise check's verdict, printed after its asserts passed: it never prints the answer (a reader who has
+    not solved the exercise yet must not find it in the check's output, nor on the site). ``yours`` is the reader's
+    answer variable: None means the check ran on the hidden solution, which the verdict says."""
+    if yours is None:
+        print("The hidden solution passes this check. Replace None above with your answer and run the check again.")
+    else:
+        print("Correct: your answer passes the check.")
 
 
 def headline(text: str, smoke: bool) -> None:
