@@ -390,7 +390,9 @@ export function scaffold(model, el, spec, redraw, extra = []) {
 }
 
 export function newSvg(parent, cls) {
-  const s = svgEl("svg", { class: cls });
+  // Prefixed: a page's own CSS must not style the plot (the site's theme ships Bootstrap, whose .ratio stretched
+  // notebook 07's "ratio" plot to the column and moved its frame).
+  const s = svgEl("svg", { class: `ropelab-plot ropelab-plot-${cls}` });
   parent.append(s);
   return s;
 }
