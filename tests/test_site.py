@@ -335,7 +335,7 @@ BLOCKS_JS = """() => {
 
 SOLUTIONS_JS = """() => {
   // checkVisibility: false inside a closed <details> (its content is content-visibility: hidden in Chromium)
-  const shown = el => !!el && el.checkVisibility({visibilityProperty: true, opacityProperty: true})
+  const shown = el => !!el && el.checkVisibility({visibilityProperty: true})
     && el.getBoundingClientRect().height > 0;
   return [...document.querySelectorAll('.tag_ropelab-solution')].map(cell => ({
     summary: (cell.querySelector('summary') || {innerText: ''}).innerText.trim(),
@@ -384,6 +384,29 @@ def test_no_absolute_build_path_on_any_page(crawl):
     found = {url: sorted(set(ABSOLUTE.findall(p["text"])))[:5] or [str(REPO)] for url, p in crawl.items()
              if ABSOLUTE.search(p["text"]) or str(REPO) in p["html"]}
     assert not found, found
+
+
+# What a library prints on stderr (transformers' config notices, Python's warnings) is not part of a page.
+LIBRARY_WARNING = re.compile(r"\[transformers\]|\b(User|Deprecation|Future|Runtime)Warning\b")
+
+
+@in_browser
+def test_no_library_warning_on_any_page(crawl):
+    found = {url: LIBRARY_WARNING.findall(p["text"])[:3] for url, p in crawl.items()
+             if "/api/" not in url and LIBRARY_WARNING.search(p["text"])}
+    assert not found, found
+
+
+@in_browser
+def test_copy_buttons_citation_favicon_and_speech_maps(crawl, served, built):
+    front = crawl[f"{served}/index.html"]
+    assert "@software{ropelab," in front["text"], "no citation block on the front page"
+    assert f"{served}/ropelab-src.tar.gz" in front["links"], "no source archive to get the code from"
+    assert 'rel="icon"' in front["html"], "no favicon"
+    assert "copybutton.js" in crawl[f"{served}/notebooks/{NOTEBOOKS[0]}.html"]["html"], "no copy buttons"
+    # MathJax's speech rule engine (its menu's speech and explorer) loads these; they were 404s.
+    maps = Path(built["out"]) / "_static" / "mathjax" / "sre" / "mathmaps"
+    assert (maps / "base.json").is_file() and (maps / "en.json").is_file()
 
 
 @in_browser
