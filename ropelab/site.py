@@ -255,7 +255,8 @@ def figure_caption(png: Path) -> str:
     words = "Figure: " + png.stem[3:].replace("_", " ") if re.match(r"[0-9]{2}_", png.stem) else png.stem
     svg = png.with_suffix(".svg")
     try:
-        root = ET.fromstring(svg.read_bytes())
+        parser = ET.XMLParser(target=ET.TreeBuilder(insert_comments=True))  # the texts are in comments
+        root = ET.fromstring(svg.read_bytes(), parser=parser)
     except (OSError, ET.ParseError):
         return words
     ns = "{http://www.w3.org/2000/svg}"
@@ -264,19 +265,20 @@ def figure_caption(png: Path) -> str:
         m = re.search(r"<!--\s*(.*?)\s*-->", ET.tostring(g, encoding="unicode"), re.S)
         return m.group(1) if m else ""
 
-    titles = []
+    suptitles, titles = [], []
     for fig in root.iter(f"{ns}g"):
         if not fig.get("id", "").startswith("figure_"):
             continue
         for child in fig:
             cid = child.get("id", "")
-            if cid.startswith("text_"):  # a figure-level text: the suptitle
-                titles.append(comment_text(child))
+            if cid.startswith("text_"):  # a figure-level text: the suptitle (first: it names the whole figure)
+                suptitles.append(comment_text(child))
             elif cid.startswith("axes_"):
                 own = [c for c in child if c.get("id", "").startswith("text_")]
                 if own:
                     titles.append(comment_text(own[-1]))
-    titles = [" ".join(t.replace("$", "").replace("\\mathdefault", "").split()) for t in titles]
+    titles = [" ".join(html.unescape(t).replace("$", "").replace("\\mathdefault", "").split())
+              for t in suptitles + titles]
     titles = [t for t in dict.fromkeys(titles) if t and not re.fullmatch(r"[-+0-9.,e ]*", t)]
     if not titles:
         return words
