@@ -192,10 +192,9 @@ def _banner(src: Path, smoke: bool) -> dict:
     nav = nav.replace("(index.ipynb)", "(../index.md)")
     lines = [f":::{{container}} {BANNER_CLASS}", nav, "",
              f'**Run it yourself:** <a class="ropelab-download" href="{src.name}" download>download '
-             f"<code>{src.name}</code></a> (the notebook's source, outputs stripped), "
-             f"then `make lab` in the [source](../index.md#get-the-code) and open `notebooks/{src.name}` "
-             "(*Kernel → Restart Kernel and Run All Cells*). How the runner and `SMOKE` work: "
-             "[running ropelab](../guides/running.md)."]
+             f"<code>{src.name}</code></a> (the notebook's source, outputs stripped), or get the "
+             f"[whole source](../index.md#get-the-code), run `make lab` and open `notebooks/{src.name}` "
+             "(*Kernel → Restart Kernel and Run All Cells*); [more on running](../guides/running.md)."]
     if smoke:
         lines += ["", "*This page shows a smoke run (tiny sizes, `python -m ropelab.figures --smoke`): its numbers "
                   "are not the full run's, which `make figures` then `make site` show.*"]
@@ -356,6 +355,9 @@ def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: 
         if cell["cell_type"] == "markdown":
             if importlib.util.find_spec("ropelab.webexplorers") is not None:  # the twins replace the kernel's widget
                 source = re.sub(r"\*Above: the default view.*?\*", EXPLORER_NOTE, source, flags=re.S)
+            # the lab's words for a hidden solution, said for the page's control
+            source = source.replace("a hidden solution (click the collapsed cell to show it)",
+                                    "a hidden solution (the *Solution* control shows it)")
             cell["source"] = _rewrite_links(source, "notebooks", "notebooks", images, modules)
         elif cell["cell_type"] == "code":
             if meta.get("jupyter", {}).get("source_hidden"):  # an exercise's solution: collapsed, as in the lab
@@ -458,11 +460,11 @@ def render_path() -> str:
     from .figures import _seconds_text, load_runs
 
     runs = load_runs()
-    rows = ["| | notebook | builds on | to read | full run |", "|---|---|---|---|---|"]
+    rows = ["| | notebook | earlier notebooks it cites | to read | full run |", "|---|---|---|---|---|"]
     for i, src in enumerate(notebooks(), 1):
         stems = {p.stem[:2]: p.name for p in notebooks()}
         before = ", ".join(f"[{n}]({stems[n]})" for n in builds_on(src) if n in stems)
-        before = before or ("nothing: start here" if i == 1 else "only the prerequisites")
+        before = before or ("start here" if i == 1 else "none by number")
         run = _seconds_text(runs[src.stem]["seconds"]) if src.stem in runs else "not recorded"
         rows.append(f"| {i} | [{_notebook_title(src)}]({src.name}) | {before} | {reading_minutes(src)} min | {run} |")
     return _rewrite_links("\n".join(rows), "notebooks", "", set())
@@ -626,9 +628,10 @@ def render_get() -> str:
         f'the site: <a class="ropelab-archive" href="{ARCHIVE}" download><code>{ARCHIVE}</code></a> (notebooks, '
         "package, tests, committed data and figures; every page also offers its own notebook). Two commands, with "
         "Python 3.10 or later and `make` (Linux or macOS; no GPU, no conda):", "",
-        "```bash", f"tar -xzf {ARCHIVE} && cd ropelab", "make lab", "```", "",
-        "`make lab` creates `.venv`, installs ropelab with the notebooks' dependencies (a CPU build of PyTorch) and "
-        "opens JupyterLab on the notebook map; open a notebook and choose *Kernel → Restart Kernel and Run All Cells*. "
+        "```bash", f"tar -xzf {ARCHIVE} && cd ropelab", "make lab EXTRAS=notebooks", "```", "",
+        "`make lab` creates `.venv`, installs ropelab with the notebooks' dependencies (`EXTRAS=notebooks`: only "
+        "those; a CPU build of PyTorch) and opens JupyterLab on the notebook map; open a notebook and choose "
+        "*Kernel → Restart Kernel and Run All Cells*. "
         "Without `make`: `python -m venv .venv`, `.venv/bin/pip install torch==2.13.0 -e \".[notebooks]\"`, then "
         "`.venv/bin/jupyter lab notebooks/00_rope_in_one_page.ipynb`.",
     ])

@@ -406,6 +406,12 @@ def test_copy_buttons_citation_favicon_and_speech_maps(crawl, served, built):
     assert f"{served}/ropelab-src.tar.gz" in front["links"], "no source archive to get the code from"
     assert front["icon"], "no favicon"
     assert crawl[f"{served}/notebooks/{NOTEBOOKS[0]}.html"]["copyButtons"], "no copy buttons"
+    # the archive is the source tree a reader can run: the Makefile and the notebooks under ropelab/
+    import tarfile
+
+    with tarfile.open(Path(built["out"]) / "ropelab-src.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"ropelab/Makefile", "ropelab/pyproject.toml", *(f"ropelab/notebooks/{s}.ipynb" for s in NOTEBOOKS)} <= names
     # MathJax's speech rule engine (its menu's speech and explorer) loads these; they were 404s.
     maps = Path(built["out"]) / "_static" / "mathjax" / "sre" / "mathmaps"
     assert (maps / "base.json").is_file() and (maps / "en.json").is_file()
