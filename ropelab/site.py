@@ -11,21 +11,30 @@ are never touched: the builder stages copies of the executed notebooks under ``b
 (``build/smoke/site-src/``), laid out like the repository (``notebooks/``, ``figures/``, and ``docs/`` at the root),
 and Sphinx builds that with ``docs/conf.py``. On each staged copy (:func:`stage_notebook`):
 
-- a banner after the title: how to run it locally (``make lab`` and the notebook's path) and links to the
-  previous and next notebook along :func:`ropelab.manifest.notebooks` (:func:`ropelab.manifest.navigation`);
+- a banner after the title: links to the previous and next notebook along :func:`ropelab.manifest.notebooks`
+  (:func:`ropelab.manifest.navigation`), the notebook's stripped ``.ipynb`` to download and how to run it;
+- the runner's injected parameters cell and the lab's "How to run" notes are left out (the running guide says
+  them, for maintainers); the run-time note is rendered again from ``figures/runs.json``, as the map's table is;
 - every figure a code cell saved (``save(fig, "NN_name", ...)``: a string literal naming one of the notebook's
-  figures) is shown under that cell, since the runner draws on matplotlib's Agg backend and so records none;
+  figures) is shown under that cell, since the runner draws on matplotlib's Agg backend and so records none: from
+  the site's ``_figures/``, in a link to its full size (a lightbox, ``docs/_static/ropelab.js``), with its own
+  titles as alt text (:func:`figure_caption`);
 - an explorer's widget output (it needs a kernel) is replaced by its browser twins, :func:`explorer_html`
   (the hook: ``ropelab.webexplorers.embed_html`` when that module is importable), else by a note;
-- a cell collapsed in the lab (an exercise's solution, ``jupyter.source_hidden``) is collapsed on the page too;
+- an exercise's solution (``jupyter.source_hidden`` in the lab) sits behind a "Solution" control, and its check's
+  code is collapsed too (the check prints a verdict only, :func:`ropelab.figures.checked`);
+- the checkout's absolute path in an output is made repository-relative;
 - links to other notebooks, the map, ``../figures/`` and ``../README.md`` point at the site's pages.
 
-The front page is ``docs/index.md`` with the notebook map rendered in (:func:`render_map`: the markdown cells of
-``notebooks/index.ipynb``, whose run table the runner renders from ``figures/runs.json``). Its sections, in the
-header: Notebooks (in :func:`ropelab.manifest.notebooks`' order), Guides (every ``docs/guides/*.md``, or that
-folder's own ``index.md``), API reference (one page per public module, :func:`api_modules`: read from ``ropelab``'s
-docstring, members from each ``__all__``) and the README as a page. Markdown links in all of them are pointed at
-the site's pages (a link to ``ropelab/x.py`` at its API page); one to a file the site does not carry loses its link.
+The front page is ``docs/index.md``, for a newcomer, with generated parts at its markers: the reading path
+(:func:`render_path`), how to get the code (:func:`render_get`: the source archive :func:`build` writes, and two
+commands), the notebook map (:func:`render_map`: the markdown cells of ``notebooks/index.ipynb`` after its title,
+its run table rendered from ``figures/runs.json``) and the citation (:func:`render_cite`, from ``CITATION.cff``).
+Its sections, in the header: Notebooks (in :func:`ropelab.manifest.notebooks`' order), Guides (every
+``docs/guides/*.md``, or that folder's own ``index.md``), API reference (one page per public module,
+:func:`api_modules`: read from ``ropelab``'s docstring, members from each ``__all__``) and the README as a page.
+Markdown links in all of them are pointed at the site's pages (a link to ``ropelab/x.py`` at its API page); one
+to a file the site does not carry loses its link.
 Search is Sphinx's own; MathJax is served from the site itself (``sphinx-mathjax-offline``, pruned to what a page
 loads), so a page renders its math with no network, and from ``file://`` too.
 
@@ -52,9 +61,10 @@ from pathlib import Path
 from .manifest import NAV_TAG, cells_hash, navigation, notebooks
 from .paths import BUILD_DIR, FIGURES_DIR, NOTEBOOK_DIR, REPO
 
-__all__ = ["DOCS_DIR", "SITE_DIR", "MAP_MARKER", "MODULES_MARKER", "BANNER_CLASS", "WIDGET_MIME", "EXPLORER_TWINS",
-           "executed_notebooks", "stage_notebook", "render_map", "api_modules", "explorer_html", "stage", "build",
-           "main"]
+__all__ = ["DOCS_DIR", "SITE_DIR", "MAP_MARKER", "MODULES_MARKER", "PATH_MARKER", "GET_MARKER", "CITE_MARKER",
+           "BANNER_CLASS", "WIDGET_MIME", "EXPLORER_TWINS", "ARCHIVE", "executed_notebooks", "stage_notebook",
+           "render_map", "render_path", "render_get", "render_cite", "figure_caption", "reading_minutes", "builds_on",
+           "api_modules", "explorer_html", "stage", "build", "main"]
 
 DOCS_DIR = REPO / "docs"
 SITE_DIR = BUILD_DIR / "site"  # the full run's site; a smoke site goes to build/smoke/site
@@ -298,8 +308,9 @@ def _figure_output(png: Path, site_figures: dict[str, Path]) -> dict:
     width, height = _png_size(png)
     src = f"../_figures/{html.escape(png.name)}"
     alt = html.escape(figure_caption(png), quote=True)
-    tag = (f'<figure class="ropelab-figure"><a class="ropelab-zoom" href="{src}" title="Open the figure at full size">'
-           f'<img src="{src}" alt="{alt}" width="{width}" height="{height}"></a></figure>')
+    tag = (f'<figure class="ropelab-output-figure"><a class="ropelab-zoom" href="{src}" '
+           f'title="Open the figure at full size"><img src="{src}" alt="{alt}" width="{width}" height="{height}">'
+           "</a></figure>")
     return {"output_type": "display_data", "metadata": {}, "data": {"text/html": tag, "text/plain": alt}}
 
 
