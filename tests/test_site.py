@@ -470,6 +470,10 @@ def test_figures_are_legible_or_open_at_full_size(notebook_views, browser, serve
             if f["shown"] < 0.6 * f["natural"] and not f["zoom"]:
                 small.append(f"{stem} at {width} px: {f['src']} shown {f['shown']:.0f} of {f['natural']} px")
     assert count and not small, small
+    for width in WIDTHS:  # how many are shown below 60 % of their size (they open at full size): for the log
+        shown = [f["shown"] / f["natural"] for (_, w), v in notebook_views.items() if w == width for f in v["figures"]]
+        print(f"at {width} px: {sum(r < 0.6 for r in shown)} of {len(shown)} figures below 60 % of their size, "
+              f"smallest {min(shown):.0%}")
     # The lightbox does show the figure at its natural size.
     page = _page(browser, served)
     try:
