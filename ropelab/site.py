@@ -568,19 +568,39 @@ def _write(path: Path, text: str | bytes) -> None:
     path.write_bytes(data)
 
 
+def _short_titles() -> dict[str, str]:
+    """Notebook stem -> its short title, as the map's table links it (``00 · RoPE in one page``): the sidebar's and
+    the previous/next links' text, where a page's full title (a sentence) overflowed."""
+    cells = json.loads((NOTEBOOK_DIR / "index.ipynb").read_text(encoding="utf-8"))["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return {stem: label for label, stem in re.findall(r"\[([0-9]{2} · [^\]]+)\]\(([0-9]{2}_\w+)\.ipynb\)", text)}
+
+
 def _notebooks_index() -> str:
-    """The Notebooks section's page: the notebooks in the runner's order (:func:`ropelab.manifest.notebooks`)."""
+    """The Notebooks section's page: the notebooks in the runner's order (:func:`ropelab.manifest.notebooks`), each
+    under its short title (:func:`_short_titles`)."""
     intro = ("Each notebook as the runner executed it, outputs and figures included; read them in order, each builds "
              "on the ones before. The [map](../index.md) says what each found.")
-    toc = ["```{toctree}", ":maxdepth: 1", "", *[p.stem for p in notebooks()], "```", ""]
+    short = _short_titles()
+    entries = [f"{short[p.stem]} <{p.stem}>" if p.stem in short else p.stem for p in notebooks()]
+    toc = ["```{toctree}", ":maxdepth: 1", "", *entries, "```", ""]
     return "\n".join(["# Notebooks", "", intro, "", *toc])
 
 
-def _guides_index(has_guides: bool) -> str:
-    """The Guides section's page, when ``docs/guides/`` brings none: every page of ``docs/guides/``."""
-    if not has_guides:
+# The guides in a reader's order: running first, the contributors' guide last; a guide not named here comes
+# after these, before the contributors' guide, in name order.
+GUIDES_ORDER = ("running", "notebooks", "instructors", "package", "diagnose", "conformance", "benchmarks", "data",
+                "modules")
+
+
+def _guides_index(guides: list[str]) -> str:
+    """The Guides section's page, when ``docs/guides/`` brings none: its pages (``guides``, their stems) in
+    :data:`GUIDES_ORDER`."""
+    if not guides:
         return "# Guides\n\nNo guide yet: each is a page of `docs/guides/`.\n"
-    return "# Guides\n\n```{toctree}\n:maxdepth: 1\n:glob:\n\n*\n```\n"
+    rank = {name: i for i, name in enumerate(GUIDES_ORDER)}
+    order = sorted(guides, key=lambda g: (g == "adding-a-notebook", rank.get(g, len(rank)), g))
+    return "# Guides\n\n```{toctree}\n:maxdepth: 1\n\n" + "\n".join(order) + "\n```\n"
 
 
 def stage(executed: dict[Path, tuple[dict, Path]], src_dir: Path, smoke: bool = False,
@@ -611,7 +631,8 @@ def stage(executed: dict[Path, tuple[dict, Path]], src_dir: Path, smoke: bool = 
     pages["readme.md"] = _rewrite_links((REPO / "README.md").read_text(encoding="utf-8"), "", "", images, names)
     pages["notebooks/index.md"] = _notebooks_index()
     if "guides/index.md" not in pages:
-        pages["guides/index.md"] = _guides_index(any(p.startswith("guides/") for p in pages))
+        pages["guides/index.md"] = _guides_index([posixpath.splitext(posixpath.basename(p))[0] for p in pages
+                                                  if p.startswith("guides/") and p.endswith(".md")])
     api_template = pages.get("api/index.md", f"# API reference\n\n{MODULES_MARKER}\n")
     pages["api/index.md"] = _api_index(api_template, modules)
     for module, _ in modules:
