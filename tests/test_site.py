@@ -294,6 +294,12 @@ def test_every_explorer_responds_on_its_notebook_page_with_no_kernel(browser, se
                     after = root.evaluate(state)
                     moved.append((after[0] != before[0], after[1] != before[1]))
                 assert moved, f"{stem}, explorer {i}: no control"
+                # Each plot keeps the size it draws at: the theme's CSS must not restyle it (Bootstrap's .ratio
+                # once stretched notebook 07's "ratio" plot and moved its frame).
+                sizes = root.evaluate("r => [...r.querySelectorAll('svg.ropelab-plot')].map(s => [+s.getAttribute("
+                                      "'width'), s.getBoundingClientRect().width, s.className.baseVal])")
+                bad = [sz for sz in sizes if sz[0] and abs(sz[0] - sz[1]) > 1]
+                assert not bad, f"{stem}, explorer {i}: plots drawn at another size than their own: {bad}"
                 assert any(number and figure for number, figure in moved), \
                     f"{stem}, explorer {i}: no control changed both the printed number and the figure: {moved}"
             assert not page.problems, page.problems
