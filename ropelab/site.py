@@ -374,6 +374,9 @@ def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: 
             if meta.get("jupyter", {}).get("source_hidden"):  # an exercise's solution: collapsed, as in the lab
                 meta["tags"] = [*tags, "hide-input", SOLUTION_TAG]
                 meta["mystnb"] = {"code_prompt_show": "Solution", "code_prompt_hide": "Hide the solution"}
+            elif "parameters" in tags:  # SMOKE and the output folders: for a run, not for reading; one click away
+                meta["tags"] = [*tags, "hide-input"]
+                meta["mystnb"] = {"code_prompt_show": "Run parameters (SMOKE)", "code_prompt_hide": "Hide"}
             elif re.fullmatch(r"lab-ex[0-9]+-check", cell.get("id", "")):
                 meta["tags"] = [*tags, "hide-input", CHECK_TAG]
                 meta["mystnb"] = {"code_prompt_show": "The check's code", "code_prompt_hide": "Hide the check's code"}
