@@ -89,6 +89,10 @@ __all__ = [
     "BUILD_DIR",
     "answer",
     "headline",
+    "checked",
+    "CHECK_PASSED",
+    "CHECK_ON_SOLUTION",
+    "runtime_text",
     "runtime_note",
     "RUNS",
     "load_runs",
@@ -179,6 +183,18 @@ def answer(text: str, smoke: bool) -> None:
     display(Markdown(head + text))
 
 
+CHECK_ON_SOLUTION = ("The hidden solution passes this check. Replace None above with your answer and run the check "
+                     "again.")
+CHECK_PASSED = "Correct: your answer passes the check."
+
+
+def checked(yours) -> None:
+    """An exercise check's verdict, printed after its asserts passed: it never prints the answer (a reader who has
+    not solved the exercise yet must not find it in the check's output, nor on the site). ``yours`` is the reader's
+    answer variable: None means the check ran on the hidden solution, which the verdict says."""
+    print(CHECK_ON_SOLUTION if yours is None else CHECK_PASSED)
+
+
 def headline(text: str, smoke: bool) -> None:
     """Show a notebook's headline, its main finding in one or two sentences with the number behind it, built
     from the numbers it measured. A full run of the runner saves the text in ``figures/runs.json``, from which
@@ -239,8 +255,24 @@ def _machines_text(runs: dict) -> str:
     loads = [r["load_average"] for r in runs.values() if r.get("load_average") is not None]
     text = "measured on " + "; ".join(cpus) + " (a machine shared with other jobs"
     if loads:
-        text += f", 1-minute load average {min(loads):.1f} to {max(loads):.1f} when the notebooks finished"
+        lo, hi = f"{min(loads):.1f}", f"{max(loads):.1f}"
+        span = lo if lo == hi else f"{lo} to {hi}"  # one run: one number, not "0.5 to 0.5"
+        when = "when the notebook finished" if len(loads) == 1 else "when the notebooks finished"
+        text += f", 1-minute load average {span} {when}"
     return text + "), so they are upper bounds for an idle machine"
+
+
+def runtime_text(notebook: str, runs: dict | None = None) -> str:
+    """The "Run time." sentence of notebook ``notebook`` (its file stem), from ``runs`` (default
+    ``figures/runs.json``): what :func:`runtime_note` shows in the notebook, and what the site shows on its page
+    (``ropelab.site``), rendered from the same record as the map's run table (:func:`render_map`)."""
+    runs = load_runs() if runs is None else runs
+    r = runs.get(notebook)
+    if r is None:
+        return (f"No full run of `{notebook}` is recorded yet in `figures/runs.json` "
+                f"(`python -m ropelab.figures --only {notebook[:2]}` records one).")
+    return (f"The last full run of this notebook (`python -m ropelab.figures`) took {_seconds_text(r['seconds'])}, "
+            + _machines_text({notebook: r}) + "; `SMOKE = True` runs it at tiny sizes in a fraction of that.")
 
 
 def runtime_note(notebook: str, path: str | os.PathLike | None = None) -> None:
@@ -248,15 +280,7 @@ def runtime_note(notebook: str, path: str | os.PathLike | None = None) -> None:
     notebook cannot hard-code its own run time. ``notebook`` is its file stem."""
     from IPython.display import Markdown, display
 
-    runs = load_runs(path)
-    r = runs.get(notebook)
-    if r is None:
-        text = (f"No full run of `{notebook}` is recorded yet in `figures/runs.json` "
-                f"(`python -m ropelab.figures --only {notebook[:2]}` records one).")
-    else:
-        text = (f"The last full run of this notebook (`python -m ropelab.figures`) took {_seconds_text(r['seconds'])}, "
-                + _machines_text({notebook: r}) + "; `SMOKE = True` runs it at tiny sizes in a fraction of that.")
-    display(Markdown("**Run time.** " + text))
+    display(Markdown("**Run time.** " + runtime_text(notebook, load_runs(path))))
 
 
 def render_map(runs: dict | None = None) -> str:

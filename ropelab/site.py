@@ -11,21 +11,30 @@ are never touched: the builder stages copies of the executed notebooks under ``b
 (``build/smoke/site-src/``), laid out like the repository (``notebooks/``, ``figures/``, and ``docs/`` at the root),
 and Sphinx builds that with ``docs/conf.py``. On each staged copy (:func:`stage_notebook`):
 
-- a banner after the title: how to run it locally (``make lab`` and the notebook's path) and links to the
-  previous and next notebook along :func:`ropelab.manifest.notebooks` (:func:`ropelab.manifest.navigation`);
+- a banner after the title: links to the previous and next notebook along :func:`ropelab.manifest.notebooks`
+  (:func:`ropelab.manifest.navigation`), the notebook's stripped ``.ipynb`` to download and how to run it;
+- the runner's injected parameters cell and the lab's "How to run" notes are left out (the running guide says
+  them, for maintainers); the run-time note is rendered again from ``figures/runs.json``, as the map's table is;
 - every figure a code cell saved (``save(fig, "NN_name", ...)``: a string literal naming one of the notebook's
-  figures) is shown under that cell, since the runner draws on matplotlib's Agg backend and so records none;
+  figures) is shown under that cell, since the runner draws on matplotlib's Agg backend and so records none: from
+  the site's ``_figures/``, in a link to its full size (a lightbox, ``docs/_static/ropelab.js``), with its own
+  titles as alt text (:func:`figure_caption`);
 - an explorer's widget output (it needs a kernel) is replaced by its browser twins, :func:`explorer_html`
   (the hook: ``ropelab.webexplorers.embed_html`` when that module is importable), else by a note;
-- a cell collapsed in the lab (an exercise's solution, ``jupyter.source_hidden``) is collapsed on the page too;
+- an exercise's solution (``jupyter.source_hidden`` in the lab) sits behind a "Solution" control, and its check's
+  code is collapsed too (the check prints a verdict only, :func:`ropelab.figures.checked`);
+- the checkout's absolute path in an output is made repository-relative;
 - links to other notebooks, the map, ``../figures/`` and ``../README.md`` point at the site's pages.
 
-The front page is ``docs/index.md`` with the notebook map rendered in (:func:`render_map`: the markdown cells of
-``notebooks/index.ipynb``, whose run table the runner renders from ``figures/runs.json``). Its sections, in the
-header: Notebooks (in :func:`ropelab.manifest.notebooks`' order), Guides (every ``docs/guides/*.md``, or that
-folder's own ``index.md``), API reference (one page per public module, :func:`api_modules`: read from ``ropelab``'s
-docstring, members from each ``__all__``) and the README as a page. Markdown links in all of them are pointed at
-the site's pages (a link to ``ropelab/x.py`` at its API page); one to a file the site does not carry loses its link.
+The front page is ``docs/index.md``, for a newcomer, with generated parts at its markers: the reading path
+(:func:`render_path`), how to get the code (:func:`render_get`: the source archive :func:`build` writes, and two
+commands), the notebook map (:func:`render_map`: the markdown cells of ``notebooks/index.ipynb`` after its title,
+its run table rendered from ``figures/runs.json``) and the citation (:func:`render_cite`, from ``CITATION.cff``).
+Its sections, in the header: Notebooks (in :func:`ropelab.manifest.notebooks`' order), Guides (every
+``docs/guides/*.md``, or that folder's own ``index.md``), API reference (one page per public module,
+:func:`api_modules`: read from ``ropelab``'s docstring, members from each ``__all__``) and the README as a page.
+Markdown links in all of them are pointed at the site's pages (a link to ``ropelab/x.py`` at its API page); one
+to a file the site does not carry loses its link.
 Search is Sphinx's own; MathJax is served from the site itself (``sphinx-mathjax-offline``, pruned to what a page
 loads), so a page renders its math with no network, and from ``file://`` too.
 
@@ -35,9 +44,9 @@ loads), so a page renders its math with no network, and from ``file://`` too.
 from __future__ import annotations
 
 import argparse
-import base64
 import html
 import importlib
+import importlib.util
 import json
 import os
 import pkgutil
@@ -52,14 +61,18 @@ from pathlib import Path
 from .manifest import NAV_TAG, cells_hash, navigation, notebooks
 from .paths import BUILD_DIR, FIGURES_DIR, NOTEBOOK_DIR, REPO
 
-__all__ = ["DOCS_DIR", "SITE_DIR", "MAP_MARKER", "MODULES_MARKER", "BANNER_CLASS", "WIDGET_MIME", "EXPLORER_TWINS",
-           "executed_notebooks", "stage_notebook", "render_map", "api_modules", "explorer_html", "stage", "build",
-           "main"]
+__all__ = ["DOCS_DIR", "SITE_DIR", "MAP_MARKER", "MODULES_MARKER", "PATH_MARKER", "GET_MARKER", "CITE_MARKER",
+           "BANNER_CLASS", "WIDGET_MIME", "EXPLORER_TWINS", "ARCHIVE", "executed_notebooks", "stage_notebook",
+           "render_map", "render_path", "render_get", "render_cite", "figure_caption", "reading_minutes", "builds_on",
+           "api_modules", "explorer_html", "stage", "build", "main"]
 
 DOCS_DIR = REPO / "docs"
 SITE_DIR = BUILD_DIR / "site"  # the full run's site; a smoke site goes to build/smoke/site
 MAP_MARKER = "<!-- ropelab:map -->"  # in docs/index.md: replaced by render_map()
 MODULES_MARKER = "<!-- ropelab:modules -->"  # in docs/api/index.md: replaced by the module table and toctree
+PATH_MARKER = "<!-- ropelab:path -->"  # in docs/index.md: the reading path (render_path)
+GET_MARKER = "<!-- ropelab:get -->"  # in docs/index.md: how to get the code (the source archive and two commands)
+CITE_MARKER = "<!-- ropelab:cite -->"  # in docs/index.md: the citation block (render_cite, from CITATION.cff)
 BANNER_CLASS = "ropelab-banner"  # the run-locally / previous / next banner of a notebook page
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 INJECTED_TAG = "injected-parameters"  # the cell ropelab.figures inserts after the parameters cell
@@ -174,6 +187,8 @@ def _rewrite_links(text: str, repo_dir: str, site_dir: str, images: set[str], mo
             return m.group(0) if bang else (label if label.strip("`") == path else f"{label} (`{path}`)")
         if staged.startswith("figures/"):
             images.add(staged)
+            if bang:  # the figure's own titles, not its file name, as alt text
+                label = re.sub(r"([\\`*_\[\]<>])", r"\\\1", figure_caption(REPO / staged))
         rel = posixpath.relpath(staged, site_dir or ".")
         return f"{bang}[{label}]({rel}{'#' + anchor if anchor else ''})"
 
@@ -181,12 +196,15 @@ def _rewrite_links(text: str, repo_dir: str, site_dir: str, images: set[str], mo
 
 
 def _banner(src: Path, smoke: bool) -> dict:
-    """The markdown cell a notebook page opens with (after its title): how to run it, previous and next."""
+    """The markdown cell a notebook page opens with (after its title): previous, map and next; the notebook to
+    download (the stripped source, as committed) and how to run it; a smoke run's note."""
     nav = navigation(src).split("\n\n", 1)[1]  # "**Previous:** [..](..) · **Map:** [..](index.ipynb) · **Next:** .."
     nav = nav.replace("(index.ipynb)", "(../index.md)")
-    lines = [f":::{{container}} {BANNER_CLASS}",
-             f"**Run it locally:** `make lab`, then open `notebooks/{src.name}` "
-             f"(*Kernel → Restart Kernel and Run All Cells*).", "", nav]
+    lines = [f":::{{container}} {BANNER_CLASS}", nav, "",
+             f'**Run it yourself:** <a class="ropelab-download" href="{src.name}" download>download '
+             f"<code>{src.name}</code></a> (the notebook's source, outputs stripped), or get the "
+             f"[whole source](../index.md#get-the-code), run `make lab` and open `notebooks/{src.name}` "
+             "(*Kernel → Restart Kernel and Run All Cells*); [more on running](../guides/running.md)."]
     if smoke:
         lines += ["", "*This page shows a smoke run (tiny sizes, `python -m ropelab.figures --smoke`): its numbers "
                   "are not the full run's, which `make figures` then `make site` show.*"]
@@ -235,35 +253,143 @@ def _explorer_output(source: str) -> dict:
     return {"output_type": "display_data", "metadata": {}, "data": {"text/html": twin, "text/plain": "explorer"}}
 
 
-def _figure_output(png: Path) -> dict:
-    data = base64.b64encode(png.read_bytes()).decode()
-    return {"output_type": "display_data", "metadata": {}, "data": {"image/png": data, "text/plain": png.stem}}
+def figure_caption(png: Path) -> str:
+    """A figure's alt text, from its own titles: the SVG that :func:`ropelab.figures.save` writes beside each PNG
+    keeps every text of the figure as a comment, in drawing order; an axes draws its title after its other texts
+    (matplotlib's ``Axes.get_children``), so the last text drawn directly in each axes group (not a tick, an axis
+    label or a legend entry) is its title, and a text outside every axes is the figure's suptitle. Math is kept as
+    its TeX, without the dollars. When the SVG is missing or has no title: "Figure" and the name's words."""
+    import xml.etree.ElementTree as ET
+
+    words = "Figure: " + png.stem[3:].replace("_", " ") if re.match(r"[0-9]{2}_", png.stem) else png.stem
+    svg = png.with_suffix(".svg")
+    try:
+        parser = ET.XMLParser(target=ET.TreeBuilder(insert_comments=True))  # the texts are in comments
+        root = ET.fromstring(svg.read_bytes(), parser=parser)
+    except (OSError, ET.ParseError):
+        return words
+    ns = "{http://www.w3.org/2000/svg}"
+
+    def comment_text(g) -> str:
+        m = re.search(r"<!--\s*(.*?)\s*-->", ET.tostring(g, encoding="unicode"), re.S)
+        return m.group(1) if m else ""
+
+    suptitles, titles = [], []
+    for fig in root.iter(f"{ns}g"):
+        if not fig.get("id", "").startswith("figure_"):
+            continue
+        for child in fig:
+            cid = child.get("id", "")
+            if cid.startswith("text_"):  # a figure-level text: the suptitle (first: it names the whole figure)
+                suptitles.append(comment_text(child))
+            elif cid.startswith("axes_"):
+                own = [c for c in child if c.get("id", "").startswith("text_")]
+                if own:
+                    titles.append(comment_text(own[-1]))
+    titles = [" ".join(html.unescape(t).replace("$", "").replace("\\mathdefault", "").split())
+              for t in suptitles + titles]
+    titles = [t for t in dict.fromkeys(titles) if t and not re.fullmatch(r"[-+0-9.,e ]*", t)]
+    if not titles:
+        return words
+    text = "Figure: " + "; ".join(titles)
+    return text if len(text) <= 300 else text[:297].rsplit(" ", 1)[0] + " ..."
+
+
+def _png_size(png: Path) -> tuple[int, int]:
+    head = png.read_bytes()[:24]  # the IHDR chunk: width and height, big-endian, at bytes 16..24
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+
+
+def _figure_output(png: Path, site_figures: dict[str, Path]) -> dict:
+    """A saved figure under the cell that saved it: its PNG, served from the site's ``_figures/`` (collected in
+    ``site_figures``), in a link to itself at full size (``ropelab.js`` opens it in a lightbox), with the figure's
+    own titles as alt text (:func:`figure_caption`) and its natural size, which the page scales to the column."""
+    site_figures[png.name] = png
+    width, height = _png_size(png)
+    src = f"../_figures/{html.escape(png.name)}"
+    alt = html.escape(figure_caption(png), quote=True)
+    tag = (f'<figure class="ropelab-output-figure"><a class="ropelab-zoom" href="{src}" '
+           f'title="Open the figure at full size"><img src="{src}" alt="{alt}" width="{width}" height="{height}">'
+           "</a></figure>")
+    return {"output_type": "display_data", "metadata": {}, "data": {"text/html": tag, "text/plain": alt}}
+
+
+# The lab's "How to run" cell (runner plumbing: SMOKE, the pre-save hook, git status): not on the site, where the
+# banner links the guide that says it (docs/guides/running.md).
+LAB_HOW_TO_RUN = "lab-how-to-run"
+SOLUTION_TAG = "ropelab-solution"  # an exercise's solution cell on the site: collapsed behind "Solution"
+CHECK_TAG = "ropelab-check"  # an exercise's check cell (lab-exN-check): its code collapsed, its verdict shown
+EXPLORER_NOTE = ("*The explorer below runs in your browser, with no kernel: move a control and it redraws. Above: "
+                 "its default view, as the last full run saved it.*")
+
+
+def _scrub_paths(text: str) -> str:
+    """A notebook output with the build machine's checkout path made repository-relative (``data/lm/x.pt``)."""
+    return text.replace(str(REPO) + os.sep, "").replace(str(REPO), ".")
+
+
+def _scrub_output(out: dict) -> dict:
+    if "text" in out:
+        out["text"] = _scrub_paths("".join(out["text"]))
+    for mime, value in list(out.get("data", {}).items()):
+        if mime.startswith("text/") or mime == "application/javascript":
+            out["data"][mime] = _scrub_paths("".join(value) if isinstance(value, list) else value)
+    return out
+
+
+def _runtime_output(stem: str) -> dict:
+    from .figures import load_runs, runtime_text
+
+    text = "**Run time.** " + runtime_text(stem, load_runs())
+    return {"output_type": "display_data", "metadata": {}, "data": {"text/markdown": text, "text/plain": text}}
 
 
 def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: set[str],
-                   modules: set[str] = frozenset()) -> dict:
+                   modules: set[str] = frozenset(), site_figures: dict[str, Path] | None = None) -> dict:
     """The page made of notebook ``src``'s executed copy ``nb`` (a new dict; ``nb`` is left as it is): banner after
-    the title, each saved figure shown under the cell that saved it (from ``figures_dir``), explorer widgets
-    replaced (:func:`explorer_html`), links pointed at the site, the runner's absolute paths made relative."""
+    the title; the runner's injected cell and the lab's how-to-run cell left out; the run-time note rendered from
+    ``figures/runs.json`` now (as the map's table is, so the two agree); each saved figure shown under the cell that
+    saved it (from ``figures_dir``; collected in ``site_figures``); explorer widgets replaced
+    (:func:`explorer_html`); an exercise's solution collapsed behind "Solution" and its check's code collapsed too
+    (the check prints a verdict only); links pointed at the site; absolute paths in outputs made relative."""
     nb = json.loads(json.dumps(nb))
     nb.get("metadata", {}).pop("widgets", None)  # the widget state: a page has no kernel to give it to
+    site_figures = {} if site_figures is None else site_figures
     own = {p.stem for p in figures_dir.glob(src.stem[:3] + "*.png")}
     cells = []
     for cell in nb["cells"]:
         source = "".join(cell["source"])
+        meta = cell.setdefault("metadata", {})
+        tags = meta.get("tags", [])
+        if INJECTED_TAG in tags or cell.get("id") == LAB_HOW_TO_RUN:
+            continue
         if cell["cell_type"] == "markdown":
+            if importlib.util.find_spec("ropelab.webexplorers") is not None:  # the twins replace the kernel's widget
+                source = re.sub(r"\*Above: the default view.*?\*", EXPLORER_NOTE, source, flags=re.S)
+            # the lab's words for a hidden solution, said for the page's control
+            source = source.replace("a hidden solution (click the collapsed cell to show it)",
+                                    "a hidden solution (the *Solution* control shows it)")
             cell["source"] = _rewrite_links(source, "notebooks", "notebooks", images, modules)
         elif cell["cell_type"] == "code":
-            meta = cell.setdefault("metadata", {})
             if meta.get("jupyter", {}).get("source_hidden"):  # an exercise's solution: collapsed, as in the lab
-                meta["tags"] = [*meta.get("tags", []), "hide-input"]
-            if INJECTED_TAG in meta.get("tags", []):
-                cell["source"] = source.replace(repr(str(REPO) + "/")[:-1], "'../").replace(str(REPO), "..")
+                meta["tags"] = [*tags, "hide-input", SOLUTION_TAG]
+                meta["mystnb"] = {"code_prompt_show": "Solution", "code_prompt_hide": "Hide the solution"}
+            elif "parameters" in tags:  # SMOKE and the output folders: for a run, not for reading; one click away
+                meta["tags"] = [*tags, "hide-input"]
+                meta["mystnb"] = {"code_prompt_show": "Run parameters (SMOKE)", "code_prompt_hide": "Hide"}
+            elif re.fullmatch(r"lab-ex[0-9]+-check", cell.get("id", "")):
+                meta["tags"] = [*tags, "hide-input", CHECK_TAG]
+                meta["mystnb"] = {"code_prompt_show": "The check's code", "code_prompt_hide": "Hide the check's code"}
+            if re.search(r"^runtime_note\(", source, re.M):
+                meta["tags"] = [*meta.get("tags", []), "remove-input"]
+                cell["outputs"] = [_runtime_output(src.stem)]
+                cells.append(cell)
+                continue
             outputs = []
             for out in cell.get("outputs", []):
-                outputs.append(_explorer_output(source) if WIDGET_MIME in out.get("data", {}) else out)
+                outputs.append(_explorer_output(source) if WIDGET_MIME in out.get("data", {}) else _scrub_output(out))
             saved = [n for n in dict.fromkeys(re.findall(r"[\"']([0-9]{2}_\w+)[\"']", source)) if n in own]
-            outputs += [_figure_output(figures_dir / f"{n}.png") for n in saved]
+            outputs += [_figure_output(figures_dir / f"{n}.png", site_figures) for n in saved]
             cell["outputs"] = outputs
         cells.append(cell)
     title = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
@@ -280,17 +406,105 @@ def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: 
 
 
 def render_map(images: set[str], modules: set[str] = frozenset()) -> str:
-    """The front page's notebook map: the markdown cells of ``notebooks/index.ipynb`` (its run table rendered by
-    the runner from ``figures/runs.json``), links pointed at the site's pages, its title left to ``docs/index.md``."""
+    """The front page's notebook map: the markdown cells of ``notebooks/index.ipynb`` but its first (the title and
+    the lab's how-to-run notes, which ``docs/index.md`` and the running guide say for the site), links pointed at
+    the site's pages. Its run table is rendered again from ``figures/runs.json`` now
+    (:func:`ropelab.figures.render_map`, as each page's run-time note is), and a key figure the map still calls
+    to come is shown when ``figures/`` has it."""
+    from .figures import load_runs
+    from .figures import render_map as run_table
+
     cells = json.loads((NOTEBOOK_DIR / "index.ipynb").read_text(encoding="utf-8"))["cells"]
     parts = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
              and NAV_TAG not in c.get("metadata", {}).get("tags", [])]
     if parts and parts[0].lstrip().startswith("# "):
-        parts[0] = parts[0].lstrip().split("\n", 1)[1] if "\n" in parts[0].lstrip() else ""
+        parts = parts[1:]
+    generated = "<!-- generated from ../figures/runs.json"
+    parts = [run_table(load_runs()) if p.lstrip().startswith(generated) else p for p in parts]
+
+    def key_figure(m: re.Match) -> str:
+        name = m.group(1)
+        if not (REPO / "figures" / f"{name}.png").is_file():
+            return m.group(0)
+        return f"Key figure, `{name}`:\n\n![{name}](../figures/{name}.png)"
+
+    parts = [re.sub(r"Key figure, `([0-9]{2}_\w+)` \(committed with the first full run\)\.", key_figure, p)
+             for p in parts]
     text = "\n\n".join(p.strip() for p in parts if p.strip())
     text = re.sub(r"^(#{2,5}) ", r"#\1 ", text, flags=re.M)  # below docs/index.md's own headings
     text = re.sub(r"<!--.*?-->\n?", "", text, flags=re.S)
     return _rewrite_links(text, "notebooks", "", images, modules)
+
+
+def _notebook_title(src: Path) -> str:
+    for c in json.loads(src.read_text(encoding="utf-8"))["cells"]:
+        text = "".join(c["source"]).lstrip()
+        if c["cell_type"] == "markdown" and text.startswith("# "):
+            return text[2:].split("\n", 1)[0].strip()
+    return src.stem
+
+
+WORDS_PER_MINUTE = 200  # reading time: words of the notebook's text and code at this pace, rounded up
+
+
+def reading_minutes(src: Path) -> int:
+    """Minutes to read notebook ``src``: the words of its markdown and code cells (as committed, outputs aside) at
+    :data:`WORDS_PER_MINUTE`, rounded up."""
+    cells = json.loads(src.read_text(encoding="utf-8"))["cells"]
+    words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] in ("markdown", "code"))
+    return max(1, -(-words // WORDS_PER_MINUTE))
+
+
+def builds_on(src: Path) -> list[str]:
+    """The earlier notebooks (two-digit numbers) that notebook ``src``'s text cites ("notebook 01", "notebooks 00
+    and 03", a link to ``03_...ipynb``): what a reader should have read first, read from the notebook itself."""
+    own = int(src.stem[:2])
+    text = "\n".join("".join(c["source"]) for c in json.loads(src.read_text(encoding="utf-8"))["cells"]
+                     if c["cell_type"] == "markdown" and NAV_TAG not in c.get("metadata", {}).get("tags", []))
+    found = set(re.findall(r"\]\(([0-9]{2})_\w+\.ipynb", text))
+    for m in re.finditer(r"[Nn]otebooks? ((?:[0-9]{2}(?:,? and |, | or |–| to )?)+)", text):
+        found |= set(re.findall(r"[0-9]{2}", m.group(1)))
+    return sorted(n for n in found if int(n) < own)
+
+
+def render_path() -> str:
+    """The front page's "Start here" table: each notebook in reading order, the earlier ones it builds on
+    (:func:`builds_on`), its reading time (:func:`reading_minutes`) and its full run's time from
+    ``figures/runs.json`` (the map's source)."""
+    from .figures import _seconds_text, load_runs
+
+    runs = load_runs()
+    rows = ["| | notebook | earlier notebooks it cites | to read | full run |", "|---|---|---|---|---|"]
+    for i, src in enumerate(notebooks(), 1):
+        stems = {p.stem[:2]: p.name for p in notebooks()}
+        before = ", ".join(f"[{n}]({stems[n]})" for n in builds_on(src) if n in stems)
+        before = before or ("start here" if i == 1 else "none by number")
+        run = _seconds_text(runs[src.stem]["seconds"]) if src.stem in runs else "not recorded"
+        rows.append(f"| {i} | [{_notebook_title(src)}]({src.name}) | {before} | {reading_minutes(src)} min | {run} |")
+    return _rewrite_links("\n".join(rows), "notebooks", "", set())
+
+
+ARCHIVE = "ropelab-src.tar.gz"  # the source the site carries (git archive of the checkout's tree at build time)
+
+
+def render_cite() -> str:
+    """The citation block, from ``CITATION.cff`` (its title, authors, version, licence and references)."""
+    import yaml
+
+    cff = yaml.safe_load((REPO / "CITATION.cff").read_text(encoding="utf-8"))
+    authors = " and ".join(a.get("name") or f"{a.get('family-names', '')}, {a.get('given-names', '')}"
+                           for a in cff.get("authors", []))
+    bib = ["@software{ropelab,", f"  title   = {{{{{cff['title']}}}}},", f"  author  = {{{{{authors}}}}},",
+           f"  version = {{{cff.get('version', '')}}},", f"  license = {{{cff.get('license', '')}}},", "}"]
+    refs = []
+    for r in cff.get("references", []):
+        names = ", ".join(a.get("family-names", a.get("name", "")) for a in r.get("authors", []))
+        ids = "; ".join(i.get("value", "") for i in r.get("identifiers", []))
+        refs.append(f"- {names} ({r.get('year', '')}). *{r.get('title', '')}*. {ids}")
+    text = [cff.get("message", ""), "", "```bibtex", *bib, "```"]
+    if refs:
+        text += ["", "It builds on:", "", *refs]
+    return "\n".join(text)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -357,26 +571,48 @@ def _write(path: Path, text: str | bytes) -> None:
     path.write_bytes(data)
 
 
+def _short_titles() -> dict[str, str]:
+    """Notebook stem -> its short title, as the map's table links it (``00 · RoPE in one page``): the sidebar's and
+    the previous/next links' text, where a page's full title (a sentence) overflowed."""
+    cells = json.loads((NOTEBOOK_DIR / "index.ipynb").read_text(encoding="utf-8"))["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return {stem: label for label, stem in re.findall(r"\[([0-9]{2} · [^\]]+)\]\(([0-9]{2}_\w+)\.ipynb\)", text)}
+
+
 def _notebooks_index() -> str:
-    """The Notebooks section's page: the notebooks in the runner's order (:func:`ropelab.manifest.notebooks`)."""
+    """The Notebooks section's page: the notebooks in the runner's order (:func:`ropelab.manifest.notebooks`), each
+    under its short title (:func:`_short_titles`)."""
     intro = ("Each notebook as the runner executed it, outputs and figures included; read them in order, each builds "
              "on the ones before. The [map](../index.md) says what each found.")
-    toc = ["```{toctree}", ":maxdepth: 1", "", *[p.stem for p in notebooks()], "```", ""]
+    short = _short_titles()
+    entries = [f"{short[p.stem]} <{p.stem}>" if p.stem in short else p.stem for p in notebooks()]
+    toc = ["```{toctree}", ":maxdepth: 1", "", *entries, "```", ""]
     return "\n".join(["# Notebooks", "", intro, "", *toc])
 
 
-def _guides_index(has_guides: bool) -> str:
-    """The Guides section's page, when ``docs/guides/`` brings none: every page of ``docs/guides/``."""
-    if not has_guides:
+# The guides in a reader's order: running first, the contributors' guide last; a guide not named here comes
+# after these, before the contributors' guide, in name order.
+GUIDES_ORDER = ("running", "notebooks", "instructors", "package", "diagnose", "conformance", "benchmarks", "data",
+                "modules")
+
+
+def _guides_index(guides: list[str]) -> str:
+    """The Guides section's page, when ``docs/guides/`` brings none: its pages (``guides``, their stems) in
+    :data:`GUIDES_ORDER`."""
+    if not guides:
         return "# Guides\n\nNo guide yet: each is a page of `docs/guides/`.\n"
-    return "# Guides\n\n```{toctree}\n:maxdepth: 1\n:glob:\n\n*\n```\n"
+    rank = {name: i for i, name in enumerate(GUIDES_ORDER)}
+    order = sorted(guides, key=lambda g: (g == "adding-a-notebook", rank.get(g, len(rank)), g))
+    return "# Guides\n\n```{toctree}\n:maxdepth: 1\n\n" + "\n".join(order) + "\n```\n"
 
 
-def stage(executed: dict[Path, tuple[dict, Path]], src_dir: Path, smoke: bool = False) -> list[Path]:
+def stage(executed: dict[Path, tuple[dict, Path]], src_dir: Path, smoke: bool = False,
+          site_figures: dict[str, Path] | None = None) -> list[Path]:
     """Write the site's sources into ``src_dir``: ``docs/`` (its ``conf.py`` and ``_static/`` aside, which Sphinx
     reads in place), the front page with the map, the README as a page, one API page per module, the staged
     notebooks, the figures the markdown shows. Markdown links everywhere are pointed at the staged pages. Files from
-    an earlier staging that are no longer part of the site are removed. Returns the files written."""
+    an earlier staging that are no longer part of the site are removed. The figures the notebook pages show are
+    collected in ``site_figures`` (name -> PNG), for :func:`build` to copy. Returns the files written."""
     images: set[str] = set()
     modules = api_modules()
     names = {m for m, _ in modules} | {"ropelab"}
@@ -392,17 +628,21 @@ def stage(executed: dict[Path, tuple[dict, Path]], src_dir: Path, smoke: bool = 
             pages[rel] = data
     if MAP_MARKER not in pages.get("index.md", ""):
         raise SystemExit(f"{DOCS_DIR / 'index.md'} must hold the line {MAP_MARKER} (where the notebook map goes).")
-    pages["index.md"] = pages["index.md"].replace(MAP_MARKER, render_map(images, names))
+    pages["index.md"] = (pages["index.md"].replace(MAP_MARKER, render_map(images, names))
+                         .replace(PATH_MARKER, render_path()).replace(GET_MARKER, render_get())
+                         .replace(CITE_MARKER, render_cite()))
     pages["readme.md"] = _rewrite_links((REPO / "README.md").read_text(encoding="utf-8"), "", "", images, names)
     pages["notebooks/index.md"] = _notebooks_index()
     if "guides/index.md" not in pages:
-        pages["guides/index.md"] = _guides_index(any(p.startswith("guides/") for p in pages))
+        pages["guides/index.md"] = _guides_index([posixpath.splitext(posixpath.basename(p))[0] for p in pages
+                                                  if p.startswith("guides/") and p.endswith(".md")])
     api_template = pages.get("api/index.md", f"# API reference\n\n{MODULES_MARKER}\n")
     pages["api/index.md"] = _api_index(api_template, modules)
     for module, _ in modules:
         pages[f"api/{module}.md"] = _api_page(module)
+    site_figures = {} if site_figures is None else site_figures
     for src, (nb, figures_dir) in executed.items():
-        page = stage_notebook(src, nb, figures_dir, smoke, images, names)
+        page = stage_notebook(src, nb, figures_dir, smoke, images, names, site_figures)
         pages[f"notebooks/{src.name}"] = json.dumps(page, indent=1, ensure_ascii=False) + "\n"
     for image in sorted(images):
         pages[image] = (REPO / image).read_bytes()  # the committed figures the markdown shows (the map, explorers)
@@ -415,23 +655,61 @@ def stage(executed: dict[Path, tuple[dict, Path]], src_dir: Path, smoke: bool = 
     return [src_dir / rel for rel in pages]
 
 
+def render_get() -> str:
+    """How to get the code and run it: the source archive the site carries (:data:`ARCHIVE`, written by
+    :func:`build`), unpacked, then ``make lab``."""
+    return "\n".join([
+        "ropelab has no public repository to link to: this site carries its source instead, as of the build that made "
+        f'the site: <a class="ropelab-archive" href="{ARCHIVE}" download><code>{ARCHIVE}</code></a> (notebooks, '
+        "package, tests, committed data and figures; every page also offers its own notebook). Two commands, with "
+        "Python 3.10 or later and `make` (Linux or macOS; no GPU, no conda):", "",
+        "```bash", f"tar -xzf {ARCHIVE} && cd ropelab", "make lab EXTRAS=notebooks", "```", "",
+        "`make lab` creates `.venv`, installs ropelab with the notebooks' dependencies (`EXTRAS=notebooks`: only "
+        "those; a CPU build of PyTorch) and opens JupyterLab on the notebook map; open a notebook and choose "
+        "*Kernel → Restart Kernel and Run All Cells*. "
+        "Without `make`: `python -m venv .venv`, `.venv/bin/pip install torch==2.13.0 -e \".[notebooks]\"`, then "
+        "`.venv/bin/jupyter lab notebooks/00_rope_in_one_page.ipynb`.",
+    ])
+
+
+def _write_archive(out: Path) -> Path | None:
+    """The source archive (:data:`ARCHIVE`) of this checkout's tracked files as they are now (``git stash create``
+    records uncommitted changes without touching the work tree; HEAD when there are none), under ``ropelab/``.
+    None, with a message, when this is not a git checkout."""
+    git = ["git", "-C", str(REPO)]
+    try:
+        rev = subprocess.run([*git, "stash", "create"], capture_output=True, text=True, check=True).stdout.strip()
+        target = out / ARCHIVE
+        subprocess.run([*git, "archive", "--format=tar.gz", "--prefix=ropelab/", "-o", str(target), rev or "HEAD"],
+                       capture_output=True, text=True, check=True)
+        return target
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"no source archive: {REPO} is not a git checkout git can archive ({e})", file=sys.stderr)
+        return None
+
+
 def _prune_mathjax(out: Path) -> None:
     """sphinx-mathjax-offline copies all of MathJax 3 (24 MB); a page loads ``tex-chtml.js``, which fetches from
     its own folder only the TeX extensions it autoloads, the menu's parts and the CommonHTML fonts. The other
     combined builds, the SVG output and the speech rule engine are never fetched (``a11y`` stays: the menu's
-    accessibility options load it)."""
+    accessibility options load it, and so does the speech rule engine's English maps)."""
     mathjax = out / "_static" / "mathjax"
     if not mathjax.is_dir():
         return
     for p in mathjax.glob("*.js"):
         if p.name != "tex-chtml.js":
             p.unlink()
-    for sub in ("output/svg", "output/svg.js", "sre", "adaptors"):
+    for sub in ("output/svg", "output/svg.js", "adaptors"):
         target = mathjax / sub
         if target.is_dir():
             shutil.rmtree(target)
         elif target.exists():
             target.unlink()
+    # The speech rule engine's maps stay for English (the menu's speech and explorer, for a screen reader): without
+    # them MathJax asked for sre/mathmaps/{base,en}.json and got 404s; the other locales go.
+    for p in (mathjax / "sre" / "mathmaps").glob("*.json"):
+        if p.name not in ("base.json", "en.json"):
+            p.unlink()
 
 
 def _copy_explorer_files(out: Path) -> None:
@@ -446,6 +724,20 @@ def _copy_explorer_files(out: Path) -> None:
         target.mkdir(parents=True, exist_ok=True)
         for f in webexplorers.static_files():
             shutil.copy2(f, target / Path(f).name)
+
+
+def _copy_downloads(out: Path, site_figures: dict[str, Path]) -> None:
+    """What the pages link to beside themselves: each figure a notebook page shows (``_figures/``, at full size),
+    each notebook's stripped source (``notebooks/NN_name.ipynb``, beside its page) and the source archive."""
+    figures = out / "_figures"
+    if figures.is_dir():
+        shutil.rmtree(figures)
+    figures.mkdir(parents=True)
+    for name, png in site_figures.items():
+        shutil.copy2(png, figures / name)
+    for src in notebooks():
+        shutil.copy2(src, out / "notebooks" / src.name)
+    _write_archive(out)
 
 
 def _env() -> dict:
@@ -468,7 +760,8 @@ def build(smoke: bool = False, out: str | os.PathLike | None = None, run_missing
     src_dir = base / "site-src"
     start = time.perf_counter()
     executed = executed_notebooks(smoke=smoke, run_missing=run_missing)
-    stage(executed, src_dir, smoke=smoke)
+    site_figures: dict[str, Path] = {}
+    stage(executed, src_dir, smoke=smoke, site_figures=site_figures)
     warnings_file = out.parent / f"{out.name}-warnings.txt"
     doctrees = out.parent / f"{out.name}-doctrees"  # Sphinx's cache, beside the site (not published with it)
     out.mkdir(parents=True, exist_ok=True)
@@ -479,6 +772,7 @@ def build(smoke: bool = False, out: str | os.PathLike | None = None, run_missing
         raise SystemExit(f"sphinx-build failed (exit {proc.returncode}); its warnings are in {warnings_file}")
     _prune_mathjax(out)
     _copy_explorer_files(out)
+    _copy_downloads(out, site_figures)
     seconds = time.perf_counter() - start
     warnings = [w for w in warnings_file.read_text().splitlines() if "WARNING" in w or "ERROR" in w]
     return {"out": out, "seconds": round(seconds, 1), "bytes": _size(out),

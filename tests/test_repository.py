@@ -104,6 +104,8 @@ def test_exercises_have_hidden_solutions_and_asserts(path):
     assert solutions and all(c.metadata.get("jupyter", {}).get("source_hidden") for c in solutions)
     checks = [c for c in nb.cells if c.get("id", "").startswith("lab-ex") and c.id.endswith("-check")]
     assert len(checks) == len(solutions) and all("assert " in c.source for c in checks)
+    # A check prints its verdict (ropelab.figures.checked), never the answer it checked: the site shows its output.
+    assert all("checked(" in c.source for c in checks), path.name
 
 
 def test_pre_save_hook_strips_a_run_notebook_back_to_the_committed_bytes(tmp_path):

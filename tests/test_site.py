@@ -18,6 +18,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import threading
 import time
 import urllib.parse
@@ -28,6 +29,7 @@ import pytest
 from _browser import chromium, missing
 
 from ropelab import manifest
+from ropelab.paths import REPO
 
 try:
     import myst_nb  # noqa: F401  (the site extra)
@@ -113,9 +115,27 @@ def _page(browser, base: str):
     return page
 
 
-LINKS_JS = """() => ({
+LINKS_JS = """repo => ({
   links: [...document.querySelectorAll('a[href]')].map(a => a.href),
-  images: [...document.querySelectorAll('img')].map(i => ({src: i.src, ok: i.complete && i.naturalWidth > 0})),
+  images: [...document.querySelectorAll('img')].map(i => ({src: i.src, ok: i.complete && i.naturalWidth > 0,
+    alt: i.getAttribute('alt')})),
+  text: document.body.innerText,
+  rows: [...document.querySelectorAll('article table tr')].map(tr => [...tr.cells].map(c => c.innerText.trim())),
+  // the build machine's checkout path anywhere in the page, attributes and scripts included
+  hasRepo: document.documentElement.outerHTML.includes(repo),
+  icon: !!document.querySelector('link[rel="icon"]'),
+  copyButtons: !!document.querySelector('script[src*="copybutton"]'),
+  // Text a reader sees outside math, code and scripts: where a $...$ left unparsed would show as raw TeX.
+  prose: (() => {
+    const skip = 'script, style, pre, code, .math, mjx-container, .ropelab-webexplorer, textarea';
+    const out = [], walker = document.createTreeWalker(document.querySelector('article') || document.body,
+                                                       NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) {
+      const n = walker.currentNode;
+      if (!n.parentElement.closest(skip)) out.push(n.textContent);
+    }
+    return out.join('');
+  })(),
   ids: [...document.querySelectorAll('[id]')].map(e => e.id),
   banner: [...document.querySelectorAll('.ropelab-banner a')].map(a => a.href),
   bannerText: [...document.querySelectorAll('.ropelab-banner')].map(b => b.innerText).join(' '),
@@ -136,7 +156,7 @@ def crawl(served, browser):
             seen.add(url)
             page.problems = []
             page.goto(url, wait_until="load")
-            found = page.evaluate(LINKS_JS)
+            found = page.evaluate(LINKS_JS, str(REPO))
             pages[url] = {**found, "problems": list(page.problems)}
             for link in found["links"]:
                 target = urllib.parse.urldefrag(link).url
@@ -153,7 +173,7 @@ def test_every_notebook_is_a_page_with_outputs_and_figures(built, crawl, served)
     for stem in NOTEBOOKS:
         url = f"{served}/notebooks/{stem}.html"
         assert url in crawl, f"{stem}: no page reachable from the front page"
-        figures = [i for i in crawl[url]["images"] if "/_images/" in i["src"]]
+        figures = [i for i in crawl[url]["images"] if "/_figures/" in i["src"]]
         assert figures, f"{stem}: its page shows no figure"
     html = (Path(built["out"]) / "notebooks" / f"{NOTEBOOKS[0]}.html").read_text()
     assert "cell_output" in html, "the notebook page has no cell outputs"
@@ -227,6 +247,9 @@ def test_every_notebook_page_links_to_the_previous_and_next_notebook(crawl, serv
             assert f"{served}/notebooks/{other}.html" in links, f"{stem}: no link to {other}"
         text = crawl[url]["bannerText"]
         assert "make lab" in text and f"notebooks/{stem}.ipynb" in text, f"{stem}: no run-it-locally banner: {text!r}"
+        # its notebook to download (the stripped source; the link check fetches it) and the source archive
+        assert f"{served}/notebooks/{stem}.ipynb" in links, f"{stem}: no .ipynb to download"
+        assert f"{served}/index.html#get-the-code" in links, f"{stem}: no link to the source"
 
 
 # Resolves after two animation frames: the explorers redraw on the next one after a change.
@@ -271,11 +294,223 @@ def test_every_explorer_responds_on_its_notebook_page_with_no_kernel(browser, se
                     after = root.evaluate(state)
                     moved.append((after[0] != before[0], after[1] != before[1]))
                 assert moved, f"{stem}, explorer {i}: no control"
+                # Each plot keeps the size it draws at: the theme's CSS must not restyle it (Bootstrap's .ratio
+                # once stretched notebook 07's "ratio" plot and moved its frame).
+                sizes = root.evaluate("r => [...r.querySelectorAll('svg.ropelab-plot')].map(s => [+s.getAttribute("
+                                      "'width'), s.getBoundingClientRect().width, s.className.baseVal])")
+                bad = [sz for sz in sizes if sz[0] and abs(sz[0] - sz[1]) > 1]
+                assert not bad, f"{stem}, explorer {i}: plots drawn at another size than their own: {bad}"
                 assert any(number and figure for number, figure in moved), \
                     f"{stem}, explorer {i}: no control changed both the printed number and the figure: {moved}"
             assert not page.problems, page.problems
         finally:
             page.close()
+
+
+# What a reader meets on the pages: the crawl's text and images, and each notebook page at a desktop and a phone
+# width (the review that asked for these read the site at 1280 x 900 and 390 x 844).
+WIDTHS = (1280, 390)
+FILE_NAME = re.compile(r"(\.(png|svg|jpe?g)$)|(^[0-9]{2}_\w+$)|_images/|_figures/")
+# An absolute path of the build machine: this checkout, or a typical home of one (/work/..., /home/..., /tmp/...).
+ABSOLUTE = re.compile(r"(?<![\w.:/])/(?:work|check|home|root|tmp|Users|opt|usr)/[\w.-]+/")
+RAW_TEX = re.compile(r"\$[^$\s][^$]*?\$")
+
+BLOCKS_JS = """() => {
+  // Code and output blocks of the article: one is clipped when its content is wider than its box and the box
+  // neither wraps nor scrolls, or when the box itself runs past the article's right edge.
+  const article = document.querySelector('article.bd-article');
+  const right = article.getBoundingClientRect().right;
+  const clipped = [];
+  for (const el of article.querySelectorAll('div.cell_input pre, div.cell_output pre, div.highlight pre, '
+                                             + 'div.cell_output .output, table')) {
+    if (!el.checkVisibility()) continue;  // inside a collapsed block: not shown
+    const r = el.getBoundingClientRect(), style = getComputedStyle(el);
+    let scroller = el;  // a table scrolls inside its wrapper
+    while (scroller !== article && !['auto', 'scroll'].includes(getComputedStyle(scroller).overflowX))
+      scroller = scroller.parentElement;
+    const scrolls = scroller !== article && scroller.getBoundingClientRect().right <= right + 1;
+    const wide = el.scrollWidth > el.clientWidth + 1 || r.right > right + 1;
+    const table = el.tagName === 'TABLE' || (el.querySelector('table') && !el.querySelector('pre'));
+    if (wide && !(scrolls && table)) {  // a table may scroll in its box; code and text must wrap
+      clipped.push(`${el.tagName.toLowerCase()}.${el.className}: ${el.scrollWidth} px in ${el.clientWidth} px, `
+                   + `right edge ${Math.round(r.right)} of ${Math.round(right)}: ${el.innerText.slice(0, 60)}`);
+    }
+  }
+  const figures = [...article.querySelectorAll('img')].filter(i => !i.closest('.ropelab-webexplorer')).map(i => ({
+    src: i.src, natural: i.naturalWidth, shown: i.getBoundingClientRect().width,
+    zoom: !!i.closest('a.ropelab-zoom') && i.closest('a.ropelab-zoom').href === i.src}));
+  const runtime = [...article.querySelectorAll('p')].map(p => p.innerText).filter(t => t.startsWith('Run time.'));
+  return {clipped, figures, runtime};
+}"""
+
+SOLUTIONS_JS = """() => {
+  // checkVisibility: false inside a closed <details> (its content is content-visibility: hidden in Chromium)
+  const shown = el => !!el && el.checkVisibility({visibilityProperty: true})
+    && el.getBoundingClientRect().height > 0;
+  return [...document.querySelectorAll('.tag_ropelab-solution')].map(cell => ({
+    summary: (cell.querySelector('summary') || {innerText: ''}).innerText.trim(),
+    visible: shown(cell.querySelector('.cell_input pre')),
+  }));
+}"""
+
+
+@pytest.fixture(scope="module")
+def notebook_views(browser, served):
+    """Each notebook page at each of :data:`WIDTHS`: its clipped blocks, its figures' natural and shown widths and
+    whether each opens at full size, its run-time note; at the first width, its solutions before and after a click
+    on each "Solution" control, and its checks' printed outputs."""
+    t0, views = time.perf_counter(), {}
+    for width in WIDTHS:
+        page = browser.new_page(viewport={"width": width, "height": 900 if width > 600 else 844})
+        try:
+            for stem in NOTEBOOKS:
+                page.goto(f"{served}/notebooks/{stem}.html", wait_until="load")
+                page.wait_for_function("() => [...document.images].every(i => i.complete)", timeout=30_000)
+                view = page.evaluate(BLOCKS_JS)
+                if width == WIDTHS[0]:
+                    view["solutions_before"] = page.evaluate(SOLUTIONS_JS)
+                    view["checks"] = page.locator(".tag_ropelab-check .cell_output").all_inner_texts()
+                    for summary in page.locator(".tag_ropelab-solution summary").all():
+                        summary.click()
+                    view["solutions_after"] = page.evaluate(SOLUTIONS_JS)
+                views[(stem, width)] = view
+        finally:
+            page.close()
+    print(f"notebook pages at {WIDTHS} px: {time.perf_counter() - t0:.1f} s")
+    return views
+
+
+@in_browser
+def test_no_raw_dollar_math_in_the_text(crawl):
+    # "Answer." and "In one line." paragraphs are markdown outputs of code: their $...$ must render as math too.
+    raw = {url: RAW_TEX.findall(p["prose"])[:5] for url, p in crawl.items() if RAW_TEX.search(p["prose"])}
+    assert not raw, raw
+
+
+@in_browser
+def test_no_absolute_build_path_on_any_page(crawl):
+    found = {url: sorted(set(ABSOLUTE.findall(p["text"])))[:5] or [str(REPO)] for url, p in crawl.items()
+             if ABSOLUTE.search(p["text"]) or p["hasRepo"]}
+    assert not found, found
+
+
+# What a library prints on stderr (transformers' config notices, Python's warnings) is not part of a page.
+LIBRARY_WARNING = re.compile(r"\[transformers\]|\b(User|Deprecation|Future|Runtime)Warning\b")
+
+
+@in_browser
+def test_no_library_warning_on_any_page(crawl):
+    found = {url: LIBRARY_WARNING.findall(p["text"])[:3] for url, p in crawl.items()
+             if "/notebooks/" in url and LIBRARY_WARNING.search(p["text"])}
+    assert not found, found
+
+
+@in_browser
+def test_copy_buttons_citation_favicon_and_speech_maps(crawl, served, built):
+    front = crawl[f"{served}/index.html"]
+    assert "@software{ropelab," in front["text"], "no citation block on the front page"
+    assert f"{served}/ropelab-src.tar.gz" in front["links"], "no source archive to get the code from"
+    assert front["icon"], "no favicon"
+    assert crawl[f"{served}/notebooks/{NOTEBOOKS[0]}.html"]["copyButtons"], "no copy buttons"
+    # the archive is the source tree a reader can run: the Makefile and the notebooks under ropelab/
+    import tarfile
+
+    with tarfile.open(Path(built["out"]) / "ropelab-src.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"ropelab/Makefile", "ropelab/pyproject.toml", *(f"ropelab/notebooks/{s}.ipynb" for s in NOTEBOOKS)} <= names
+    # MathJax's speech rule engine (its menu's speech and explorer) loads these; they were 404s.
+    maps = Path(built["out"]) / "_static" / "mathjax" / "sre" / "mathmaps"
+    assert (maps / "base.json").is_file() and (maps / "en.json").is_file()
+
+
+@in_browser
+def test_every_image_has_alt_text_that_is_not_a_file_name(crawl):
+    bad = [f"{url}: {i['src']} alt={i['alt']!r}" for url, p in crawl.items() for i in p["images"]
+           if not (i["alt"] or "").strip() or FILE_NAME.search(i["alt"].strip())]
+    assert not bad, "\n".join(bad[:20])
+
+
+@in_browser
+def test_the_map_shows_a_key_figure_for_every_notebook(crawl, served):
+    figures = [i for i in crawl[f"{served}/index.html"]["images"] if "_images/" in i["src"] and i["ok"]]
+    assert len(figures) >= len(NOTEBOOKS), [i["src"] for i in figures]
+
+
+@in_browser
+def test_solutions_stay_hidden_until_asked_for_and_no_check_prints_an_answer(notebook_views):
+    from ropelab.figures import CHECK_ON_SOLUTION, CHECK_PASSED
+
+    total = 0
+    for stem in NOTEBOOKS:
+        view = notebook_views[(stem, WIDTHS[0])]
+        want = sum("".join(c["source"]).startswith("# Solution") for c in _source(stem)["cells"])
+        before, after = view["solutions_before"], view["solutions_after"]
+        assert len(before) == want, f"{stem}: {len(before)} solutions behind a control, the notebook has {want}"
+        assert all(s["summary"] == "Solution" for s in before), f"{stem}: {before}"
+        assert not any(s["visible"] for s in before), f"{stem}: a solution shows before its control is used"
+        assert all(s["visible"] for s in after), f"{stem}: a solution does not open from its control"
+        # The checks ran on the solution: each prints the verdict only, never the value it checked.
+        assert len(view["checks"]) == want, f"{stem}: {len(view['checks'])} check outputs for {want} exercises"
+        for text in view["checks"]:
+            assert text.strip() in (CHECK_ON_SOLUTION, CHECK_PASSED) or text.startswith("no Triton here"), \
+                f"{stem}: a check prints more than its verdict: {text!r}"
+        total += want
+    assert total >= 20, total
+
+
+@in_browser
+def test_no_code_or_output_block_is_clipped(notebook_views):
+    clipped = {f"{stem} at {width} px": v["clipped"][:3] for (stem, width), v in notebook_views.items()
+               if v["clipped"]}
+    assert not clipped, clipped
+
+
+@in_browser
+def test_figures_are_legible_or_open_at_full_size(notebook_views, browser, served):
+    # Shown at 60 % of its natural width or more, a figure's text keeps a readable size; smaller, it must open at
+    # full size (a link to its own PNG, which ropelab.js shows in a lightbox).
+    small, count = [], 0
+    for (stem, width), v in notebook_views.items():
+        for f in v["figures"]:
+            count += 1
+            if f["shown"] < 0.6 * f["natural"] and not f["zoom"]:
+                small.append(f"{stem} at {width} px: {f['src']} shown {f['shown']:.0f} of {f['natural']} px")
+    assert count and not small, small
+    for width in WIDTHS:  # how many are shown below 60 % of their size (they open at full size): for the log
+        shown = [f["shown"] / f["natural"] for (_, w), v in notebook_views.items() if w == width for f in v["figures"]]
+        print(f"at {width} px: {sum(r < 0.6 for r in shown)} of {len(shown)} figures below 60 % of their size, "
+              f"smallest {min(shown):.0%}")
+    # The lightbox does show the figure at its natural size.
+    page = _page(browser, served)
+    try:
+        page.goto(f"{served}/notebooks/{NOTEBOOKS[0]}.html", wait_until="load")
+        page.locator("a.ropelab-zoom").first.click()
+        box = page.locator(".ropelab-lightbox img")
+        box.wait_for(timeout=10_000)
+        page.wait_for_function("() => document.querySelector('.ropelab-lightbox img').complete")
+        natural, shown = box.evaluate("i => [i.naturalWidth, i.getBoundingClientRect().width]")
+        assert natural > 0 and abs(shown - natural) <= 1, (natural, shown)
+        page.keyboard.press("Escape")
+        assert page.locator(".ropelab-lightbox").count() == 0
+        assert not page.problems, page.problems
+    finally:
+        page.close()
+
+
+@in_browser
+def test_every_pages_run_time_is_the_maps(notebook_views, crawl, served):
+    # One source: figures/runs.json, which the map's table and each page's note are rendered from at build time.
+    rows = crawl[f"{served}/index.html"]["rows"]
+    for stem in NOTEBOOKS:
+        notes = notebook_views[(stem, WIDTHS[0])]["runtime"]
+        assert len(notes) == 1, f"{stem}: {len(notes)} run-time notes"
+        took = re.search(r"took (\d+ s(?: \([\d.]+ min\))?)", notes[0])
+        assert took, notes[0]
+        # The map's table (notebook, full run, headline) and the reading path's (step, notebook, builds on, to read,
+        # full run) both give it.
+        times = [r[1] for r in rows if len(r) == 3 and r[0] == stem[:2]]
+        times += [r[4] for r in rows if len(r) == 5 and r[1].startswith(f"{stem[:2]} ·")]
+        assert len(times) == 2 and set(times) == {took.group(1)}, (stem, took.group(1), times)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -313,6 +548,16 @@ def test_a_staged_notebook_gets_its_banner_figures_and_links(tmp_path):
     before = src.read_bytes()
     nb = _source(src.stem)
     saving = next(c for c in nb["cells"] if c["cell_type"] == "code" and '"00_pair_rotation"' in "".join(c["source"]))
+    solution = next(c for c in nb["cells"] if "".join(c["source"]).startswith("# Solution"))
+    check = next(c for c in nb["cells"] if c.get("id", "").endswith("-check"))
+    injected = {"cell_type": "code", "id": "inj", "metadata": {"tags": [site.INJECTED_TAG]}, "outputs": [],
+                "source": f"SMOKE = True\nFIGURES_DIR = '{manifest.REPO}/build/smoke/figures'"}
+    nb["cells"].insert(3, injected)
+    runtime = next(c for c in nb["cells"] if "runtime_note(" in "".join(c["source"]))
+    runtime["outputs"] = [{"output_type": "display_data", "metadata": {},
+                           "data": {"text/markdown": "**Run time.** stale: 1 s", "text/plain": "x"}}]
+    stream = {"output_type": "stream", "name": "stdout", "text": f"losses: {manifest.REPO}/data/lm/x.pt\n"}
+    saving["outputs"] = [stream]
     explorer = next(c for c in nb["cells"] if "explorers.LadderExplorer()" in "".join(c["source"]))
     explorer["outputs"] = [{"output_type": "display_data", "metadata": {},
                             "data": {site.WIDGET_MIME: {"model_id": "x"}, "text/plain": "VBox(...)"}}]
@@ -325,13 +570,36 @@ def test_a_staged_notebook_gets_its_banner_figures_and_links(tmp_path):
     assert site.BANNER_CLASS in banner and "make lab" in banner and f"notebooks/{src.name}" in banner
     assert "smoke run" in banner and f"({manifest.notebooks()[1].name})" in banner and "(../index.md)" in banner
     staged = next(c for c in cells if c.get("id") == saving.get("id"))
-    assert any("image/png" in o.get("data", {}) for o in staged["outputs"]), "the saved figure is not shown"
+    shown = [o["data"]["text/html"] for o in staged["outputs"] if "text/html" in o.get("data", {})]
+    assert any('src="../_figures/00_pair_rotation.png"' in h and 'class="ropelab-zoom"' in h for h in shown), \
+        "the saved figure is not shown, in a link to its full size"
+    assert all('alt="Figure: ' in h and 'alt="00_pair_rotation' not in h for h in shown), shown
+    assert staged["outputs"][0]["text"] == "losses: data/lm/x.pt\n", "an absolute path is left in an output"
+    assert "inj" not in {c.get("id") for c in cells}, "the runner's injected cell is on the page"
+    assert site.LAB_HOW_TO_RUN not in {c.get("id") for c in cells}, "the lab's how-to-run notes are on the page"
+    runtime_out = next(c for c in cells if c.get("id") == runtime.get("id"))["outputs"]
+    from ropelab.figures import load_runs, runtime_text
+
+    assert runtime_out[0]["data"]["text/markdown"] == "**Run time.** " + runtime_text(src.stem, load_runs())
+    sol = next(c for c in cells if c.get("id") == solution.get("id"))["metadata"]
+    assert "hide-input" in sol["tags"] and sol["mystnb"]["code_prompt_show"] == "Solution"
+    assert "hide-input" in next(c for c in cells if c.get("id") == check.get("id"))["metadata"]["tags"]
     outputs = next(c for c in cells if c.get("id") == explorer.get("id"))["outputs"]
     assert not any(site.WIDGET_MIME in o.get("data", {}) for o in outputs), "a widget output is left for no kernel"
     assert "widgets" not in page["metadata"]
     text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    assert "](index.ipynb)" not in text and "](../README.md)" not in text and "](../readme.md)" in text
+    assert "](index.ipynb)" not in text and "](../README.md)" not in text and "](../index.md)" in text
     assert "figures/00_explore_ladder.png" in images
+
+
+def test_alt_text_is_the_figures_own_titles():
+    from ropelab import site
+
+    # read from the SVG beside the PNG: the title (with its d), not the file name's words
+    assert site.figure_caption(manifest.FIGURES_DIR / "00_frequency_ladder.png").startswith(
+        "Figure: frequency ladder, d = ")
+    caption = site.figure_caption(manifest.FIGURES_DIR / "00_cos_sin_tables.png")
+    assert "cos(m" in caption and "sin(m" in caption and "$" not in caption
 
 
 @pytest.mark.parametrize("target, want", [

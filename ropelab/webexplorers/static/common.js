@@ -175,6 +175,7 @@ export function lineChart(svg, opts) {
   while (svg.firstChild) svg.removeChild(svg.firstChild);
   const W = opts.width || 420, H = opts.height || 300;
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  if (opts.title) svg.setAttribute("aria-label", opts.title);  // what a screen reader says for the plot
   svg.setAttribute("width", W);
   svg.setAttribute("height", H);
   const m = { l: opts.ylabel ? 62 : 20, r: 12, t: opts.title ? 36 : 12, b: opts.xlabel ? 42 : 16 };
@@ -297,9 +298,11 @@ export function scaffold(model, el, spec, redraw, extra = []) {
   controls.style.cssText = "display:flex;flex-wrap:wrap;gap:6px 18px;font:13px sans-serif;margin-bottom:4px";
   const readout = document.createElement("pre");
   readout.className = "ropelab-readout";
+  readout.setAttribute("aria-live", "polite");  // a screen reader hears the new numbers when a control moves
   readout.style.cssText = "font:13px monospace;margin:4px 0;white-space:pre-wrap";
   const error = document.createElement("div");
   error.className = "ropelab-error";
+  error.setAttribute("role", "alert");
   error.style.cssText = "color:#b00;font:12px sans-serif";
   const figure = document.createElement("div");
   figure.className = "ropelab-figure";
@@ -390,7 +393,9 @@ export function scaffold(model, el, spec, redraw, extra = []) {
 }
 
 export function newSvg(parent, cls) {
-  const s = svgEl("svg", { class: cls });
+  // Prefixed: a page's own CSS must not style the plot (the site's theme ships Bootstrap, whose .ratio stretched
+  // notebook 07's "ratio" plot to the column and moved its frame).
+  const s = svgEl("svg", { class: `ropelab-plot ropelab-plot-${cls}`, role: "img", "aria-label": `${cls} plot` });
   parent.append(s);
   return s;
 }
