@@ -73,8 +73,11 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     # sliding-window layers with their own base, linear scaling on the global layers only (Gemma 3 4B's), in
     # Gemma 3's 5:1 layer pattern: llama.cpp assumes that pattern (load_swa_pattern(ml, 6)), the converter does
     # not write it, so a model with another layer_types is misread (see tests/test_engines_gguf.py).
+    # query_pre_attn_scalar = head_dim as in Gemma 3 1B-12B (256 = 256): llama.cpp scales q by 1/sqrt(head_dim)
+    # whatever the config says (llama_model_gemma3::load_arch_hparams, f_attention_scale), and transformers' default
+    # 256 on this 16-wide head would differ in the attention scale, not in RoPE.
     "gemma3": ("Gemma3TextConfig", {
-        "head_dim": 16, "sliding_window": 32, "num_hidden_layers": 6,
+        "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 32, "num_hidden_layers": 6,
         "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                             "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}}}),
@@ -146,12 +149,30 @@ def save_tiny_model(family: str, path: str | Path, *, seed: int = 0, **overrides
     model_cls = (transformers.AutoModelForImageTextToText if cls_name in _VISION
                  else transformers.AutoModelForCausalLM)
     model = model_cls.from_config(config, dtype=torch.float32)
+    _scale_weights(model, seed)
     model.save_pretrained(path)
     (path / "tokenizer.model").write_bytes(tokenizer_model())
     (path / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
          "add_bos_token": True, "add_eos_token": False}, indent=2))
     return path
+
+
+def _scale_weights(model, seed: int) -> None:
+    """Redraw the weights so that attention depends on position strongly enough for a wrong RoPE to show in the
+    logits (transformers' default std 0.02 leaves attention nearly uniform): every matrix N(0, 1/fan_in)
+    (embeddings N(0, 1)), every vector its default plus N(0, 0.1^2) (norm weights stay near their neutral 1, or 0
+    for the (1 + w) norms; biases near 0). Seeded: the same weights every call."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2:
+                std = 1.0 if "embed" in name else p.shape[-1] ** -0.5
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+            else:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
 
 
 def config_dict(path: str | Path) -> Mapping[str, Any]:
