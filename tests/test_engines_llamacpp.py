@@ -1,17 +1,8 @@
 r"""llama.cpp running (ropelab.engines.llamacpp_run, the llama-cpp-py-sync wheel's libllama.so, b11739) on the GGUF
 files llama.cpp's own converter wrote from every tiny family (the `converted` fixture of conftest.py, shared with
-tests/test_engines_gguf.py), against transformers' float64 forward of the same weights.
-
-The bound. llama.cpp computes in float32 (ropelab.engines.llamacpp_run keeps the K/V cache in float32 and flash
-attention off). Every value is a dot product or sum of at most K rounded terms, K = hidden + intermediate +
-n_tokens (a projection, the MLP's down projection, the attention average), so each block adds a relative error of
-at most gamma_K (Higham; u = 2^-24) along the residual stream, which RMSNorm keeps relative. To first order the
-logit error is then at most (L + 1) gamma_K S, with S = max_v sum_j |W_out[v, j]| |h_L[j]| (h_L the oracle's final
-normed hidden state, times the logit scale where the model has one): the largest sum of |terms| of the output
-projection. One op is not float32: ggml's CPU GELU reads a float16 table (ggml/src/ggml-cpu/vec.h, GGML_GELU_FP16,
-lines 46 and 1000-1013 at the converter's llama.cpp 0c1e570): the input is rounded to float16 and so is the output,
-|error| <= (max|gelu'| + 1) |x| u16 <= 2.2 |x| 2^-11; for the GELU families (Gemma 3) that term joins gamma_K. A
-wrong RoPE moves the logits by orders of magnitude more (a theta changed, a layer's scaling lost: 0.1 to 1).
+tests/test_engines_gguf.py), against transformers' float64 forward of the same weights, within the float32 bound
+derived in ropelab.engines.parity (Higham's gamma_K per block along the residual stream, times the output
+projection's sum of |terms|; plus ggml's float16 GELU table for the GELU families).
 
 A family where llama.cpp differs from transformers is a finding: the test names the cause and checks it, running
 transformers on the model as llama.cpp reads it (the cause's config change) and finding llama.cpp's logits within
@@ -26,13 +17,12 @@ import os
 
 import numpy as np
 import pytest
-import torch
-from _helpers import EXTRA_MODELS, gamma
+from _helpers import EXTRA_MODELS
 
 pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
-from ropelab.engines import check, llamacpp_run  # noqa: E402
+from ropelab.engines import check, llamacpp_run, parity  # noqa: E402
 from ropelab.engines.gguf import allocated_context, read_gguf  # noqa: E402
 from ropelab.engines.tiny import FAMILIES, VOCAB_SIZE  # noqa: E402
 
@@ -42,9 +32,7 @@ if not llamacpp_run.available():
     if os.environ.get("ROPELAB_ALLOW_NO_LLAMACPP") == "1":
         pytest.skip(f"llama-cpp-py-sync=={llamacpp_run.LLAMA_CPP_PY_SYNC} is not installed", allow_module_level=True)
 
-N_TOKENS = 24
-U16 = 2.0 ** -11
-_GELU = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+N_TOKENS = parity.N_TOKENS
 
 # name -> (context requested from llama.cpp (None: len(tokens)), None for "agrees with transformers", or the cause:
 # (words with file and line at the converter's llama.cpp commit 0c1e570, transformers config changes that make the
@@ -75,44 +63,7 @@ def _model_of(name: str) -> str:
 
 
 def token_ids() -> list[int]:
-    return torch.randint(3, VOCAB_SIZE, (N_TOKENS,), generator=torch.Generator().manual_seed(7)).tolist()
-
-
-def _text(cfg):
-    return getattr(cfg, "text_config", None) or cfg
-
-
-def hf_forward(model_dir, ids, changes=None) -> tuple[torch.Tensor, float, object]:
-    """transformers' float64 logits of the saved model (its config changed by ``changes``: keys merged into
-    rope_parameters, others set), S of the bound, and the text config."""
-    config = transformers.AutoConfig.from_pretrained(model_dir)
-    text = _text(config)
-    for key, value in (changes or {}).items():
-        if key == "rope_parameters":
-            text.rope_parameters = {**text.rope_parameters, **value}
-        else:
-            setattr(text, key, value)
-    cls = (transformers.AutoModelForImageTextToText if hasattr(config, "vision_config")
-           else transformers.AutoModelForCausalLM)
-    model = cls.from_pretrained(model_dir, config=config, dtype=torch.float64).eval()
-    with torch.no_grad():
-        out = model(torch.tensor([ids]), output_hidden_states=True)
-    logits = out.logits[0]
-    h = out.hidden_states[-1][0]  # the final normed hidden state
-    w = model.get_output_embeddings().weight
-    scale = float(getattr(text, "logit_scale", None) or 1.0)
-    # S is only the right quantity when the logits are that projection: check it (float64, far below the bound).
-    torch.testing.assert_close(scale * h @ w.T, logits, rtol=1e-9, atol=1e-9)
-    s = float(((h.abs() @ w.detach().abs().T) * abs(scale)).amax())
-    return logits, s, text
-
-
-def bound(text, s: float) -> float:
-    inter = max(v for k, v in text.to_dict().items() if k.endswith("intermediate_size") and isinstance(v, int))
-    k = text.hidden_size + inter + N_TOKENS
-    act = getattr(text, "hidden_activation", None) or getattr(text, "hidden_act", "")
-    u_act = 2.2 * U16 if act in _GELU else 0.0
-    return (text.num_hidden_layers + 1) * (gamma(k, torch.float32) + u_act) * s
+    return parity.token_ids(VOCAB_SIZE)
 
 
 _RUNS: dict = {}
@@ -133,25 +84,20 @@ def test_case_list_covers_every_family_and_extra():
 @pytest.mark.parametrize("name", list(CASES))
 def test_llama_cpp_runs_as_transformers_or_as_the_named_cause(converted, name):
     n_ctx, cause = CASES[name]
-    model_dir, _ = converted[_model_of(name)]
-    ids = token_ids()
+    model_dir, path = converted[_model_of(name)]
     run = llama(converted, name)
-    got = torch.from_numpy(run.logits).double()
-    ref, s, text = hf_forward(model_dir, ids)
-    b = bound(text, s)
-    err = (got - ref).abs().max().item()
-    print(f"{name}: n_ctx {run.info['n_ctx']}, max |llama.cpp - transformers float64| = {err:.3e}, bound {b:.3e} "
-          f"(ratio {err / b:.2e}), max |logit| {ref.abs().max():.2f}")
-    assert got.shape == ref.shape == (N_TOKENS, VOCAB_SIZE)
+    r = parity.compare(model_dir, path, ids=token_ids(), run=run)
+    print(f"{name}: n_ctx {r['n_ctx']}, max |llama.cpp - transformers float64| = {r['max_err']:.3e}, bound "
+          f"{r['bound']:.3e} (ratio {r['ratio']:.2e}), max |logit| {r['max_abs_logit']:.2f}")
+    assert run.logits.shape == (N_TOKENS, VOCAB_SIZE)
     if cause is None:
-        assert err <= b
+        assert r["status"] == "agree", r
         return
     words, changes = cause
-    assert err > 3 * b, f"{name}: expected a difference ({words}), got {err:.3e} <= 3 x bound {b:.3e}"
-    ref2, s2, text2 = hf_forward(model_dir, ids, changes)
-    err2 = (got - ref2).abs().max().item()
-    print(f"  as llama.cpp reads it ({changes}): max err {err2:.3e}, bound {bound(text2, s2):.3e}")
-    assert err2 <= bound(text2, s2), words
+    assert r["status"] == "differ", (words, r)
+    r2 = parity.compare(model_dir, path, ids=token_ids(), run=run, changes=changes)
+    print(f"  as llama.cpp reads it ({changes}): max err {r2['max_err']:.3e}, bound {r2['bound']:.3e}")
+    assert r2["status"] == "agree", (words, r2)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -28,11 +28,11 @@ refused: a :class:`~ropelab.engines.reading.ReadError` carrying llama.cpp's own 
 caller.
 
 **glibc.** The wheel is tagged ``manylinux2014`` (glibc 2.17) but its libraries require the symbol version
-``GLIBC_2.38`` for five C23 entry points only (``__isoc23_strtol``, ``__isoc23_strtoul``, ``__isoc23_strtoull``,
+``GLIBC_2.38`` for four C23 entry points only (``__isoc23_strtol``, ``__isoc23_strtoul``, ``__isoc23_strtoull``,
 ``__isoc23_sscanf``; measured with ``objdump -T`` on 0.11739). On an older glibc (Debian 12 has 2.36) the
 dynamic loader refuses them. :func:`runtime_dir` then makes a copy of the wheel's libraries under
 ``build/engines/`` in which those version requirements are marked weak (``VER_FLG_WEAK`` in ``.gnu.version_r``,
-which glibc's loader accepts when the version is missing) and compiles a shim (``gcc``) that defines the five
+which glibc's loader accepts when the version is missing) and compiles a shim (``gcc``) that defines the four
 symbols by calling their C17 counterparts (``strtol`` ...; they differ only on C23's ``0b`` binary prefix,
 which nothing llama.cpp parses from a GGUF file uses), loaded first with ``RTLD_GLOBAL``. On glibc >= 2.38 the
 wheel's own directory is used unchanged.
@@ -205,8 +205,9 @@ def _check_args(path, tokens, n_ctx, n_threads):
     if len(tokens) > MAX_TOKENS:
         raise ValueError(f"tokens must hold at most {MAX_TOKENS} ids (one batch), got {len(tokens)}.")
     n_ctx = len(tokens) if n_ctx is None else n_ctx
-    if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or not len(tokens) <= n_ctx <= MAX_CTX:
-        raise ValueError(f"n_ctx must be an int in [len(tokens) = {len(tokens)}, {MAX_CTX}], got {n_ctx!r}.")
+    if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or not (n_ctx == 0 or len(tokens) <= n_ctx <= MAX_CTX):
+        raise ValueError(f"n_ctx must be 0 (llama.cpp's default: the file's context_length) or an int in "
+                         f"[len(tokens) = {len(tokens)}, {MAX_CTX}], got {n_ctx!r}.")
     if not isinstance(n_threads, int) or isinstance(n_threads, bool) or n_threads < 1:
         raise ValueError(f"n_threads must be a positive int, got {n_threads!r}.")
     return path, [int(t) for t in tokens], n_ctx
@@ -214,7 +215,8 @@ def _check_args(path, tokens, n_ctx, n_threads):
 
 def run(gguf_path, tokens: Sequence[int] | None = None, *, n_ctx: int | None = None, n_threads: int = 1,
         timeout: float = 120.0) -> RunResult:
-    """Load ``gguf_path`` in llama.cpp, allocate a context of ``n_ctx`` (default ``len(tokens)``) and decode
+    """Load ``gguf_path`` in llama.cpp, allocate a context of ``n_ctx`` (default ``len(tokens)``; 0: llama.cpp's
+    own default, the file's ``context_length``; llama.cpp pads it to a multiple of 256) and decode
     ``tokens`` (no BOS added) at positions ``0 .. n-1`` in one batch; every position's logits.
 
     ``tokens=None`` only loads the model and allocates the context (``logits`` is then empty): what the loader
@@ -230,7 +232,7 @@ def run(gguf_path, tokens: Sequence[int] | None = None, *, n_ctx: int | None = N
         out = Path(tmp) / "logits.npy"
         request = {"path": str(path.resolve()), "tokens": toks, "n_ctx": n_ctx, "n_threads": n_threads,
                    "lib_dir": str(lib_dir), "out": str(out), "version": LLAMA_CPP_PY_SYNC, "shim": _SHIM_NAME,
-                   "max_logits": MAX_LOGITS}
+                   "max_logits": MAX_LOGITS, "max_ctx": MAX_CTX}
         env = {**os.environ, "OMP_NUM_THREADS": str(n_threads)}
         # The worker is a plain script (numpy and cffi only): no ropelab or torch import in the child.
         cmd = [sys.executable, "-I", str(Path(__file__).with_name("llamacpp_worker.py"))]

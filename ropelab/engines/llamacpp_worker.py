@@ -51,8 +51,14 @@ def _worker(request: dict) -> int:
         return EXIT_REFUSED
     tokens = request["tokens"]
     n = len(tokens)
+    n_ctx = request["n_ctx"] or int(lib.llama_model_n_ctx_train(model))  # 0: llama.cpp's default, n_ctx_train
+    if not max(n, 1) <= n_ctx <= request["max_ctx"]:
+        print(json.dumps({"error": f"a context of {n_ctx} tokens (the file's context_length when n_ctx is 0) must "
+                                   f"lie in [{max(n, 1)}, {request['max_ctx']}]; pass n_ctx."}), flush=True)
+        lib.llama_model_free(model)
+        return 1
     cparams = lib.llama_context_default_params()
-    cparams.n_ctx = request["n_ctx"]
+    cparams.n_ctx = n_ctx
     cparams.n_batch = cparams.n_ubatch = max(n, 1)
     cparams.n_seq_max = 1
     cparams.n_threads = cparams.n_threads_batch = request["n_threads"]

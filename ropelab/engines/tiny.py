@@ -2,7 +2,8 @@ r"""Tiny Hugging Face models built and saved in code, one per RoPE family, for t
 
 :func:`save_tiny_model` writes a model directory that llama.cpp's converter (``convert_hf_to_gguf.py``) accepts
 (tests/test_engines_gguf.py converts every family): a small decoder (2 layers; Gemma 3 6, SmolLM3 4, for their
-layer patterns) with seeded random weights (``config.json`` + ``model.safetensors``) and a
+layer patterns) with seeded random weights (``config.json`` + ``model.safetensors``; matrices N(0, 1/fan_in), so that
+attention depends on position and a wrong RoPE shows in the logits: tests/test_engines_llamacpp.py) and a
 tiny sentencepiece tokenizer (``tokenizer.model``) trained in code on :data:`TEXT`, so nothing is downloaded.
 The converter only accepts tokenizers it recognises; a sentencepiece model goes through its
 ``_set_vocab_sentencepiece`` path for every family here (a BPE ``tokenizer.json`` would need a pre-tokenizer
