@@ -52,4 +52,5 @@ def _convert_all(root):
     dirs = {f: save_tiny_model(f, root / f / "model") for f in FAMILIES}
     for name, (family, overrides) in EXTRA_MODELS.items():
         dirs[name] = save_tiny_model(family, root / name / "model", **overrides)
-    converter.convert_many([(d, root / f"{f}.gguf") for f, d in dirs.items()])
+    # unknown_bpe_pre: the tiny tokenizer of the BPE-vocabulary families (cohere2) is no real model's.
+    converter.convert_many([(d, root / f"{f}.gguf") for f, d in dirs.items()], unknown_bpe_pre="default")

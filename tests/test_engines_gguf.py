@@ -379,3 +379,13 @@ def test_converter_failure_is_a_conversion_error_with_its_output(tmp_path):
         converter.convert(tmp_path, tmp_path / "out.gguf")
     with pytest.raises(converter.ConversionError, match="has no config.json"):
         converter.convert(tmp_path / "absent", tmp_path / "out.gguf")
+
+
+def test_cohere2_rotates_only_its_sliding_layers(converted):
+    """llama.cpp's cohere2 graph applies RoPE only `if (is_swa)` (src/models/cohere2.cpp:89), read from the source into
+    the table; Command R7B's full-attention layer (every 4th) is NoPE, as in transformers. llama.cpp's run agrees
+    with transformers on this family (tests/test_engines_llamacpp.py)."""
+    assert llamacpp_table.ARCHS["cohere2"]["use_rope"]["cpp"] == "(hparams.is_swa(il))"
+    reading = read_gguf(converted["cohere2"][1])
+    assert [s.is_nope for s in reading.layers] == [False, False, False, True]
+    assert any("skips RoPE" in n for n in reading.notes)

@@ -249,7 +249,7 @@ def build(names: Sequence[str] | None = None, *, workdir: str | Path | None = No
         root = Path(workdir) if workdir is not None else Path(tmp)
         dirs = models(root, names)
         ggufs = {n: root / f"{n}.gguf" for n in dirs}
-        convert_many([(d, ggufs[n]) for n, d in dirs.items()])
+        convert_many([(d, ggufs[n]) for n, d in dirs.items()], unknown_bpe_pre="default")  # tiny BPE tokenizers
         rows = {}
         for name, d in dirs.items():
             v = VARIANTS.get(name, dict(family=name, schema="v5", position=None, why=""))

@@ -27,7 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "TEXT", "VOCAB_SIZE", "save_tiny_model", "tiny_config", "tokenizer_model", "config_dict"]
+__all__ = ["FAMILIES", "BPE_VOCAB", "TEXT", "VOCAB_SIZE", "save_tiny_model", "tiny_config", "tokenizer_model",
+           "config_dict"]
 
 # The text the tokenizer is trained on: short, and with every lowercase letter so that any ASCII word encodes.
 TEXT = (
@@ -92,7 +93,20 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     # M-RoPE, interleaved (llama.cpp's IMROPE).
     "qwen3_vl": ("Qwen3VLConfig", {"head_dim": 16, "rope_parameters": {
         "rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True}}),
+    # Command R7B: 3 sliding-window layers with RoPE, then a full-attention layer without it (transformers'
+    # Cohere2 and llama.cpp's cohere2 graph, which rotates only `if (is_swa)`, src/models/cohere2.cpp:89);
+    # interleaved pairs; the output tied to the embeddings (llama.cpp's cohere2 always uses them). The converter
+    # reads the key rotary_pct (conversion/command_r.py:47), which transformers 5 no longer writes (a KeyError
+    # without it), and a BPE vocabulary (tokenizer.json, BPE_VOCAB below).
+    "cohere2": ("Cohere2Config", {"num_hidden_layers": 4, "sliding_window": 32, "tie_word_embeddings": True,
+                                  "rotary_pct": 1.0, "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+                                  "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}),
 }
+
+# Families whose converter class reads a BPE vocabulary (tokenizer.json) rather than tokenizer.model: the saved
+# model gets the same tokenizer as a tokenizer.json too, and ropelab.engines.converter.convert_many needs
+# unknown_bpe_pre for them (the converter knows only real models' BPE pre-tokenizers).
+BPE_VOCAB = ("cohere2",)
 
 # The multimodal families nest the text model's keys under text_config; their vision tower is tiny too.
 _VISION = {
@@ -156,6 +170,8 @@ def save_tiny_model(family: str, path: str | Path, *, seed: int = 0, **overrides
     (path / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
          "add_bos_token": True, "add_eos_token": False}, indent=2))
+    if family in BPE_VOCAB:  # the same tokenizer as transformers' fast one: tokenizer.json with its BPE merges
+        transformers.AutoTokenizer.from_pretrained(path).save_pretrained(path)
     return path
 
 
