@@ -389,3 +389,22 @@ def test_cohere2_rotates_only_its_sliding_layers(converted):
     reading = read_gguf(converted["cohere2"][1])
     assert [s.is_nope for s in reading.layers] == [False, False, False, True]
     assert any("skips RoPE" in n for n in reading.notes)
+
+
+def test_mla_reads_the_rotated_slice_as_the_rope_head(converted, tmp_path):
+    """DeepSeek-V3's multi-head latent attention: the converter writes attention.key_length = kv_lora_rank + n_rot
+    (40, the absorbed form llama.cpp computes in), attention.key_length_mla = qk_nope + qk_rope (24) and
+    rope.dimension_count = qk_rope_head_dim (8). llama.cpp rotates the 8-wide slice q_pe / k_pe; so does transformers
+    (qk_rope_head_dim): the reading's RoPE head is that slice, and ropelab-check agrees (llama.cpp's run agrees with
+    transformers' logits: tests/test_engines_llamacpp.py)."""
+    _, path = converted["deepseek_v3"]
+    reading = read_gguf(path)
+    assert reading.declared  # the rope keys as written
+    assert reading.head_dim == 8 and all(s.rotary_dim in (None, 8) for s in reading.layers)
+    assert any("key_length_mla=24" in n and "key_length=40" in n for n in reading.notes)
+    import gguf
+
+    from ropelab.engines.gguf_file import open_gguf  # noqa: F401 - the reader's own file access
+    r = gguf.GGUFReader(path)
+    assert r.fields["deepseek2.attention.key_length"].contents() == 40
+    assert r.fields["deepseek2.attention.key_length_mla"].contents() == 24

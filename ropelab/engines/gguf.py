@@ -39,6 +39,9 @@ from its source into :mod:`ropelab.engines.llamacpp_table` (generated; file and 
 - sliding-window layers: ``attention.sliding_window_pattern`` (a bool per layer, or a period), else the
   architecture's own period (``load_swa_pattern(ml, n)``) when ``attention.sliding_window`` > 0. The converter
   does not write the pattern for every architecture (Gemma 3), so llama.cpp's default period decides.
+- multi-head latent attention (``attention.key_length_mla`` present: DeepSeek-V2/V3): the RoPE head is the
+  separate ``rope.dimension_count``-wide slice llama.cpp rotates (q_pe, k_pe), as transformers'
+  ``qk_rope_head_dim``; ``attention.key_length`` (kv_lora_rank + n_rot) is not the RoPE head.
 - NoPE layers: no key says them; each architecture's graph decides (``use_rope``: SmolLM3 and Llama 4 skip
   every ``n_no_rope_layer_step``-th layer, EXAONE 4 its full-attention layers): :func:`uses_rope`.
 - keys in the file that the architecture's ``load_arch_hparams`` does not read (the converter writes
@@ -326,6 +329,21 @@ def _read(g: GGUFFile, path: Path, n_ctx: int | None = None) -> Reading:
     for name, r in (("LLM_KV_ROPE_DIMENSION_COUNT", n_rot), ("LLM_KV_ROPE_DIMENSION_COUNT_SWA", n_rot_swa)):
         if not 0 < r <= head_dim or r % 2:
             raise ReadError(f"{where}{k(name)}={r} must be an even count of rotated dims in 1..{head_dim} (the head).")
+    mla = f.get(k("LLM_KV_ATTENTION_KEY_LENGTH_MLA"), "int")
+    if mla is not None:
+        # Multi-head latent attention (DeepSeek-V2/V3, Kimi, GLM-4.7 Lite): llama.cpp's deepseek2 graph rotates a
+        # separate n_rot-wide slice of each q/k head (q_pe, k_pe, src/models/deepseek2.cpp) beside key_length_mla -
+        # n_rot unrotated dims; key_length is kv_lora_rank + n_rot, the absorbed form it computes in. The rotated
+        # slice is the RoPE head, as transformers' qk_rope_head_dim (ropelab.spec).
+        if not 0 < n_rot < mla:
+            raise ReadError(f"{where}{k('LLM_KV_ATTENTION_KEY_LENGTH_MLA')}={mla} with "
+                            f"{k('LLM_KV_ROPE_DIMENSION_COUNT')}={n_rot}: multi-head latent attention rotates a slice "
+                            "narrower than the head.")
+        notes.append(f"multi-head latent attention: {k('LLM_KV_ATTENTION_KEY_LENGTH_MLA')}={mla} per q/k head, of "
+                     f"which {k('LLM_KV_ROPE_DIMENSION_COUNT')}={n_rot} rotate as a separate slice (q_pe, k_pe); read "
+                     f"as a RoPE head of {n_rot} ({k('LLM_KV_ATTENTION_KEY_LENGTH')}={head_dim} is the absorbed "
+                     "kv_lora_rank + n_rot).")
+        head_dim = n_rot
     if arch in _FULL_ROT_ARCHS and n_rot != head_dim:
         # llama_model_base::load_hparams: `throw std::runtime_error(format("invalid n_rot: %u, expected %u", ...))`
         f._problem(f"{k('LLM_KV_ROPE_DIMENSION_COUNT')}={n_rot} with a {head_dim}-wide head: llama.cpp refuses to "

@@ -65,6 +65,8 @@ def hf_forward(model_dir: str | Path, ids: Sequence[int], changes: Mapping[str, 
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(model_dir)
+    # Mixture-of-experts layers: the eager loop over experts (the grouped matmul kernel takes no float64).
+    config._experts_implementation = "eager"
     text = _text(config)
     for key, value in (changes or {}).items():
         if key == "rope_parameters":

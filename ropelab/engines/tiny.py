@@ -101,12 +101,26 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "cohere2": ("Cohere2Config", {"num_hidden_layers": 4, "sliding_window": 32, "tie_word_embeddings": True,
                                   "rotary_pct": 1.0, "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
                                   "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}),
+    # Multi-head latent attention (DeepSeek-V3): RoPE on an 8-wide slice of each 24-wide q/k head (qk_rope_head_dim)
+    # beside 16 unrotated dims (qk_nope_head_dim), k's rotated slice shared by the heads; the converter writes
+    # attention.key_length_mla = 24 and rope.dimension_count = 8. One dense layer, then a MoE layer. The converter
+    # asserts num_key_value_heads == num_attention_heads (it splits kv_b_proj per head), as in DeepSeek-V3's own
+    # config, and reads a BPE vocabulary. scoring_func "sigmoid" as DeepSeek-V3's own config.json has it:
+    # transformers 5 does not save the key, the converter then writes no expert_gating_func (conversion/base.py:
+    # 1530-1536) and llama.cpp's deepseek2 routes the experts by softmax (src/models/deepseek2.cpp:22-31), where
+    # transformers uses sigmoid: measured, logits differ by 0.77 from position 0 (not RoPE: with no MoE layer the
+    # two agree to 1e-6).
+    "deepseek_v3": ("DeepseekV3Config", {"scoring_func": "sigmoid",
+        "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "head_dim": 8, "num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1,
+        "topk_group": 1, "moe_intermediate_size": 32, "first_k_dense_replace": 1, "n_shared_experts": 1,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
 }
 
 # Families whose converter class reads a BPE vocabulary (tokenizer.json) rather than tokenizer.model: the saved
 # model gets the same tokenizer as a tokenizer.json too, and ropelab.engines.converter.convert_many needs
 # unknown_bpe_pre for them (the converter knows only real models' BPE pre-tokenizers).
-BPE_VOCAB = ("cohere2",)
+BPE_VOCAB = ("cohere2", "deepseek_v3")
 
 # The multimodal families nest the text model's keys under text_config; their vision tower is tiny too.
 _VISION = {
