@@ -70,6 +70,11 @@ EXTRA_MODELS = {
     "qwen2_yarn_beta": ("qwen2_yarn", dict(rope_parameters={
         "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 64,
         "beta_fast": 16.0, "beta_slow": 2.0})),
+    # Qwen2 yarn with an explicit attention_factor: the converter writes it as rope.scaling.yarn_attn_factor, which
+    # only llama.cpp's grok reads; qwen2 runs the computed 0.1 ln s + 1.
+    "qwen2_yarn_attn": ("qwen2_yarn", dict(rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+        "attention_factor": 0.5})),
     # Phi-3 LongRoPE with an original length of 256, llama.cpp's smallest context (it pads n_ctx to a multiple of
     # 256): so a context of 256 runs the short factors and one of 512 the long ones, at the same sequence.
     "phi3_longrope_l256": ("phi3_longrope", dict(max_position_embeddings=1024, original_max_position_embeddings=256,

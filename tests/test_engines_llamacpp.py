@@ -48,6 +48,11 @@ CASES = {
     "qwen2_yarn_beta": (None, ("llama.cpp's qwen2 never reads rope.scaling.yarn_beta_fast / _slow, which the converter "
                                "writes: it runs the defaults 32 / 1 (src/llama-hparams.h:161-162)",
                                {"rope_parameters": {"beta_fast": 32.0, "beta_slow": 1.0}})),
+    "qwen2_yarn_attn": (None, ("the converter writes an explicit yarn attention_factor as "
+                               "rope.scaling.yarn_attn_factor (conversion/base.py:1477-1478), which only llama.cpp's "
+                               "grok reads (src/models/grok.cpp:25); the generic loader reads rope.scaling.attn_factor "
+                               "(src/llama-model.cpp:1431): qwen2 runs the computed 0.1 ln s + 1",
+                               {"rope_parameters": {"attention_factor": None}})),
     "phi3_longrope": (None, ("llama.cpp picks Phi-3's long factors when the allocated context exceeds "
                              "original_context_length 64 (src/llama-model.cpp:2345-2346, llama_model::"
                              "get_rope_factors), and pads any context to a multiple of 256: the long factors at "

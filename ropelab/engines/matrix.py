@@ -68,6 +68,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
         schema="v5", position=None,
         why="yarn with its own beta_fast / beta_slow: the converter writes them, llama.cpp's qwen2 never reads them "
             "(it runs 32 / 1)"),
+    "qwen2_yarn_attn": dict(
+        family="qwen2_yarn", overrides=dict(rope_parameters={
+            **tiny.FAMILIES["qwen2_yarn"][1]["rope_parameters"], "attention_factor": 0.5}),
+        schema="v5", position=None,
+        why="yarn with an explicit attention_factor: the converter writes it under a key only llama.cpp's grok reads"),
     "qwen2_base1e4": dict(
         family="qwen2", overrides=dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
         schema="v5", position=None,
@@ -106,6 +111,10 @@ GGUF_CAUSES: dict[str, str] = {
                      "sliding (base 10000, no linear scaling)",
     "qwen2_yarn_beta": "llama.cpp's qwen2 never reads rope.scaling.yarn_beta_fast / _slow, which the converter writes: "
                        "it runs the defaults 32 / 1 (src/llama-hparams.h:161-162)",
+    "qwen2_yarn_attn": "the converter writes an explicit yarn attention_factor as rope.scaling.yarn_attn_factor "
+                       "(conversion/base.py:1477-1478), which only llama.cpp's grok reads (src/models/grok.cpp:25); "
+                       "the generic loader reads rope.scaling.attn_factor (src/llama-model.cpp:1431): qwen2 runs the "
+                       "computed 0.1 ln s + 1",
     "phi3_longrope": _LONGROPE_CAUSE,
     "phi3_longrope_v4_short": _LONGROPE_CAUSE,
     "phi3_longrope_v4type_short": _LONGROPE_CAUSE,
