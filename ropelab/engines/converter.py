@@ -31,7 +31,7 @@ from pathlib import Path
 from ..paths import BUILD_DIR
 
 __all__ = ["LLAMA_CPP_PYTHON", "ConversionError", "CACHE", "sdist_path", "converter_dir", "llama_cpp_commit",
-           "convert", "convert_many"]
+           "convert", "convert_many", "locked"]
 
 # The pinned llama-cpp-python release whose vendored llama.cpp the tests convert with.
 LLAMA_CPP_PYTHON = "0.3.36"
@@ -77,12 +77,14 @@ def converter_dir(version: str = LLAMA_CPP_PYTHON, cache: Path = CACHE) -> Path:
     if (root / ".extracted").is_file():
         return root
     cache.mkdir(parents=True, exist_ok=True)
-    with _locked(cache / ".lock"):
+    with locked(cache / ".lock"):
         return _extract(root, version, cache)
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def locked(path: Path):
+    """An exclusive ``flock`` on the file ``path`` for the ``with`` block: processes that fill one cache under
+    ``build/engines/`` (pytest-xdist workers) wait for one another."""
     import fcntl
 
     with open(path, "w") as fh:

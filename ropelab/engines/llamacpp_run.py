@@ -21,11 +21,11 @@ writes the file, this runtime's reads and runs it. :func:`versions` records both
 **Isolation.** llama.cpp refuses a file it cannot load (``llama_model_load_from_file`` returns NULL and logs the
 reason, e.g. ``invalid n_rot: 8, expected 16``), but a ``GGML_ASSERT`` in graph construction aborts the whole
 process. So every run is a child process (the script ``llamacpp_worker.py`` beside this module, which imports
-only numpy and the wheel's CFFI declarations; JSON on stdin, the logits
-as a ``.npy`` file), bounded by a timeout; the parent turns the outcome into :class:`LoaderRefusal` (the file is
-refused: a :class:`~ropelab.engines.reading.ReadError` carrying llama.cpp's own message) or :class:`RunError`
-(anything else: the exit status or signal and the tail of llama.cpp's log), never a traceback or a crash of the
-caller.
+only numpy and the wheel's CFFI declarations; JSON on stdin, the logits as a ``.npy`` file), bounded by a timeout
+and an address-space limit (:data:`MAX_MEMORY`); the parent turns the outcome into :class:`LoaderRefusal` (the
+file is refused: a :class:`~ropelab.engines.reading.ReadError` carrying llama.cpp's own message) or
+:class:`RunError` (anything else: the exit status or signal and the tail of llama.cpp's log), never a traceback or
+a crash of the caller.
 
 **glibc.** The wheel is tagged ``manylinux2014`` (glibc 2.17) but its libraries require the symbol version
 ``GLIBC_2.38`` for four C23 entry points only (``__isoc23_strtol``, ``__isoc23_strtoul``, ``__isoc23_strtoull``,
@@ -66,6 +66,8 @@ RUNTIME_COMMIT = "0ce8cd11416c8840498e6701bcbe39ad4b858c2b"
 MAX_TOKENS = 4096
 MAX_CTX = 1 << 17
 MAX_LOGITS = 1 << 26  # floats: 256 MiB
+# The child's address space (RLIMIT_AS): a file whose sizes would make llama.cpp allocate more fails to allocate there.
+MAX_MEMORY = 8 << 30
 
 _GLIBC_NEEDED = (2, 38)
 _SHIM = r"""
@@ -157,10 +159,10 @@ def runtime_dir(cache: Path | None = None) -> Path:
     root = cache / f"llama_cpp_py_sync-{LLAMA_CPP_PY_SYNC}-glibc{glibc[0]}.{glibc[1]}"
     if (root / ".done").is_file():
         return root
-    from .converter import _locked
+    from .converter import locked
 
     cache.mkdir(parents=True, exist_ok=True)
-    with _locked(cache / ".lock-llamacpp-run"):
+    with locked(cache / ".lock-llamacpp-run"):
         if (root / ".done").is_file():
             return root
         root.mkdir(parents=True, exist_ok=True)
@@ -238,7 +240,7 @@ def run(gguf_path, tokens: Sequence[int] | None = None, *, n_ctx: int | None = N
         cmd = [sys.executable, "-I", str(Path(__file__).with_name("llamacpp_worker.py"))]
         try:
             proc = subprocess.run(cmd, input=json.dumps(request), capture_output=True, text=True, timeout=timeout,
-                                  env=env)
+                                  env=env, preexec_fn=_limit_memory)
         except subprocess.TimeoutExpired as e:
             raise RunError(f"llama.cpp ran past {timeout} s on {path}.") from e
         log = proc.stderr
@@ -277,6 +279,12 @@ def versions() -> dict[str, str]:
     return {"llama-cpp-python (converter sdist)": LLAMA_CPP_PYTHON, "converter llama.cpp commit": converter_commit,
             "llama-cpp-py-sync (runtime)": LLAMA_CPP_PY_SYNC, "runtime llama.cpp tag": RUNTIME_TAG,
             "runtime llama.cpp commit": RUNTIME_COMMIT}
+
+
+def _limit_memory() -> None:  # runs in the child before exec
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MAX_MEMORY, MAX_MEMORY))
 
 
 def _last_json(stdout: str) -> dict | None:
