@@ -75,6 +75,9 @@ EXTRA_MODELS = {
     "qwen2_yarn_attn": ("qwen2_yarn", dict(rope_parameters={
         "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 64,
         "attention_factor": 0.5})),
+    # SmolLM3 with its NoPE layer second, not fourth: llama.cpp hard-codes every 4th layer (n_no_rope_layer_step = 4)
+    # and the converter writes nothing for it.
+    "smollm3_nope_layer1": ("smollm3", dict(no_rope_layers=[1, 0, 1, 1])),
     # Phi-3 LongRoPE with an original length of 256, llama.cpp's smallest context (it pads n_ctx to a multiple of
     # 256): so a context of 256 runs the short factors and one of 512 the long ones, at the same sequence.
     "phi3_longrope_l256": ("phi3_longrope", dict(max_position_embeddings=1024, original_max_position_embeddings=256,

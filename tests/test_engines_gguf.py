@@ -136,7 +136,9 @@ def test_llama3_parameters_recovered_from_the_converters_rope_freqs(converted):
 _CHECK_DIFFERS = {"gemma3_2layer": {(1,): {"frequencies"}}, "qwen2_yarn_beta": {(0, 1): {"frequencies"}},
                   # llama.cpp's default context (context_length) exceeds L0: the long factors at every position,
                   # where transformers runs the short ones up to L0 (tests/test_engines_llamacpp.py runs both).
-                  "phi3_longrope": {(0, 1): {"frequencies"}}, "phi3_longrope_l256": {(0, 1): {"frequencies"}}}
+                  "phi3_longrope": {(0, 1): {"frequencies"}}, "phi3_longrope_l256": {(0, 1): {"frequencies"}},
+                  # llama.cpp's smollm3 skips RoPE on every 4th layer, whatever no_rope_layers says.
+                  "smollm3_nope_layer1": {(1,): {"nope"}, (3,): {"nope"}}}
 # Where the costs are taken (default max_position_embeddings - 1): LongRoPE's difference lies below L0.
 _CHECK_AT = {"phi3_longrope": 63, "phi3_longrope_l256": 255}
 

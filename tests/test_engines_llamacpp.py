@@ -53,6 +53,10 @@ CASES = {
                                "grok reads (src/models/grok.cpp:25); the generic loader reads rope.scaling.attn_factor "
                                "(src/llama-model.cpp:1431): qwen2 runs the computed 0.1 ln s + 1",
                                {"rope_parameters": {"attention_factor": None}})),
+    "smollm3_nope_layer1": (None, ("llama.cpp's smollm3 skips RoPE on every 4th layer whatever the config says "
+                                   "(src/models/smollm3.cpp:5 n_no_rope_layer_step = 4, :69 use_rope), and the "
+                                   "converter writes no pattern: layer 1 rotates, layer 3 does not",
+                                   {"no_rope_layers": [1, 1, 1, 0]})),
     "phi3_longrope": (None, ("llama.cpp picks Phi-3's long factors when the allocated context exceeds "
                              "original_context_length 64 (src/llama-model.cpp:2345-2346, llama_model::"
                              "get_rope_factors), and pads any context to a multiple of 256: the long factors at "

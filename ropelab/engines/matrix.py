@@ -73,6 +73,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
             **tiny.FAMILIES["qwen2_yarn"][1]["rope_parameters"], "attention_factor": 0.5}),
         schema="v5", position=None,
         why="yarn with an explicit attention_factor: the converter writes it under a key only llama.cpp's grok reads"),
+    "smollm3_nope_layer1": dict(
+        family="smollm3", overrides=dict(no_rope_layers=[1, 0, 1, 1]), schema="v5", position=None,
+        why="SmolLM3 with its NoPE layer second: llama.cpp hard-codes every 4th layer and the converter writes no "
+            "pattern"),
     "qwen2_base1e4": dict(
         family="qwen2", overrides=dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
         schema="v5", position=None,
@@ -115,6 +119,9 @@ GGUF_CAUSES: dict[str, str] = {
                        "(conversion/base.py:1477-1478), which only llama.cpp's grok reads (src/models/grok.cpp:25); "
                        "the generic loader reads rope.scaling.attn_factor (src/llama-model.cpp:1431): qwen2 runs the "
                        "computed 0.1 ln s + 1",
+    "smollm3_nope_layer1": "llama.cpp's smollm3 skips RoPE on every 4th layer whatever the config says "
+                           "(src/models/smollm3.cpp:5, n_no_rope_layer_step = 4; :69, use_rope) and the converter "
+                           "writes no pattern: the NoPE layer 1 rotates, layer 3 does not",
     "phi3_longrope": _LONGROPE_CAUSE,
     "phi3_longrope_v4_short": _LONGROPE_CAUSE,
     "phi3_longrope_v4type_short": _LONGROPE_CAUSE,
