@@ -6,7 +6,7 @@ import torch
 
 from ropelab.precision import UNIT_ROUNDOFF  # u = 2**-p for a p-bit significand
 
-__all__ = ["UNIT_ROUNDOFF", "gamma", "rope_error_bound", "assert_rotations_agree"]
+__all__ = ["UNIT_ROUNDOFF", "EXTRA_MODELS", "gamma", "rope_error_bound", "assert_rotations_agree"]
 
 
 def rope_error_bound(x64: torch.Tensor, y_ref: torch.Tensor, rotary_dim: int, style: str, dtype: torch.dtype):
@@ -59,3 +59,30 @@ def tiny_llama(layers: int, seed: int = 0, rope=None, l0: int = 32):
         rope_parameters=rope or {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
     )
     return LlamaForCausalLM(cfg).eval()
+
+
+# The extra models beside every family of ropelab.engines.tiny.FAMILIES that `converted` saves and converts:
+# name -> (family, save_tiny_model overrides).
+EXTRA_MODELS = {
+    # Gemma 3 off its 5:1 layer pattern (llama.cpp assumes it: load_swa_pattern(ml, 6)).
+    "gemma3_2layer": ("gemma3", dict(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])),
+    # Qwen2 yarn with its own betas (the converter writes them, llama.cpp's qwen2 never reads them).
+    "qwen2_yarn_beta": ("qwen2_yarn", dict(rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+        "beta_fast": 16.0, "beta_slow": 2.0})),
+    # Qwen2 yarn with an explicit attention_factor: the converter writes it as rope.scaling.yarn_attn_factor, which
+    # only llama.cpp's grok reads; qwen2 runs the computed 0.1 ln s + 1.
+    "qwen2_yarn_attn": ("qwen2_yarn", dict(rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+        "attention_factor": 0.5})),
+    # SmolLM3 with its NoPE layer second, not fourth: llama.cpp hard-codes every 4th layer (n_no_rope_layer_step = 4)
+    # and the converter writes nothing for it.
+    "smollm3_nope_layer1": ("smollm3", dict(no_rope_layers=[1, 0, 1, 1])),
+    # Phi-3 LongRoPE with an original length of 256, llama.cpp's smallest context (it pads n_ctx to a multiple of
+    # 256): so a context of 256 runs the short factors and one of 512 the long ones, at the same sequence.
+    "phi3_longrope_l256": ("phi3_longrope", dict(max_position_embeddings=1024, original_max_position_embeddings=256,
+                                                  rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+        "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 3.0], "long_factor": [1.0, 1.5, 2.0, 4.0, 6.0, 8.0],
+        "original_max_position_embeddings": 256})),
+}

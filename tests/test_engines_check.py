@@ -231,9 +231,10 @@ def test_json_schema(tmp_path, capsys):
     a, b = write(tmp_path, "a.json", llama(LLAMA3)), write(tmp_path, "b.json", llama(DEFAULT))
     assert main([a, b, "--json", "--position", "2000", "--samples", "32"]) == 1
     r = json.loads(capsys.readouterr().out)
-    assert set(r) == {"ok", "exit_code", "position", "n_layers", "head_dim", "sources", "groups", "mismatches",
+    assert set(r) == {"ok", "exit_code", "position", "n_ctx", "n_layers", "head_dim", "sources", "groups", "mismatches",
                       "agreements", "problems", "written"}
     assert r["exit_code"] == 1 and r["ok"] is False and r["position"] == 2000 and r["n_layers"] == 32
+    assert r["n_ctx"] is None  # no --ctx: each source's own context
     assert [s["format"] for s in r["sources"]] == ["transformers", "transformers"]
     assert set(r["sources"][0]) >= {"source", "architecture", "head_dim", "layers", "effective_layers", "declared",
                                     "notes", "problems", "qk_permuted", "sections"}

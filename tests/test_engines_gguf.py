@@ -18,11 +18,13 @@ import torch
 
 pytest.importorskip("gguf")
 
+from _helpers import EXTRA_MODELS  # noqa: E402
+
 from ropelab.convert import permute_qk_weight  # noqa: E402
 from ropelab.engines import converter, llamacpp_table  # noqa: E402
 from ropelab.engines.gguf import llama3_from_rope_freqs, read_gguf, rope_type_of, write_gguf  # noqa: E402
 from ropelab.engines.reading import ReadError, Reading  # noqa: E402
-from ropelab.engines.tiny import FAMILIES, save_tiny_model  # noqa: E402
+from ropelab.engines.tiny import FAMILIES  # noqa: E402
 from ropelab.multiaxis import MultiAxis  # noqa: E402
 from ropelab.spec import RopeSpec  # noqa: E402
 
@@ -32,39 +34,9 @@ U32 = 2.0 ** -24  # float32 unit roundoff
 FREQ_RTOL = 16 * U32
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    """Converted once per session: pytest-xdist workers share the parent of their base temp dirs and a lock.
-
-    {family: (hf model dir, gguf path)}: every tiny family saved and converted by llama.cpp's converter, plus a
-    2-layer Gemma 3 whose layer pattern is not Gemma 3's 5:1 and a Qwen2 yarn with its own beta_fast / beta_slow."""
-    import fcntl
-    import os
-
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the session's temp dir, above each worker's popen-gwN
-    root = shared / "engines-gguf"
-    with open(shared / "engines-gguf.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / ".done").is_file():
-            _convert_all(root)
-            (root / ".done").write_text("ok")
-    return {f: (root / f, root / f"{f}.gguf") for f in [*FAMILIES, *_EXTRA]}
-
-
-_EXTRA = ("gemma3_2layer", "qwen2_yarn_beta")
-
-
-def _convert_all(root):
-    root.mkdir(parents=True, exist_ok=True)
-    dirs = {f: save_tiny_model(f, root / f) for f in FAMILIES}
-    dirs["gemma3_2layer"] = save_tiny_model("gemma3", root / "gemma3_2layer", num_hidden_layers=2,
-                                            layer_types=["sliding_attention", "full_attention"])
-    dirs["qwen2_yarn_beta"] = save_tiny_model("qwen2_yarn", root / "qwen2_yarn_beta", rope_parameters={
-        **FAMILIES["qwen2_yarn"][1]["rope_parameters"], "beta_fast": 16.0, "beta_slow": 2.0})
-    assert set(dirs) == {*FAMILIES, *_EXTRA}
-    converter.convert_many([(d, root / f"{f}.gguf") for f, d in dirs.items()])
+# `converted` (every tiny family and the extra variants, converted once per session by llama.cpp's converter) is a
+# fixture of tests/conftest.py, shared with tests/test_engines_llamacpp.py, which runs the same files in llama.cpp.
+_EXTRA = tuple(EXTRA_MODELS)
 
 
 def _text_config(model_dir):
@@ -84,14 +56,14 @@ def _hf_expected(model_dir):
     return RopeSpec.per_layer(cfg), sections
 
 
-def _assert_same_rope(got: RopeSpec, want: RopeSpec, head_dim: int, where: str):
+def _assert_same_rope(got: RopeSpec, want: RopeSpec, head_dim: int, where: str, seq_lens=None):
     assert got.style == want.style, where
     assert got.is_nope == want.is_nope, where
     if got.is_nope:
         return
     assert (got.rotary_dim or head_dim) == (want.rotary_dim or head_dim), where
     assert math.isclose(got.base, want.base, rel_tol=U32), where
-    for seq_len in (1, want.max_position_embeddings):
+    for seq_len in seq_lens or (1, want.max_position_embeddings):
         inv_g, af_g = got.frequencies(head_dim, seq_len=seq_len)
         inv_w, af_w = want.frequencies(head_dim, seq_len=seq_len)
         torch.testing.assert_close(inv_g, inv_w, rtol=FREQ_RTOL, atol=0, msg=f"{where}: frequencies")
@@ -108,7 +80,12 @@ def test_converter_gguf_reads_as_the_hf_config_says(converted, family):
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     assert reading.head_dim == head_dim
     for i, (got, want) in enumerate(zip(reading.effective_specs(), specs)):
-        _assert_same_rope(got, want, head_dim, f"{family} layer {i}")
+        # Phi-3's LongRoPE: llama.cpp runs one factor set, chosen by the allocated context (here its default, the
+        # file's context_length 256 > L0 64: the long one), transformers switches by the current length; they agree
+        # past L0 (the short regime, at a context <= L0, is run in tests/test_engines_llamacpp.py).
+        longrope = want.scaling is not None and want.rope_type == "longrope"
+        _assert_same_rope(got, want, head_dim, f"{family} layer {i}",
+                          (want.max_position_embeddings,) if longrope else None)
     assert reading.sections == sections
     json.dumps(reading.to_dict())  # ropelab-check --json
 
@@ -156,7 +133,16 @@ def test_llama3_parameters_recovered_from_the_converters_rope_freqs(converted):
 # What ropelab-check must say of each converted file against its transformers config: agree, or the difference
 # that is really there: the 2-layer Gemma 3 (llama.cpp's assumed 5:1 pattern reads its global layer as sliding: base
 # and scaling lost) and Qwen2's own yarn betas (written by the converter, never read by llama.cpp's qwen2).
-_CHECK_DIFFERS = {"gemma3_2layer": {(1,): {"frequencies"}}, "qwen2_yarn_beta": {(0, 1): {"frequencies"}}}
+_CHECK_DIFFERS = {"gemma3_2layer": {(1,): {"frequencies"}}, "qwen2_yarn_beta": {(0, 1): {"frequencies"}},
+                  # llama.cpp's default context (context_length) exceeds L0: the long factors at every position,
+                  # where transformers runs the short ones up to L0 (tests/test_engines_llamacpp.py runs both).
+                  "phi3_longrope": {(0, 1): {"frequencies"}}, "phi3_longrope_l256": {(0, 1): {"frequencies"}},
+                  # llama.cpp's smollm3 skips RoPE on every 4th layer, whatever no_rope_layers says.
+                  "smollm3_nope_layer1": {(1,): {"nope"}, (3,): {"nope"}},
+                  # an explicit yarn attention_factor, under a key only llama.cpp's grok reads
+                  "qwen2_yarn_attn": {(0, 1): {"attention_factor"}}}
+# Where the costs are taken (default max_position_embeddings - 1): LongRoPE's difference lies below L0.
+_CHECK_AT = {"phi3_longrope": 63, "phi3_longrope_l256": 255}
 
 
 @pytest.mark.parametrize("family", sorted([*FAMILIES, *_EXTRA]))
@@ -164,15 +150,16 @@ def test_ropelab_check_agrees_with_every_converted_file_or_names_the_real_differ
     from ropelab.engines import check
 
     model_dir, path = converted[family]
-    result = check.check([check.read(f"hf:{model_dir}"), check.read(str(path))])
+    result = check.check([check.read(f"hf:{model_dir}"), check.read(str(path))], position=_CHECK_AT.get(family))
     assert not result["problems"], result["problems"]
     got = {tuple(i for run in m["layers"] for i in range(run[0], run[-1] + 1)): set(m["kinds"])
            for m in result["mismatches"]}
     want = _CHECK_DIFFERS.get(family, {})
     assert got == want, result["mismatches"]
     assert result["ok"] == (not want)
-    for m in result["mismatches"]:  # each difference comes with what it costs
-        assert m["cost"]["phase_error"] > 1 and m["cost"]["max_kl"] > 0.1, m["cost"]
+    for m in result["mismatches"]:  # each difference comes with what it costs (an attention factor: no phase)
+        assert m["cost"]["phase_error"] > 1 or m["kinds"] == ["attention_factor"], m["cost"]
+        assert m["cost"]["max_kl"] > 0.1, m["cost"]
 
 
 def test_gemma3_layer_pattern_other_than_5_to_1_is_misread_by_llama_cpp(converted):
@@ -397,3 +384,32 @@ def test_converter_failure_is_a_conversion_error_with_its_output(tmp_path):
         converter.convert(tmp_path, tmp_path / "out.gguf")
     with pytest.raises(converter.ConversionError, match="has no config.json"):
         converter.convert(tmp_path / "absent", tmp_path / "out.gguf")
+
+
+def test_cohere2_rotates_only_its_sliding_layers(converted):
+    """llama.cpp's cohere2 graph applies RoPE only `if (is_swa)` (src/models/cohere2.cpp:89), read from the source into
+    the table; Command R7B's full-attention layer (every 4th) is NoPE, as in transformers. llama.cpp's run agrees
+    with transformers on this family (tests/test_engines_llamacpp.py)."""
+    assert llamacpp_table.ARCHS["cohere2"]["use_rope"]["cpp"] == "(hparams.is_swa(il))"
+    reading = read_gguf(converted["cohere2"][1])
+    assert [s.is_nope for s in reading.layers] == [False, False, False, True]
+    assert any("skips RoPE" in n for n in reading.notes)
+
+
+def test_mla_reads_the_rotated_slice_as_the_rope_head(converted, tmp_path):
+    """DeepSeek-V3's multi-head latent attention: the converter writes attention.key_length = kv_lora_rank + n_rot
+    (40, the absorbed form llama.cpp computes in), attention.key_length_mla = qk_nope + qk_rope (24) and
+    rope.dimension_count = qk_rope_head_dim (8). llama.cpp rotates the 8-wide slice q_pe / k_pe; so does transformers
+    (qk_rope_head_dim): the reading's RoPE head is that slice, and ropelab-check agrees (llama.cpp's run agrees with
+    transformers' logits: tests/test_engines_llamacpp.py)."""
+    _, path = converted["deepseek_v3"]
+    reading = read_gguf(path)
+    assert reading.declared  # the rope keys as written
+    assert reading.head_dim == 8 and all(s.rotary_dim in (None, 8) for s in reading.layers)
+    assert any("key_length_mla=24" in n and "key_length=40" in n for n in reading.notes)
+    import gguf
+
+    from ropelab.engines.gguf_file import open_gguf  # noqa: F401 - the reader's own file access
+    r = gguf.GGUFReader(path)
+    assert r.fields["deepseek2.attention.key_length"].contents() == 40
+    assert r.fields["deepseek2.attention.key_length_mla"].contents() == 24

@@ -24,9 +24,9 @@ def test_cells_are_what_check_says(built):
     assert set(m["rows"]) == {"qwen2", "gemma3_2layer", "phi3_longrope_v4type_short"}
     for name, row in m["rows"].items():
         position = matrix.VARIANTS.get(name, {}).get("position")
-        ref = matrix.read_engine("transformers", root / name, root / f"{name}.gguf")
+        ref = matrix.read_engine("transformers", root / name / "model", root / f"{name}.gguf")
         for engine in matrix.ENGINES:
-            reading = matrix.read_engine(engine, root / name, root / f"{name}.gguf")
+            reading = matrix.read_engine(engine, root / name / "model", root / f"{name}.gguf")
             result = check.check([ref, reading], position=position)
             want = "agree" if result["ok"] else "differ"
             assert row[engine]["status"] == want, (name, engine)
@@ -62,7 +62,7 @@ def test_committed_matrix_covers_every_family_and_variant():
     assert m["families"] == list(tiny.FAMILIES) and m["variants"] == list(matrix.VARIANTS)
     assert list(m["rows"]) == [*tiny.FAMILIES, *matrix.VARIANTS]
     assert m["counts"] == matrix.counts(m)
-    for key in ("transformers", "gguf", "mlx", "mlx-lm", "llama.cpp commit"):
+    for key in ("transformers", "gguf", "mlx", "mlx-lm", "llama.cpp commit", "runtime llama.cpp tag"):
         assert m["versions"][key], key
     for row in m["rows"].values():
         for engine in m["engines"]:
@@ -70,6 +70,26 @@ def test_committed_matrix_covers_every_family_and_variant():
             assert c["status"] in ("agree", "differ", "unreadable")
             assert ("reason" in c) == (c["status"] == "unreadable")
             assert bool(c.get("mismatches") or c.get("problems")) == (c["status"] == "differ")
+        # the GGUF column is llama.cpp's run; the reader predicted it, and every difference names its cause
+        g = row["gguf"]
+        assert g["status"] == g["reading_status"] == g["run"]["status"]
+        assert ("cause" in g) == (g["status"] == "differ")
+        assert g["run"]["max_err"] <= g["run"]["bound"] if g["status"] == "agree" else \
+            g["run"]["max_err"] > 3 * g["run"]["bound"]
+
+
+def test_run_cell_needs_a_cause_and_the_readers_agreement(monkeypatch, tmp_path):
+    from ropelab.engines import parity
+
+    differ = {"status": "differ", "max_err": 0.3, "bound": 3e-4, "ratio": 1e3, "n_tokens": 24, "n_ctx": 256,
+              "max_abs_logit": 4.0}
+    monkeypatch.setattr(parity, "compare", lambda *a, **k: differ)
+    cell = matrix.run_cell("gemma3_2layer", tmp_path, tmp_path / "x.gguf", {"status": "differ"})
+    assert cell["cause"] == matrix.GGUF_CAUSES["gemma3_2layer"] and cell["run"] == differ
+    with pytest.raises(ValueError, match="names no cause"):
+        matrix.run_cell("qwen2", tmp_path, tmp_path / "x.gguf", {"status": "differ"})
+    with pytest.raises(ValueError, match="the reader is wrong"):
+        matrix.run_cell("gemma3_2layer", tmp_path, tmp_path / "x.gguf", {"status": "agree"})
 
 
 def _canonical(reason):
@@ -86,6 +106,7 @@ def test_committed_matrix_is_what_a_build_gives_now(tmp_path):
     (the costs are float computations, compared within a relative 1e-9) as a fresh build gives them."""
     committed, fresh = matrix.load(), matrix.build(workdir=tmp_path)
     assert committed["versions"]["llama.cpp commit"] == fresh["versions"]["llama.cpp commit"]
+    assert committed["versions"]["runtime llama.cpp commit"] == fresh["versions"]["runtime llama.cpp commit"]
     for name, row in fresh["rows"].items():
         for engine in fresh["engines"]:
             a, b = committed["rows"][name][engine], row[engine]

@@ -10,6 +10,9 @@
 - :mod:`ropelab.engines.mlx`: ``mlx.core.fast.rope`` and mlx-lm's rope classes.
 - :mod:`ropelab.engines.ggml`: ggml's RoPE itself: a GGUF run through llama.cpp (llama-cpp-python, ``make ggml``),
   its logits, and ggml's RoPE op.
+- :mod:`ropelab.engines.llamacpp_run`: llama.cpp itself, running (the llama-cpp-py-sync wheel's ``libllama.so``, in a
+  child process): a GGUF file's logits at an allocated context; :mod:`ropelab.engines.parity`: those logits against
+  transformers' float64 forward, within a float32 bound.
 - :mod:`ropelab.engines.check`: the ``ropelab-check`` console script.
 - :mod:`ropelab.engines.matrix`: the conformance matrix, every tiny family read by each engine against transformers
   (``data/engines/matrix.json``).

@@ -30,6 +30,10 @@ With one PATH, the check is the source's internal consistency: :attr:`Reading.pr
 :func:`consistency` (what holds for every format). Sources with a layer that has no frequencies for the head
 are not compared.
 
+``--ctx N`` is the context a user will allocate: llama.cpp picks Phi-3's LongRoPE factor set by it (the GGUF
+reader's ``n_ctx``, :func:`ropelab.engines.gguf.read_gguf`), and no sequence is longer, so the frequencies are
+compared only at lengths up to N and the default position is ``min(max_position_embeddings, N) - 1``.
+
 Exit codes: 0 all sources agree (and none has a problem), 1 a mismatch or a problem, 2 a usage error or a
 source that cannot be read (one line on stderr naming it; never a traceback). ``--json`` prints the result as
 JSON for other tools; ``--write-config OUT`` writes the first source's RoPE as a transformers config, over the
@@ -215,8 +219,9 @@ def _os_words(e: BaseException) -> str:
     return f"{type(e).__name__}: {getattr(e, 'strerror', None) or e}"
 
 
-def read(text: str) -> Reading:
+def read(text: str, *, n_ctx: int | None = None) -> Reading:
     """The :class:`Reading` of one PATH argument (see :func:`detect`); ReadError for anything unreadable.
+    ``n_ctx``: the context llama.cpp allocates, for a GGUF source (see :func:`ropelab.engines.gguf.read_gguf`).
 
     Every failure on the way is one ReadError naming the path: the reader's own, an OS error (a name too long, a
     permission), a recursion or memory error on a hostile file (JSON nested 100,000 deep), an overflow."""
@@ -224,7 +229,7 @@ def read(text: str) -> Reading:
     try:
         fmt, path = detect(text)
         reader = _reader(fmt, path)
-        reading = reader(path)
+        reading = reader(path, n_ctx=n_ctx) if fmt == "gguf" and n_ctx is not None else reader(path)
     except ReadError as e:
         if _clip(text) in str(e) or (fmt is not None and str(path) in str(e)):
             raise
@@ -247,9 +252,9 @@ def _close(a: torch.Tensor | float, b: torch.Tensor | float) -> bool:
     return bool(((a - b).abs() <= REL_TOL * torch.maximum(a.abs(), b.abs())).all())
 
 
-def _lengths(a: RopeSpec, b: RopeSpec, position: int) -> list[int]:
+def _lengths(a: RopeSpec, b: RopeSpec, position: int, n_ctx: int | None = None) -> list[int]:
     """The current lengths at which two specs' frequencies are compared: 1, the stated position + 1, and either
-    side of every threshold a length-dependent type switches at (its L0)."""
+    side of every threshold a length-dependent type switches at (its L0); none past ``n_ctx``."""
     out = {1, position + 1}
     for s in (a, b):
         if s.scaling is None or s.rope_type not in LENGTH_DEPENDENT:
@@ -258,7 +263,7 @@ def _lengths(a: RopeSpec, b: RopeSpec, position: int) -> list[int]:
         for L0 in (parse_scaling(s.scaling).get(key) if key else None, s.max_position_embeddings):
             if L0:
                 out |= {int(L0), int(L0) + 1}
-    return sorted(out)
+    return sorted(L for L in out if n_ctx is None or L <= n_ctx)
 
 
 def _scaling_words(s: RopeSpec) -> str:
@@ -278,7 +283,7 @@ def _short(v: Any) -> str:
     return str(v)
 
 
-def compare_layers(a: RopeSpec, b: RopeSpec, head_dim: int, position: int) -> list[dict]:
+def compare_layers(a: RopeSpec, b: RopeSpec, head_dim: int, position: int, *, n_ctx: int | None = None) -> list[dict]:
     """What differs between two layers' RoPE, each ``{"kind", "detail"}``; empty when they agree.
 
     Kinds: ``nope`` (one layer has no RoPE), ``style``, ``rotary_dim``, ``frequencies`` (base or scaling: the
@@ -297,7 +302,8 @@ def compare_layers(a: RopeSpec, b: RopeSpec, head_dim: int, position: int) -> li
     if out:
         return out
     freq_at, factor_at = [], []
-    for L in _lengths(a, b, position):
+    lengths = _lengths(a, b, position, n_ctx)
+    for L in lengths:
         (ia, fa), (ib, fb) = a.frequencies(head_dim, seq_len=L), b.frequencies(head_dim, seq_len=L)
         if not _close(ia, ib):
             freq_at.append(L)
@@ -309,7 +315,7 @@ def compare_layers(a: RopeSpec, b: RopeSpec, head_dim: int, position: int) -> li
             parts.append(f"base {a.base:g} vs {b.base:g}")
         if _scaling_words(a) != _scaling_words(b):
             parts.append(f"scaling {_scaling_words(a)} vs {_scaling_words(b)}")
-        where = "" if len(freq_at) == len(_lengths(a, b, position)) else f" (at current lengths {freq_at})"
+        where = "" if len(freq_at) == len(lengths) else f" (at current lengths {freq_at})"
         out.append({"kind": "frequencies", "detail": (", ".join(parts) or "frequencies differ") + where})
     if factor_at:
         L, fa, fb = factor_at[-1]
@@ -446,9 +452,10 @@ def _default_position(readings: Sequence[Reading]) -> int:
 
 
 def check(readings: Sequence[Reading], *, position: int | None = None, samples: int = 128, heads: int = 4,
-          seed: int = 0) -> dict:
-    """The comparison of every source with the first (JSON-ready): ``{"ok", "position", "n_layers", "head_dim",
-    "sources", "groups", "mismatches", "agreements", "problems"}``.
+          seed: int = 0, n_ctx: int | None = None) -> dict:
+    """The comparison of every source with the first (JSON-ready): ``{"ok", "position", "n_ctx", "n_layers",
+    "head_dim", "sources", "groups", "mismatches", "agreements", "problems"}``. ``n_ctx``: the allocated context
+    (no length past it is compared; the default position is below it).
 
     ValueError when the sources are of different models (layer counts or head dims)."""
     if not readings:
@@ -458,13 +465,19 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
         if (r.n_layers, r.head_dim) != (ref.n_layers, ref.head_dim):
             raise ValueError(f"different models: [1] {ref.source} has {ref.n_layers} layers of head_dim "
                              f"{ref.head_dim}, [{i}] {r.source} has {r.n_layers} layers of head_dim {r.head_dim}.")
+    if n_ctx is not None and (not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 2):
+        raise ValueError(f"--ctx must be an int >= 2, got {n_ctx!r}.")
     m = _default_position(readings) if position is None else position
+    if position is None and n_ctx is not None:
+        m = min(m, n_ctx - 1)
     if not (isinstance(m, int) and m >= 1):
         raise ValueError(f"--position must be an int >= 1, got {m!r}.")
+    if n_ctx is not None and m >= n_ctx:
+        raise ValueError(f"--position {m} lies past a context of --ctx {n_ctx} tokens; pass a position below it.")
     broken = [consistency(r) for r in readings]
     problems = [{"source": i, "problem": p} for i, r in enumerate(readings) for p in (*r.problems, *broken[i])]
     if any(broken):  # a layer without frequencies, sections that do not fit the pairs: nothing to compare
-        return {"ok": False, "position": m, "n_layers": ref.n_layers, "head_dim": ref.head_dim,
+        return {"ok": False, "position": m, "n_ctx": n_ctx, "n_layers": ref.n_layers, "head_dim": ref.head_dim,
                 "sources": [_source_dict(r) for r in readings], "groups": [], "mismatches": [], "agreements": [],
                 "problems": problems}
     groups = _groups(readings)
@@ -474,7 +487,7 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
         for group in groups:
             lo, layers = group[0][0], [list(run) for run in group]
             a, b = ref.effective_specs()[lo], other.effective_specs()[lo]
-            diffs = compare_layers(a, b, ref.head_dim, m)
+            diffs = compare_layers(a, b, ref.head_dim, m, n_ctx=n_ctx)
             if sections_differ and not (a.is_nope and b.is_nope):
                 diffs.append({"kind": "sections", "detail": f"sections {_sections_words(ref.sections)} vs "
                                                             f"{_sections_words(other.sections)}"})
@@ -494,7 +507,7 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
                                    "detail": f"{who.source} stores q/k rows permuted (llama.cpp's converter): "
                                              f"{who.layers[lo].style} on those weights is "
                                              f"{who.effective_specs()[lo].style} on the original ones"})
-    return {"ok": not mismatches and not problems, "position": m, "n_layers": ref.n_layers,
+    return {"ok": not mismatches and not problems, "position": m, "n_ctx": n_ctx, "n_layers": ref.n_layers,
             "head_dim": ref.head_dim, "sources": [_source_dict(r) for r in readings],
             "groups": [{"layers": [list(run) for run in g],
                         "specs": [r.effective_specs()[g[0][0]].to_dict() for r in readings]} for g in groups],
@@ -540,7 +553,8 @@ def _layers_words(runs: Sequence[Sequence[int]]) -> str:
 def render(result: dict, readings: Sequence[Reading]) -> str:
     """The text report of :func:`check`'s result."""
     m, d = result["position"], result["head_dim"]
-    lines = [f"ropelab-check: {len(readings)} source(s), {result['n_layers']} layers, head_dim {d}"]
+    ctx = f", a context of {result['n_ctx']} tokens" if result.get("n_ctx") else ""
+    lines = [f"ropelab-check: {len(readings)} source(s), {result['n_layers']} layers, head_dim {d}{ctx}"]
     for i, r in enumerate(readings, 1):
         extra = ", q/k rows permuted" if r.qk_permuted else ""
         lines.append(f"  [{i}] {r.format} {r.architecture} {r.source}{extra}; sections {_sections_words(r.sections)}")
@@ -651,6 +665,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="config.json, model directory, .gguf or MLX dir")
     parser.add_argument("--position", type=int,
                         help="position of the costs, 1..2^53 (default max_position_embeddings - 1)")
+    parser.add_argument("--ctx", type=int, metavar="N",
+                        help="the context a user will allocate, 2..2^53: llama.cpp picks LongRoPE's factors by it; "
+                             "lengths past it are not compared (default: each source's own, for GGUF the file's "
+                             "context_length)")
     parser.add_argument("--samples", type=int, default=128,
                         help=f"positions of the attention cost, >= 2 and within {COST_BYTES >> 20} MiB (default 128)")
     parser.add_argument("--heads", type=int, default=4,
@@ -669,6 +687,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--heads must be >= 1, got {args.heads}.")
     if args.position is not None and not 1 <= args.position <= MAX_POSITION:
         raise UsageError(f"--position must be in 1..2^53 (float64 positions), got {_clip(str(args.position), 40)}.")
+    if args.ctx is not None and not 2 <= args.ctx <= MAX_POSITION:
+        raise UsageError(f"--ctx must be in 2..2^53, got {_clip(str(args.ctx), 40)}.")
     if not 0 <= args.seed < 2 ** 64:
         raise UsageError(f"--seed must be in 0..2^64-1, got {_clip(str(args.seed), 40)}.")
 
@@ -684,14 +704,17 @@ def main(argv: list[str] | None = None) -> int:
         want_json = args.json
         _check_args(args)
         try:
-            readings = [read(p) for p in args.paths]
+            readings = [read(p, n_ctx=args.ctx) for p in args.paths]
             m = _default_position(readings) if args.position is None else args.position
+            if args.position is None and args.ctx is not None:
+                m = min(m, args.ctx - 1)
             if not 1 <= m <= MAX_POSITION:
                 src = next(r.source for r in readings if any(s.max_position_embeddings for s in r.layers))
                 raise UsageError(f"{_clip(src)}: max_position_embeddings {_clip(str(m + 1), 40)} puts the default "
                                  "--position past 2^53 (float64 positions); pass --position in 1..2^53.")
             _check_budget(readings, args.heads, args.samples, m)
-            result = check(readings, position=m, samples=args.samples, heads=args.heads, seed=args.seed)
+            result = check(readings, position=m, samples=args.samples, heads=args.heads, seed=args.seed,
+                           n_ctx=args.ctx)
         except ValueError as e:  # ReadError, different models
             raise UsageError(str(e)) from e
         written = _write(readings, args) if args.write_config else None

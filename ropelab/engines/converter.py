@@ -31,7 +31,7 @@ from pathlib import Path
 from ..paths import BUILD_DIR
 
 __all__ = ["LLAMA_CPP_PYTHON", "ConversionError", "CACHE", "sdist_path", "converter_dir", "llama_cpp_commit",
-           "convert", "convert_many"]
+           "convert", "convert_many", "locked"]
 
 # The pinned llama-cpp-python release whose vendored llama.cpp the tests convert with.
 LLAMA_CPP_PYTHON = "0.3.36"
@@ -77,12 +77,14 @@ def converter_dir(version: str = LLAMA_CPP_PYTHON, cache: Path = CACHE) -> Path:
     if (root / ".extracted").is_file():
         return root
     cache.mkdir(parents=True, exist_ok=True)
-    with _locked(cache / ".lock"):
+    with locked(cache / ".lock"):
         return _extract(root, version, cache)
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def locked(path: Path):
+    """An exclusive ``flock`` on the file ``path`` for the ``with`` block: processes that fill one cache under
+    ``build/engines/`` (pytest-xdist workers) wait for one another."""
     import fcntl
 
     with open(path, "w") as fh:
@@ -140,8 +142,17 @@ def convert(model_dir: str | Path, out: str | Path, *, outtype: str = "f32", tim
 # Runs the converter on several models in one interpreter: torch and the converter's modules import once.
 _BATCH = """
 import json, os, runpy, sys
-script, jobs = sys.argv[1], json.loads(sys.argv[2])
+script, jobs, unknown_pre = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 sys.path.insert(0, os.path.dirname(script))  # as `python convert_hf_to_gguf.py` would
+if unknown_pre is not None:
+    import conversion.base as base
+    known = base.TextModel.get_vocab_base_pre
+    def get_vocab_base_pre(self, tokenizer):
+        try:
+            return known(self, tokenizer)
+        except NotImplementedError:  # a BPE tokenizer whose hash the converter does not list
+            return unknown_pre
+    base.TextModel.get_vocab_base_pre = get_vocab_base_pre
 for args in jobs:
     print("ropelab-convert:", args[0], file=sys.stderr, flush=True)
     sys.argv = [script, *args]
@@ -154,9 +165,16 @@ for args in jobs:
 
 
 def convert_many(jobs: Sequence[tuple[str | Path, str | Path]], *, outtype: str = "f32",
-                 timeout: float = 600) -> list[Path]:
+                 timeout: float = 600, unknown_bpe_pre: str | None = None) -> list[Path]:
     """:func:`convert` for each ``(model_dir, out)`` in ``jobs``, in one subprocess (the converter's imports,
-    torch's among them, are paid once); the same files and errors as :func:`convert` one by one."""
+    torch's among them, are paid once); the same files and errors as :func:`convert` one by one.
+
+    ``unknown_bpe_pre``: for a BPE tokenizer the converter does not recognise, the ``tokenizer.ggml.pre`` to write
+    instead of failing. The converter identifies a BPE pre-tokenizer by a hash of a real model's tokenization of a
+    fixed text (``conversion/base.py``, ``get_vocab_base_pre``) and raises ``NotImplementedError`` ("BPE
+    pre-tokenizer was not recognized") on any other, such as the tiny models' tokenizer trained in code
+    (:mod:`ropelab.engines.tiny`), for the families whose converter class reads a BPE vocabulary (cohere2). Only
+    that method is wrapped, and only its refusal replaced: weights and every other key are the converter's."""
     jobs = [(Path(m), Path(o)) for m, o in jobs]
     for m, o in jobs:
         if not (m / "config.json").is_file():
@@ -164,7 +182,7 @@ def convert_many(jobs: Sequence[tuple[str | Path, str | Path]], *, outtype: str 
         o.parent.mkdir(parents=True, exist_ok=True)
     script = converter_dir() / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
     args = [[str(m), "--outtype", outtype, "--outfile", str(o)] for m, o in jobs]
-    cmd = [sys.executable, "-c", _BATCH, str(script), json.dumps(args)]
+    cmd = [sys.executable, "-c", _BATCH, str(script), json.dumps(args), json.dumps(unknown_bpe_pre)]
     proc = _run(cmd, timeout, jobs[0][0] if len(jobs) == 1 else "the models")
     missing = [str(m) for m, o in jobs if not o.is_file()]
     if proc.returncode or missing:

@@ -32,11 +32,16 @@ from its source into :mod:`ropelab.engines.llamacpp_table` (generated; file and 
   llama3 dict when two or more pairs lie in the transition band.
   ``rope_factors_long`` / ``rope_factors_short`` (Phi-3's longrope; llama.cpp uses them whatever
   ``scaling.type`` says) become that dict's two lists, with ``rope.scaling.attn_factor`` as its attention factor.
-  llama.cpp picks the long factors when the context size exceeds ``original_context_length``, transformers when
-  the current sequence length does (a note says so).
+  llama.cpp picks one set for every position by the *allocated* context (``llama_model::get_rope_factors``: the
+  long factors when ``n_ctx_seq`` exceeds ``original_context_length``), transformers by the current sequence
+  length: the reading holds the set the context picks (``read_gguf(path, n_ctx=...)``, default the file's
+  ``context_length``, padded to a multiple of 256 as ``llama_context`` does), as both lists.
 - sliding-window layers: ``attention.sliding_window_pattern`` (a bool per layer, or a period), else the
   architecture's own period (``load_swa_pattern(ml, n)``) when ``attention.sliding_window`` > 0. The converter
   does not write the pattern for every architecture (Gemma 3), so llama.cpp's default period decides.
+- multi-head latent attention (``attention.key_length_mla`` present: DeepSeek-V2/V3): the RoPE head is the
+  separate ``rope.dimension_count``-wide slice llama.cpp rotates (q_pe, k_pe), as transformers'
+  ``qk_rope_head_dim``; ``attention.key_length`` (kv_lora_rank + n_rot) is not the RoPE head.
 - NoPE layers: no key says them; each architecture's graph decides (``use_rope``: SmolLM3 and Llama 4 skip
   every ``n_no_rope_layer_step``-th layer, EXAONE 4 its full-attention layers): :func:`uses_rope`.
 - keys in the file that the architecture's ``load_arch_hparams`` does not read (the converter writes
@@ -65,7 +70,8 @@ from . import llamacpp_types
 from .gguf_file import GGUFFile, open_gguf
 from .reading import ReadError, Reading
 
-__all__ = ["read_gguf", "write_gguf", "rope_type_of", "uses_rope", "llama3_from_rope_freqs", "STYLE_OF_ROPE_TYPE"]
+__all__ = ["read_gguf", "allocated_context", "CTX_PAD", "write_gguf", "rope_type_of", "uses_rope",
+           "llama3_from_rope_freqs", "STYLE_OF_ROPE_TYPE"]
 
 # ggml's rope modes in ropelab's pairing: NORM rotates (2i, 2i+1), the others (i, i + n_rot/2).
 STYLE_OF_ROPE_TYPE = {"NORM": "interleaved", "NEOX": "half", "MROPE": "half", "IMROPE": "half"}
@@ -76,6 +82,10 @@ _GENERIC = ("LLM_KV_ROPE_FREQ_BASE", "LLM_KV_ROPE_SCALING_TYPE", "LLM_KV_ROPE_SC
             "LLM_KV_ROPE_SCALING_ORIG_CTX_LEN", "LLM_KV_ROPE_SCALING_FINETUNED", "LLM_KV_ROPE_DIMENSION_COUNT",
             "LLM_KV_ROPE_DIMENSION_COUNT_SWA")
 _SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # LLAMA_ROPE_SCALING_TYPES, src/llama-model.cpp
+# The architectures whose n_rot llama_model_base::load_hparams requires to equal the head dim (src/llama-model.cpp
+# at the converter's commit, lines 1450-1454: `arch == LLM_ARCH_LLAMA || arch == LLM_ARCH_DECI || arch ==
+# LLM_ARCH_FALCON || arch == LLM_ARCH_LLAMA_EMBED`); tests/test_engines_llamacpp.py checks the refusal by running.
+_FULL_ROT_ARCHS = ("llama", "deci", "falcon", "llama-embed")
 # llama_model_base::load_hparams asserts 0 < n_layer <= LLAMA_MAX_LAYERS, and no per-layer array llama.cpp holds is
 # longer: the longest array ropelab decodes.
 _ARRAY_MAX = llamacpp_types.LIMITS["LLAMA_MAX_LAYERS"]
@@ -222,14 +232,30 @@ def _open(path: Path) -> GGUFFile:
     return open_gguf(path)
 
 
-def read_gguf(path: str | Path) -> Reading:
-    """The RoPE of every layer of the GGUF file ``path``, as llama.cpp reads it (see the module docstring)."""
+def read_gguf(path: str | Path, *, n_ctx: int | None = None) -> Reading:
+    """The RoPE of every layer of the GGUF file ``path``, as llama.cpp reads it (see the module docstring), in a
+    context of ``n_ctx`` tokens allocated (:func:`allocated_context`; default llama.cpp's own, the file's
+    ``context_length``): Phi-3's LongRoPE factors are chosen by it."""
+    if n_ctx is not None and (not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 1):
+        raise ValueError(f"n_ctx must be a positive int (the context llama.cpp allocates), got {n_ctx!r}.")
     path = Path(path)
     with _open(path) as g:
-        return _read(g, path)
+        return _read(g, path, n_ctx)
 
 
-def _read(g: GGUFFile, path: Path) -> Reading:
+# llama_context pads the requested context to a multiple of 256 (src/llama-context.cpp at the converter's commit,
+# `cparams.n_ctx = GGML_PAD(cparams.n_ctx, 256)`; the runtime b11739 reports 256 for a request of 24, measured).
+CTX_PAD = 256
+
+
+def allocated_context(n_ctx: int | None, context_length: int) -> int:
+    """The context llama.cpp allocates for a request of ``n_ctx`` tokens (0 or None: the file's
+    ``context_length``, llama_context's default), padded up to a multiple of :data:`CTX_PAD`."""
+    n = context_length if not n_ctx else n_ctx
+    return -(-n // CTX_PAD) * CTX_PAD
+
+
+def _read(g: GGUFFile, path: Path, n_ctx: int | None = None) -> Reading:
     where = f"{path}: "
     f = _Fields(g, where)
     arch = f.get("general.architecture", "str", required=True)
@@ -303,6 +329,26 @@ def _read(g: GGUFFile, path: Path) -> Reading:
     for name, r in (("LLM_KV_ROPE_DIMENSION_COUNT", n_rot), ("LLM_KV_ROPE_DIMENSION_COUNT_SWA", n_rot_swa)):
         if not 0 < r <= head_dim or r % 2:
             raise ReadError(f"{where}{k(name)}={r} must be an even count of rotated dims in 1..{head_dim} (the head).")
+    mla = f.get(k("LLM_KV_ATTENTION_KEY_LENGTH_MLA"), "int")
+    if mla is not None:
+        # Multi-head latent attention (DeepSeek-V2/V3, Kimi, GLM-4.7 Lite): llama.cpp's deepseek2 graph rotates a
+        # separate n_rot-wide slice of each q/k head (q_pe, k_pe, src/models/deepseek2.cpp) beside key_length_mla -
+        # n_rot unrotated dims; key_length is kv_lora_rank + n_rot, the absorbed form it computes in. The rotated
+        # slice is the RoPE head, as transformers' qk_rope_head_dim (ropelab.spec).
+        if not 0 < n_rot < mla:
+            raise ReadError(f"{where}{k('LLM_KV_ATTENTION_KEY_LENGTH_MLA')}={mla} with "
+                            f"{k('LLM_KV_ROPE_DIMENSION_COUNT')}={n_rot}: multi-head latent attention rotates a slice "
+                            "narrower than the head.")
+        notes.append(f"multi-head latent attention: {k('LLM_KV_ATTENTION_KEY_LENGTH_MLA')}={mla} per q/k head, of "
+                     f"which {k('LLM_KV_ROPE_DIMENSION_COUNT')}={n_rot} rotate as a separate slice (q_pe, k_pe); read "
+                     f"as a RoPE head of {n_rot} ({k('LLM_KV_ATTENTION_KEY_LENGTH')}={head_dim} is the absorbed "
+                     "kv_lora_rank + n_rot).")
+        head_dim = n_rot
+    if arch in _FULL_ROT_ARCHS and n_rot != head_dim:
+        # llama_model_base::load_hparams: `throw std::runtime_error(format("invalid n_rot: %u, expected %u", ...))`
+        f._problem(f"{k('LLM_KV_ROPE_DIMENSION_COUNT')}={n_rot} with a {head_dim}-wide head: llama.cpp refuses to "
+                   f"load a {arch!r} file whose n_rot is not the head dim (\"invalid n_rot: {n_rot}, expected "
+                   f"{head_dim}\", src/llama-model.cpp); rewrite the key to {head_dim} or reconvert.")
     if multi is not None and multi.n_pairs != n_rot // 2:
         raise ReadError(f"{where}{k('LLM_KV_ROPE_DIMENSION_SECTIONS')} covers {multi.n_pairs} pairs, but "
                         f"{k('LLM_KV_ROPE_DIMENSION_COUNT')}={n_rot} rotates {n_rot // 2}.")
@@ -314,7 +360,8 @@ def _read(g: GGUFFile, path: Path) -> Reading:
     rope_tensors = _rope_tensors(f.g, n_rot, k, where)
     for name, values in rope_tensors.items():
         declared[f"tensor {name}"] = values.tolist()
-    scaling = _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, rope_tensors, notes)
+    scaling = _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, rope_tensors, notes,
+                       allocated_context(n_ctx, ctx))
 
     swa = _swa_layers(f, k, entry, n_layers, where)
     full = swa_spec = _spec(style, base, n_rot, head_dim, scaling, ctx, where)
@@ -375,7 +422,7 @@ def _rope_tensors(g: GGUFFile, n_rot: int, k, where: str) -> dict[str, np.ndarra
     return out
 
 
-def _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, tensors, notes) -> dict | None:
+def _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, tensors, notes, n_ctx) -> dict | None:
     where = f.where
     stype = f.get(k("LLM_KV_ROPE_SCALING_TYPE"), "str", "linear")
     if stype not in _SCALING_TYPES:
@@ -414,10 +461,13 @@ def _scaling(f, k, arch, entry, reads, head_dim, n_rot, ctx, base, tensors, note
         if stype == "yarn" or factor != 1.0:
             raise ReadError(f"{where}rope factors together with {stype} scaling (factor {factor}): ropelab does not "
                             "model that combination.")
-        notes.append("rope_factors_long / _short are read as longrope; llama.cpp switches to the long factors when "
-                     "the context size (n_ctx) exceeds original_context_length, transformers when the current "
-                     "sequence length does.")
-        return {"rope_type": "longrope", "short_factor": short_f.tolist(), "long_factor": long_f.tolist(),
+        # One factor set for every position: the one the allocated context picks (transformers switches by the
+        # current sequence length; engines keep one set because keys already in the KV cache were rotated with it).
+        chosen, which = (long_f, "long") if n_ctx > orig else (short_f, "short")
+        notes.append(f"rope_factors_long / _short: llama.cpp picks one set by the allocated context, not by the "
+                     f"sequence length (llama_model::get_rope_factors: long when n_ctx_seq > original_context_length "
+                     f"{orig}); at n_ctx {n_ctx} it runs the {which} factors at every position.")
+        return {"rope_type": "longrope", "short_factor": chosen.tolist(), "long_factor": chosen.tolist(),
                 "factor": ctx / orig, "attention_factor": attn, "original_max_position_embeddings": orig}
     if stype == "longrope":
         raise ReadError(f"{where}scaling type longrope needs the tensors rope_factors_long and rope_factors_short.")

@@ -8,7 +8,9 @@ sdist whose ``vendor/llama.cpp`` holds one) runs :func:`parse` and writes the mo
 - ``src/llama-model.cpp``: ``llama_model_rope_type`` (the rope type each architecture implies; a case returning
   ``use_mrope() ? A : B`` becomes ``{"sections": A, "else": B}``, any other computed return ``None``), and the
   factory switch (``case LLM_ARCH_X: return new llama_model_x``) that names each architecture's class;
-- ``src/models/*.cpp``: each class's graph's ``const bool use_rope = ...;`` (the layers without RoPE, translated to
+- ``src/models/*.cpp``: each class's graph's ``const bool use_rope = ...;``, else the condition of an
+  ``if (...)`` that alone holds the graph's ``ggml_rope_ext`` calls (cohere2's ``if (is_swa)``) (the layers without
+  RoPE, translated to
   Python over il, n_layer, the no-rope step and the sliding-window flags, or None), and its ``load_arch_hparams``:
   ``n_no_rope_layer_step``, the rope keys it reads (``LLM_KV_ROPE_*``), its
   sliding-window layer pattern (``load_swa_pattern(ml, n[, dense_first])`` / ``set_swa_pattern(n)``) and what
@@ -156,6 +158,42 @@ def _use_rope_py(expr: str) -> str | None:
     return " ".join(py.split())
 
 
+def _rope_guard(src: str) -> str | None:
+    """The condition of the ``if (<cond>) { ... }`` blocks without an ``else`` that hold *every* ``ggml_rope_ext``
+    call of a graph (cohere2's ``if (is_swa)``: the other layers get no RoPE), with the file's
+    ``const bool <name> = <expr>;`` locals substituted; None when a RoPE call lies outside such blocks (an
+    indexer's guarded RoPE beside the main one, dots3note's) or the blocks' conditions differ."""
+    local = dict(re.findall(r"const\s+bool\s+(\w+)\s*=\s*([^;]+);", src))
+    calls = [m.start() for m in re.finditer(r"\bggml_rope_ext\s*\(", src)]
+    if not calls:
+        return None
+    blocks = []  # (start, end, condition) of each `if (...) { ... }` without an else
+    for m in re.finditer(r"\bif\s*\(", src):
+        depth, k = 1, m.end()
+        while depth and k < len(src):
+            depth += {"(": 1, ")": -1}.get(src[k], 0)
+            k += 1
+        cond = " ".join(src[m.end():k - 1].split())
+        j = k + len(src[k:]) - len(src[k:].lstrip())
+        if j >= len(src) or src[j] != "{":
+            continue
+        body = _function_body(src[j:], "")
+        end = j + len(body) + 2
+        if not src[end:].lstrip().startswith("else"):
+            blocks.append((j, end, cond))
+    conds = set()
+    for c in calls:
+        inside = [b for b in blocks if b[0] < c < b[1]]
+        if not inside:
+            return None
+        conds.add(inside[-1][2])  # the innermost block around the call
+    if len(conds) != 1:
+        return None
+    (cond,) = conds
+    return " ".join(re.sub(r"\b(\w+)\b", lambda w: f"({local[w.group(1)].strip()})" if w.group(1) in local
+                           else w.group(1), cond).split())
+
+
 def parse_hparams(llama_dir: Path) -> dict[str, dict]:
     """{llama_model_class: {reads, swa_pattern, swa_base, swa_scale, no_rope_step, use_rope}} from each class's
     load_arch_hparams and its graph's ``use_rope`` (the layers that skip RoPE) in the same file."""
@@ -202,6 +240,12 @@ def parse_hparams(llama_dir: Path) -> dict[str, dict]:
             "n_layer" if m.group(1).strip() == "hparams.n_layer()" else _number(m.group(1)))
         m = re.search(r"const\s+bool\s+use_rope\s*=\s*([^;]+);", files[file_of[cls]])
         d["use_rope"] = None if m is None else {"cpp": " ".join(m.group(1).split()), "py": _use_rope_py(m.group(1))}
+        if d["use_rope"] is None:
+            # Only a guard over the per-layer flags ropelab models (an `if (n_head > 0)` around a whole attention
+            # block, deci's, says nothing about RoPE): anything else stays "every layer rotates", as before.
+            guard = _rope_guard(files[file_of[cls]])
+            py = None if guard is None else _use_rope_py(guard)
+            d["use_rope"] = None if py is None else {"cpp": guard, "py": py}
         out[cls] = d
         return d
 

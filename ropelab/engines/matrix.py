@@ -11,13 +11,22 @@ disagreement found in the engines' code), :func:`build`:
    wrote, as llama.cpp reads it (:func:`~ropelab.engines.gguf.read_gguf`), and as mlx-lm builds it from the
    same ``config.json`` (:func:`~ropelab.engines.mlx.read_mlx`);
 4. compares each engine with transformers with :func:`ropelab.engines.check.check` (the ``ropelab-check``
-   comparison), at the family's stated position (default ``max_position_embeddings - 1``).
+   comparison), at the family's stated position (default ``max_position_embeddings - 1``);
+5. runs llama.cpp itself on the GGUF file (:func:`ropelab.engines.parity.compare`: the llama-cpp-py-sync runtime,
+   :data:`~ropelab.engines.parity.N_TOKENS` tokens in a context of llama.cpp's default size, the file's
+   ``context_length``) and compares its logits with transformers' float64 forward of the same weights within the
+   float32 bound. **The GGUF column's status is that run's**: ``agree`` within the bound, ``differ`` past
+   :data:`~ropelab.engines.parity.DIFFER_FACTOR` bounds, with its ``cause`` (:data:`GGUF_CAUSES`: file and line
+   at the converter's llama.cpp commit) — a differing run without a named cause is an error, and so is a reading
+   that predicts other than the run (``reading_status``, the reader's verdict, is kept beside it).
 
-A cell (:func:`cell`) is ``{"status": "agree", "notes"}`` (what the check and the reader observed but does not
+A reader cell (:func:`cell`) is ``{"status": "agree", "notes"}`` (what the check and the reader observed but does not
 count against agreement: permuted q/k, ``rope_freqs`` read as longrope, keys the engine ignores),
 ``{"status": "differ", "mismatches", "problems", "notes"}`` (each mismatch's layers, kinds, details and its
 cost: phase error and attention change at the position), or ``{"status": "unreadable", "reason"}`` (the
-reader's ReadError / ValueError message: an engine that refuses the model).
+reader's ReadError / ValueError message: an engine that refuses the model). A GGUF cell adds ``"run"`` (the
+llama.cpp run: ``max_err``, ``bound``, ``ratio``, ``n_tokens``, ``n_ctx``, ``status``), ``"reading_status"`` and,
+when it differs, ``"cause"``; its ``status`` is the run's.
 
 ``python -m ropelab.engines.matrix [--out data/engines/matrix.json]`` writes the matrix with the versions of
 every package it was measured with.
@@ -59,6 +68,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
         schema="v5", position=None,
         why="yarn with its own beta_fast / beta_slow: the converter writes them, llama.cpp's qwen2 never reads them "
             "(it runs 32 / 1)"),
+    "qwen2_yarn_attn": dict(
+        family="qwen2_yarn", overrides=dict(rope_parameters={
+            **tiny.FAMILIES["qwen2_yarn"][1]["rope_parameters"], "attention_factor": 0.5}),
+        schema="v5", position=None,
+        why="yarn with an explicit attention_factor: the converter writes it under a key only llama.cpp's grok reads"),
+    "smollm3_nope_layer1": dict(
+        family="smollm3", overrides=dict(no_rope_layers=[1, 0, 1, 1]), schema="v5", position=None,
+        why="SmolLM3 with its NoPE layer second: llama.cpp hard-codes every 4th layer and the converter writes no "
+            "pattern"),
     "qwen2_base1e4": dict(
         family="qwen2", overrides=dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
         schema="v5", position=None,
@@ -81,6 +99,34 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "SuScaledRoPE applies the long factors at every length"),
 }
 
+_LONGROPE_CAUSE = (
+    "llama.cpp picks Phi-3's long or short factors once, by the allocated context, not by the sequence length: the "
+    "long ones when n_ctx_seq > original_context_length (src/llama-model.cpp:2345-2346, "
+    "llama_model::get_rope_factors); "
+    "its default context is the file's context_length 256 > 64 (and any context is padded to a multiple of 256, "
+    "src/llama-context.cpp:290), so it runs the long factors at every position, where transformers runs the short "
+    "ones up to length 64")
+# Why llama.cpp's run differs from transformers, per row (file and line at the converter's llama.cpp commit
+# 0c1e570; each checked by tests/test_engines_llamacpp.py, which runs transformers with the cause's config change and
+# finds llama.cpp's logits within the float32 bound of that).
+GGUF_CAUSES: dict[str, str] = {
+    "gemma3_2layer": "llama.cpp assumes Gemma 3's 5 sliding : 1 full layer pattern (src/models/gemma3.cpp:7, "
+                     "load_swa_pattern(ml, 6)) and the converter writes none: the full-attention layer runs as "
+                     "sliding (base 10000, no linear scaling)",
+    "qwen2_yarn_beta": "llama.cpp's qwen2 never reads rope.scaling.yarn_beta_fast / _slow, which the converter writes: "
+                       "it runs the defaults 32 / 1 (src/llama-hparams.h:161-162)",
+    "qwen2_yarn_attn": "the converter writes an explicit yarn attention_factor as rope.scaling.yarn_attn_factor "
+                       "(conversion/base.py:1477-1478), which only llama.cpp's grok reads (src/models/grok.cpp:25); "
+                       "the generic loader reads rope.scaling.attn_factor (src/llama-model.cpp:1431): qwen2 runs the "
+                       "computed 0.1 ln s + 1",
+    "smollm3_nope_layer1": "llama.cpp's smollm3 skips RoPE on every 4th layer whatever the config says "
+                           "(src/models/smollm3.cpp:5, n_no_rope_layer_step = 4; :69, use_rope) and the converter "
+                           "writes no pattern: the NoPE layer 1 rotates, layer 3 does not",
+    "phi3_longrope": _LONGROPE_CAUSE,
+    "phi3_longrope_v4_short": _LONGROPE_CAUSE,
+    "phi3_longrope_v4type_short": _LONGROPE_CAUSE,
+}
+
 
 def versions() -> dict[str, str | None]:
     """The versions of the packages the matrix is measured with (llama.cpp: the vendored commit)."""
@@ -94,8 +140,13 @@ def versions() -> dict[str, str | None]:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
             out[name] = None
+    from .llamacpp_run import LLAMA_CPP_PY_SYNC, RUNTIME_COMMIT, RUNTIME_TAG
+
     out["llama-cpp-python (converter sdist)"] = LLAMA_CPP_PYTHON
-    out["llama.cpp commit"] = llama_cpp_commit()
+    out["llama.cpp commit"] = llama_cpp_commit()  # the converter's (the sdist's vendored llama.cpp)
+    out["llama-cpp-py-sync (runtime)"] = LLAMA_CPP_PY_SYNC
+    out["runtime llama.cpp tag"] = RUNTIME_TAG
+    out["runtime llama.cpp commit"] = RUNTIME_COMMIT
     return out
 
 
@@ -113,7 +164,9 @@ def _rewrite_v4(model_dir: Path, *, type_key: bool = False) -> None:
 
 
 def models(root: str | Path, names: Sequence[str] | None = None) -> dict[str, Path]:
-    """Save the model of every family and variant (or of ``names``) under ``root``; ``{name: model dir}``."""
+    """Save the model of every family and variant (or of ``names``) under ``root`` (``root/<name>/model``: the
+    converter names a model after its directory, and llama.cpp's vocab loader refuses a tiny tokenizer in a model
+    named like Phi-3, src/llama-vocab.cpp:3118-3126); ``{name: model dir}``."""
     root = Path(root)
     every = [*tiny.FAMILIES, *VARIANTS]
     names = every if names is None else list(names)
@@ -123,7 +176,7 @@ def models(root: str | Path, names: Sequence[str] | None = None) -> dict[str, Pa
     out = {}
     for name in names:
         v = VARIANTS.get(name, dict(family=name, overrides={}, schema="v5"))
-        out[name] = tiny.save_tiny_model(v["family"], root / name, **v["overrides"])
+        out[name] = tiny.save_tiny_model(v["family"], root / name / "model", **v["overrides"])
         if v["schema"] in ("v4", "v4-type"):
             _rewrite_v4(out[name], type_key=v["schema"] == "v4-type")
     return out
@@ -174,6 +227,35 @@ def cell(reference: Reading, read: Callable[[], Reading], *, position: int | Non
     return out
 
 
+def run_cell(name: str, model_dir: Path, gguf_path: Path, reading_cell: dict, *, root: Path | None = None) -> dict:
+    """The GGUF cell from llama.cpp's run (:func:`ropelab.engines.parity.compare`, llama.cpp's default context): the
+    reader's cell with ``status`` the run's, ``reading_status`` the reader's, ``run`` and, for a difference, its
+    ``cause`` (:data:`GGUF_CAUSES`). ValueError when the run differs without a named cause or the reader predicts
+    another verdict than the run's."""
+    from . import parity
+    from .llamacpp_run import LoaderRefusal
+
+    clean = (lambda s: _clean(s, root)) if root is not None else (lambda s: s)
+    out = {**reading_cell, "reading_status": reading_cell["status"]}
+    try:
+        run = parity.compare(model_dir, gguf_path, n_ctx=0)
+    except LoaderRefusal as e:
+        out.update(status="unreadable", reason=clean(str(e)))
+        run = None
+    else:
+        out["run"] = run
+        out["status"] = run["status"]
+    if out["status"] == "differ":
+        if name not in GGUF_CAUSES:
+            raise ValueError(f"{name}: llama.cpp's run differs from transformers ({run}) and GGUF_CAUSES names no "
+                             "cause; find it and add it.")
+        out["cause"] = GGUF_CAUSES[name]
+    if out["status"] != out["reading_status"]:
+        raise ValueError(f"{name}: the GGUF reader says {out['reading_status']!r}, llama.cpp's run {out['status']!r} "
+                         f"({run}): the reader is wrong; fix it.")
+    return out
+
+
 def build(names: Sequence[str] | None = None, *, workdir: str | Path | None = None) -> dict:
     """The matrix of every family and variant (or of ``names``): ``{"versions", "engines", "families",
     "variants", "rows": {name: {"family", "schema", "why", "transformers", "gguf", "mlx"}}, "counts"}``."""
@@ -183,7 +265,7 @@ def build(names: Sequence[str] | None = None, *, workdir: str | Path | None = No
         root = Path(workdir) if workdir is not None else Path(tmp)
         dirs = models(root, names)
         ggufs = {n: root / f"{n}.gguf" for n in dirs}
-        convert_many([(d, ggufs[n]) for n, d in dirs.items()])
+        convert_many([(d, ggufs[n]) for n, d in dirs.items()], unknown_bpe_pre="default")  # tiny BPE tokenizers
         rows = {}
         for name, d in dirs.items():
             v = VARIANTS.get(name, dict(family=name, schema="v5", position=None, why=""))
@@ -196,6 +278,7 @@ def build(names: Sequence[str] | None = None, *, workdir: str | Path | None = No
             for engine in ENGINES:
                 row[engine] = cell(ref, lambda e=engine, d=d, g=ggufs[name]: read_engine(e, d, g),
                                    position=v["position"], root=root)
+            row["gguf"] = run_cell(name, d, ggufs[name], row["gguf"], root=root)
             rows[name] = row
     result = {"versions": versions(), "engines": list(ENGINES), "families": [n for n in rows if n in tiny.FAMILIES],
               "variants": [n for n in rows if n in VARIANTS], "rows": rows}
@@ -207,7 +290,7 @@ def counts(matrix: Mapping[str, Any]) -> dict[str, dict[str, int]]:
     """``{engine: {status: number of cells}}`` of a matrix."""
     out = {}
     for engine in matrix["engines"]:
-        c = {"agree": 0, "differ": 0, "unreadable": 0}
+        c = {"agree": 0, "differ": 0, "unreadable": 0, "unclear": 0}
         for row in matrix["rows"].values():
             c[row[engine]["status"]] += 1
         out[engine] = c

@@ -2,7 +2,8 @@ r"""Tiny Hugging Face models built and saved in code, one per RoPE family, for t
 
 :func:`save_tiny_model` writes a model directory that llama.cpp's converter (``convert_hf_to_gguf.py``) accepts
 (tests/test_engines_gguf.py converts every family): a small decoder (2 layers; Gemma 3 6, SmolLM3 4, for their
-layer patterns) with seeded random weights (``config.json`` + ``model.safetensors``) and a
+layer patterns) with seeded random weights (``config.json`` + ``model.safetensors``; matrices N(0, 1/fan_in), so that
+attention depends on position and a wrong RoPE shows in the logits: tests/test_engines_llamacpp.py) and a
 tiny sentencepiece tokenizer (``tokenizer.model``) trained in code on :data:`TEXT`, so nothing is downloaded.
 The converter only accepts tokenizers it recognises; a sentencepiece model goes through its
 ``_set_vocab_sentencepiece`` path for every family here (a BPE ``tokenizer.json`` would need a pre-tokenizer
@@ -26,7 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "TEXT", "VOCAB_SIZE", "save_tiny_model", "tiny_config", "tokenizer_model", "config_dict"]
+__all__ = ["FAMILIES", "BPE_VOCAB", "TEXT", "VOCAB_SIZE", "save_tiny_model", "tiny_config", "tokenizer_model",
+           "config_dict"]
 
 # The text the tokenizer is trained on: short, and with every lowercase letter so that any ASCII word encodes.
 TEXT = (
@@ -73,8 +75,11 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     # sliding-window layers with their own base, linear scaling on the global layers only (Gemma 3 4B's), in
     # Gemma 3's 5:1 layer pattern: llama.cpp assumes that pattern (load_swa_pattern(ml, 6)), the converter does
     # not write it, so a model with another layer_types is misread (see tests/test_engines_gguf.py).
+    # query_pre_attn_scalar = head_dim as in Gemma 3 1B-12B (256 = 256): llama.cpp scales q by 1/sqrt(head_dim)
+    # whatever the config says (llama_model_gemma3::load_arch_hparams, f_attention_scale), and transformers' default
+    # 256 on this 16-wide head would differ in the attention scale, not in RoPE.
     "gemma3": ("Gemma3TextConfig", {
-        "head_dim": 16, "sliding_window": 32, "num_hidden_layers": 6,
+        "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 32, "num_hidden_layers": 6,
         "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
         "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                             "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0}}}),
@@ -88,7 +93,34 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     # M-RoPE, interleaved (llama.cpp's IMROPE).
     "qwen3_vl": ("Qwen3VLConfig", {"head_dim": 16, "rope_parameters": {
         "rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True}}),
+    # Command R7B: 3 sliding-window layers with RoPE, then a full-attention layer without it (transformers'
+    # Cohere2 and llama.cpp's cohere2 graph, which rotates only `if (is_swa)`, src/models/cohere2.cpp:89);
+    # interleaved pairs; the output tied to the embeddings (llama.cpp's cohere2 always uses them). The converter
+    # reads the key rotary_pct (conversion/command_r.py:47), which transformers 5 no longer writes (a KeyError
+    # without it), and a BPE vocabulary (tokenizer.json, BPE_VOCAB below).
+    "cohere2": ("Cohere2Config", {"num_hidden_layers": 4, "sliding_window": 32, "tie_word_embeddings": True,
+                                  "rotary_pct": 1.0, "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+                                  "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}),
+    # Multi-head latent attention (DeepSeek-V3): RoPE on an 8-wide slice of each 24-wide q/k head (qk_rope_head_dim)
+    # beside 16 unrotated dims (qk_nope_head_dim), k's rotated slice shared by the heads; the converter writes
+    # attention.key_length_mla = 24 and rope.dimension_count = 8. One dense layer, then a MoE layer. The converter
+    # asserts num_key_value_heads == num_attention_heads (it splits kv_b_proj per head), as in DeepSeek-V3's own
+    # config, and reads a BPE vocabulary. scoring_func "sigmoid" as DeepSeek-V3's own config.json has it:
+    # transformers 5 does not save the key, the converter then writes no expert_gating_func (conversion/base.py:
+    # 1530-1536) and llama.cpp's deepseek2 routes the experts by softmax (src/models/deepseek2.cpp:22-31), where
+    # transformers uses sigmoid: measured, logits differ by 0.77 from position 0 (not RoPE: with no MoE layer the
+    # two agree to 1e-6).
+    "deepseek_v3": ("DeepseekV3Config", {"scoring_func": "sigmoid",
+        "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "head_dim": 8, "num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1,
+        "topk_group": 1, "moe_intermediate_size": 32, "first_k_dense_replace": 1, "n_shared_experts": 1,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
 }
+
+# Families whose converter class reads a BPE vocabulary (tokenizer.json) rather than tokenizer.model: the saved
+# model gets the same tokenizer as a tokenizer.json too, and ropelab.engines.converter.convert_many needs
+# unknown_bpe_pre for them (the converter knows only real models' BPE pre-tokenizers).
+BPE_VOCAB = ("cohere2", "deepseek_v3")
 
 # The multimodal families nest the text model's keys under text_config; their vision tower is tiny too.
 _VISION = {
@@ -146,12 +178,32 @@ def save_tiny_model(family: str, path: str | Path, *, seed: int = 0, **overrides
     model_cls = (transformers.AutoModelForImageTextToText if cls_name in _VISION
                  else transformers.AutoModelForCausalLM)
     model = model_cls.from_config(config, dtype=torch.float32)
+    _scale_weights(model, seed)
     model.save_pretrained(path)
     (path / "tokenizer.model").write_bytes(tokenizer_model())
     (path / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
          "add_bos_token": True, "add_eos_token": False}, indent=2))
+    if family in BPE_VOCAB:  # the same tokenizer as transformers' fast one: tokenizer.json with its BPE merges
+        transformers.AutoTokenizer.from_pretrained(path).save_pretrained(path)
     return path
+
+
+def _scale_weights(model, seed: int) -> None:
+    """Redraw the weights so that attention depends on position strongly enough for a wrong RoPE to show in the
+    logits (transformers' default std 0.02 leaves attention nearly uniform): every matrix N(0, 1/fan_in)
+    (embeddings N(0, 1)), every vector its default plus N(0, 0.1^2) (norm weights stay near their neutral 1, or 0
+    for the (1 + w) norms; biases near 0). Seeded: the same weights every call."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2:
+                std = 1.0 if "embed" in name else p.shape[-1] ** -0.5
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+            else:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
 
 
 def config_dict(path: str | Path) -> Mapping[str, Any]:
