@@ -32,14 +32,24 @@ from ropelab.engines import converter, ggml
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
 
-# llama-cpp-python compiles llama.cpp (about 4 CPU-minutes): opt-in, `make ggml`. Skipped until it is built, unless
-# ROPELAB_REQUIRE_GGML=1, where a missing build is a failure.
-try:
-    ggml.llama_cpp()
-except ImportError as _e:
-    if os.environ.get("ROPELAB_REQUIRE_GGML") == "1":
-        raise
-    pytest.skip(str(_e), allow_module_level=True)
+
+
+def _missing(load) -> str | None:
+    try:
+        load()
+    except ImportError as e:
+        return str(e)
+    return None
+
+
+# llama-cpp-python compiles llama.cpp (about 4 CPU-minutes): opt-in, `make ggml`. Its tests skip until it is built,
+# unless ROPELAB_REQUIRE_GGML=1, where a missing build is a failure. ggml's RoPE op alone also runs on the prebuilt
+# CPU libraries of llama-cpp-py-sync (the engines extra), so those tests run in make test.
+_NO_LLAMA_CPP, _NO_GGML = _missing(ggml.llama_cpp), _missing(ggml.ggml_libraries)
+if _NO_LLAMA_CPP and os.environ.get("ROPELAB_REQUIRE_GGML") == "1":
+    raise ImportError(_NO_LLAMA_CPP)
+needs_llama_cpp = pytest.mark.skipif(_NO_LLAMA_CPP is not None, reason=str(_NO_LLAMA_CPP))
+needs_ggml = pytest.mark.skipif(_NO_GGML is not None, reason=str(_NO_GGML))
 
 N_TOKENS, HIDDEN, INTERMEDIATE, N_LAYERS, N_HEADS, N_KV, HEAD_DIM = 24, 64, 128, 2, 4, 2, 16
 
@@ -147,6 +157,7 @@ def token_ids(vocab: int) -> list[int]:
     return torch.randint(3, vocab, (N_TOKENS,), generator=torch.Generator().manual_seed(7)).tolist()
 
 
+@needs_llama_cpp
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_llama_cpp_logits_match_transformers(converted, arch):
     model, path = converted(arch)
@@ -171,6 +182,7 @@ WRONG = {
 }
 
 
+@needs_llama_cpp
 @pytest.mark.parametrize("case", list(WRONG))
 def test_a_wrong_rope_is_caught(converted, case):
     arch, rope_parameters = WRONG[case]
@@ -182,6 +194,7 @@ def test_a_wrong_rope_is_caught(converted, case):
     assert err > 100 * bound(s)
 
 
+@needs_llama_cpp
 def test_bad_input_is_a_clear_error(converted, tmp_path):
     model, path = converted("llama")
     with pytest.raises(ValueError, match="n_threads"):
@@ -254,6 +267,7 @@ OP_CASES = {
 }
 
 
+@needs_ggml
 @pytest.mark.parametrize("case", list(OP_CASES))
 def test_ggml_rope_op_matches_ropelab(case):
     from ropelab import frequencies
@@ -283,6 +297,7 @@ def test_ggml_rope_op_matches_ropelab(case):
     assert torch.equal(y[..., n_dims:], x[..., n_dims:])  # the dims past n_dims pass through untouched
 
 
+@needs_ggml
 @pytest.mark.parametrize("mode, wrong_style", [("norm", "half"), ("neox", "interleaved")])
 def test_ggml_rope_op_pairing_is_not_the_other_style(mode, wrong_style):
     x = torch.randn(8, 2, 32, generator=torch.Generator().manual_seed(4))
@@ -294,6 +309,7 @@ def test_ggml_rope_op_pairing_is_not_the_other_style(mode, wrong_style):
     assert err.max() > 0.1
 
 
+@needs_ggml
 def test_ggml_rope_op_bad_input():
     x = torch.randn(4, 2, 8)
     with pytest.raises(ValueError, match="mode"):
@@ -310,6 +326,7 @@ def test_ggml_rope_op_bad_input():
         ggml.rope(x[0], torch.arange(4), n_dims=8, mode="neox")
 
 
+@needs_ggml
 @pytest.mark.parametrize("mode, interleaved", [("mrope", False), ("imrope", True)])
 def test_ggml_mrope_op_matches_ropelab_multiaxis(mode, interleaved):
     # Qwen2-VL's contiguous sections and Qwen3-VL's interleaved ones, on one head ladder, NEOX (half) pairs.

@@ -188,6 +188,9 @@ def bench_cpu(shape=(1, 32, 4096, 128), repeats: int = 20, threads: int = 2, com
         try:
             ggml_op = _GgmlRope(q, k, pos2, threads, "neox")
             methods[GGML] = ggml_op
+            from ..engines.ggml import ggml_libraries
+
+            notes["ggml_build"] = ggml_libraries()[2]
         except ImportError as e:
             notes["ggml"] = f"not timed: {e}"
 

@@ -15,7 +15,8 @@ remains is float32 arithmetic throughout: ggml's RoPE (``ggml_rope_ext``, angles
 matmuls, RMSNorm, softmax.
 
 :func:`rope` calls ggml's RoPE op itself, ``ggml_rope_ext`` (``ggml/include/ggml.h``), on the CPU through ctypes
-on the libraries the wheel ships, on a ``[n_tokens, n_heads, head_dim]`` float32 tensor.
+on the libraries the wheel ships (or, without it, those of the prebuilt ``llama-cpp-py-sync`` wheel:
+:func:`ggml_libraries`), on a ``[n_tokens, n_heads, head_dim]`` float32 tensor.
 
 The GGUF files come from llama.cpp's own converter, :func:`ropelab.engines.converter.convert` (the one home of
 running ``convert_hf_to_gguf.py``).
@@ -31,7 +32,7 @@ import torch
 
 from .converter import LLAMA_CPP_PYTHON
 
-__all__ = ["LLAMA_CPP_PYTHON_VERSION", "MAKE_TARGET", "ROPE_MODES", "llama_cpp", "logits", "rope"]
+__all__ = ["LLAMA_CPP_PYTHON_VERSION", "MAKE_TARGET", "ROPE_MODES", "llama_cpp", "ggml_libraries", "logits", "rope"]
 
 # The llama-cpp-python release `make ggml` builds: the one whose converter ropelab.engines.converter runs (pyproject's
 # `ggml` extra pins it; the Makefile reads it from converter.py).
@@ -115,13 +116,35 @@ class _InitParams(ctypes.Structure):
 _GGML = None
 
 
+def ggml_libraries() -> tuple[Path, Path, str]:
+    """The ggml libraries :func:`rope` loads (libggml-base, libggml-cpu) and which build they come from: the
+    llama-cpp-python wheel ``make ggml`` builds, else the prebuilt CPU wheel ``llama-cpp-py-sync`` of the
+    ``engines`` extra (in the copy :func:`ropelab.engines.llamacpp_run.runtime_dir` makes loadable on an older
+    glibc). An :class:`ImportError` naming both when neither is installed."""
+    try:
+        lib_dir = Path(llama_cpp().__file__).parent / "lib"
+        return lib_dir / "libggml-base.so", lib_dir / "libggml-cpu.so", f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION}"
+    except ImportError as e:
+        from . import llamacpp_run
+
+        if not llamacpp_run.available():
+            raise ImportError(f"{e} Or install llama-cpp-py-sync (pip install -e '.[engines]'), whose prebuilt CPU "
+                              "libraries carry ggml too.") from e
+        lib_dir = llamacpp_run.runtime_dir()
+        shim = lib_dir / llamacpp_run._SHIM_NAME
+        if shim.is_file():  # the glibc shim the copied libraries need, loaded first (llamacpp_run's docstring)
+            ctypes.CDLL(str(shim), mode=ctypes.RTLD_GLOBAL)
+        return (lib_dir / "libggml-base.so.0", lib_dir / "libggml-cpu.so.0",
+                f"llama-cpp-py-sync {llamacpp_run.LLAMA_CPP_PY_SYNC}")
+
+
 def _ggml():
-    """ggml's C API (libggml-base, libggml-cpu from the wheel's llama_cpp/lib), the few functions :func:`rope` calls."""
+    """ggml's C API (libggml-base, libggml-cpu: :func:`ggml_libraries`), the few functions :func:`rope` calls."""
     global _GGML
     if _GGML is None:
-        lib_dir = Path(llama_cpp().__file__).parent / "lib"
-        base = ctypes.CDLL(str(lib_dir / "libggml-base.so"))
-        cpu = ctypes.CDLL(str(lib_dir / "libggml-cpu.so"))
+        base_path, cpu_path, _ = ggml_libraries()
+        base = ctypes.CDLL(str(base_path))
+        cpu = ctypes.CDLL(str(cpu_path))
         p, i64, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
         for lib, name, res, args in [
             (base, "ggml_init", p, [_InitParams]),
