@@ -271,6 +271,12 @@ class RopeSpec:
             raise ValueError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={n_layers}.")
         nope_types = set(conv.get("nope_layer_types", ()))
         by_type = _rope_dicts(config, layer_types, conv, skip=nope_types)
+        mrope = sorted({k for d in by_type.values() for k in ("mrope_section", "mrope_interleaved") if k in d})
+        if mrope:
+            raise ValueError(f"this config's RoPE is multi-axis (M-RoPE: {mrope} in its rope dict; each of its pairs "
+                             "turns with one of several position axes), and a RopeSpec has one position axis; read "
+                             "it with ropelab.engines.hf.read_config (its sections) or "
+                             "ropelab.multiaxis.MultiAxis.from_hf_config.")
         types_ = layer_types if layer_types is not None else [None] * n_layers
         specs = {t: cls.from_rope_dict(_with_partial(config, d, head_dim, conv), head_dim=head_dim, style=style,
                                        max_position_embeddings=max_pos)
@@ -281,6 +287,13 @@ class RopeSpec:
         if missing:
             raise ValueError(f"rope_parameters has no entry for layer type(s) {missing} (it has {sorted(specs)}).")
         uses_rope = _get(config, "no_rope_layers")  # transformers (Llama 4, SmolLM3): use_rope = no_rope_layers[i]
+        rule = ((_reads_of(config) or {}).get("periodic") or {}).get("no_rope_layers")
+        if uses_rope is None and rule is not None:  # the class derives it (measured): Llama 4's every 4th layer
+            k = _get(config, rule["key"])
+            k = rule["default"] if k is None else k
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise ValueError(f"{rule['key']} must be an int >= 1, got {k!r}.")
+            uses_rope = [rule["last"] if (i + 1) % k == 0 else rule["in_period"] for i in range(n_layers)]
         if uses_rope is not None and len(uses_rope) != n_layers:
             raise ValueError(f"no_rope_layers has {len(uses_rope)} entries for num_hidden_layers={n_layers}.")
         for spec in set(specs.values()):
@@ -410,6 +423,21 @@ def _with_conventions(config: Any, style: str | None) -> tuple[Any, Mapping[str,
     if conv is None:
         if style is not None:
             return config, {}
+        from .conformance.hf_config_rules import MODEL_TYPES, NOT_COVERED
+
+        if model_type in NOT_COVERED:
+            raise ValueError(
+                f"model type {model_type!r} is a transformers {TRANSFORMERS_VERSION} model type, but the conformance "
+                f"sweep could not compare its RoPE with transformers' code ({NOT_COVERED[model_type]}), so ropelab's "
+                "convention table has no measured pairing for it; pass style='half' / 'interleaved' explicitly."
+            )
+        if model_type not in MODEL_TYPES:
+            raise ValueError(
+                f"model type {model_type!r} is not a model type of transformers {TRANSFORMERS_VERSION} (a model that "
+                "ships its own code, or a newer transformers), so ropelab's convention table, measured on "
+                "transformers' code, has no pairing for it; rerun `make conformance` with a transformers that has it, "
+                "or pass style='half' / 'interleaved' explicitly."
+            )
         raise ValueError(
             f"model type {model_type!r} is not in ropelab's convention table (measured on transformers "
             f"{TRANSFORMERS_VERSION} by `make conformance`), so its pairing is unknown; rerun `make conformance` "
@@ -454,18 +482,17 @@ def _v4_as_the_class_reads(config: Any, reads: Mapping[str, Any], conv: Mapping[
     (``rotary_emb_base`` for GPT-NeoX), else the class's default; ``partial_rotary_factor`` likewise
     (``rotary_pct``), where the rope dict does not hold one."""
     scaling = None if "rope_scaling" in dropped else _get(config, "rope_scaling")
+    if scaling is not None:  # the class starts from rope_scaling, not its default dict: its rules for that case
+        reads = {**reads, **reads.get("scaled", {}), "default": {**(reads.get("default") or {}),
+                                                               **reads.get("scaled", {}).get("default", {})}}
     default = dict(reads.get("default") or {})
-    theta_keys = reads.get("theta_keys_scaled", reads["theta_keys"]) if scaling is not None else reads["theta_keys"]
+    theta_keys = reads["theta_keys"]
     if scaling is not None:
         d = dict(scaling)
     elif default.get("rope_type", default.get("type", "default")) != "default":
         d = {k: v for k, v in default.items() if k not in _LIFTED}  # the class's own scaling (gpt-oss's yarn)
     else:
         d = {"rope_type": "default"}
-    if d.get("rope_theta") is None:
-        _refuse_unread(config, "rope_theta", theta_keys)
-    if d.get("partial_rotary_factor") is None:
-        _refuse_unread(config, "partial_rotary_factor", reads.get("fraction_keys", ()))
     if d.get("rope_theta") is None:
         _, theta = _first(config, theta_keys)
         if theta is None:
@@ -476,25 +503,29 @@ def _v4_as_the_class_reads(config: Any, reads: Mapping[str, Any], conv: Mapping[
                              f"{_get(config, 'model_type')!r} reads it from {keys} and has no default; set "
                              f"{theta_keys[0] if theta_keys else 'rope_parameters'!r}.")
         d["rope_theta"] = theta
+        _refuse_unread(config, "rope_theta", theta_keys, theta)
     if d.get("partial_rotary_factor") is None:
         key, factor = _first(config, reads.get("fraction_keys", ()))
         factor = factor if key is not None else default.get("partial_rotary_factor")
+        _refuse_unread(config, "partial_rotary_factor", reads.get("fraction_keys", ()), factor)
         if factor is not None:
             d["partial_rotary_factor"] = factor
     return _top_level_original(config, d)
 
 
-def _refuse_unread(config: Any, field: str, keys: Sequence[str]) -> None:
+def _refuse_unread(config: Any, field: str, keys: Sequence[str], used: Any) -> None:
     """ValueError where the config says ``field`` only under keys other config classes read for it and this class
-    does not (GPT-NeoX's reads ``rotary_emb_base``, not ``rope_theta``): transformers would silently run its default
-    instead, so the config does not mean what it says. Naming the key this class reads is the fix."""
+    does not (GPT-NeoX's reads ``rotary_emb_base``, not ``rope_theta``), with a value other than the one transformers
+    uses (``used``, its default): the config does not mean what it says. Naming the key this class reads is the
+    fix. The same value (Bamba's hard-coded rotary share, written out) is what runs, and is read."""
     from .conformance.hf_config_rules import READS
 
     if _first(config, keys)[0] is not None:
         return
     key_field = "theta_keys" if field == "rope_theta" else "fraction_keys"
     others = sorted({k for r in READS.values() for k in r.get(key_field, ()) if k not in keys})
-    said = [k for k in others if _get(config, k) is not None]
+    said = [k for k in others if _get(config, k) is not None and not (is_real(_get(config, k)) and is_real(used)
+                                                                   and float(_get(config, k)) == float(used))]
     if said:
         model_type = _get(config, "model_type")
         fix = f"write it as {keys[0]!r}" if keys else "write it into rope_parameters"
@@ -528,13 +559,14 @@ def text_part(config: Any) -> Any:
     if not isinstance(config, Mapping):
         return config
     model_type = config.get("model_type")
-    sub = TEXT_CONFIGS.get(model_type) if isinstance(model_type, str) else None
-    if sub is None:
+    rule = TEXT_CONFIGS.get(model_type) if isinstance(model_type, str) else None
+    if rule is None:
         return config
     text = config.get("text_config")
     if isinstance(text, Mapping):
-        return {**text, "model_type": text.get("model_type") or sub}
-    return {**config, "model_type": sub}
+        own = text.get("model_type")
+        return {**text, "model_type": own if rule["dict_type"] and isinstance(own, str) and own else rule["type"]}
+    return {**config, "model_type": rule["type"]} if rule["type"] else config
 
 
 def _v4_dropped(config: Any, conv: Mapping[str, Any]) -> list[str]:
@@ -560,7 +592,10 @@ def hf_config_notes(config: Any, *, style: str | None = None) -> tuple[str, ...]
     reads = _reads_of(config)
     if reads is not None and _get(config, "rope_parameters") is None:
         scaling = _get(config, "rope_scaling")
-        theta_keys = reads.get("theta_keys_scaled", reads["theta_keys"]) if scaling is not None else reads["theta_keys"]
+        if scaling is not None:
+            reads = {**reads, **reads.get("scaled", {}), "default": {**(reads.get("default") or {}),
+                                                                   **reads.get("scaled", {}).get("default", {})}}
+        theta_keys = reads["theta_keys"]
         in_scaling = isinstance(scaling, Mapping) and scaling.get("rope_theta") is not None
         default = (reads.get("default") or {}).get("rope_theta")
         if not in_scaling and _first(config, theta_keys)[0] is None and default is not None:

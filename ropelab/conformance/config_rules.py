@@ -13,15 +13,20 @@ class turns these into ``rope_parameters`` its own way (``convert_rope_params_to
   in the class's configuration source, ``modeling_rope_utils`` and ``configuration_utils`` (and the class's own
   fields) that looks like a RoPE key; each is set to a sentinel value no config uses, and a key is read when its
   sentinel arrives in the class's ``rope_parameters``. No key list is typed here.
-- ``theta_keys_scaled``: the same when the config also has a ``rope_scaling`` dict, where that differs (a class
-  whose default rope dict holds a base keeps it unless ``rope_scaling`` replaces the dict: gpt-oss).
+- ``scaled``: where they differ, the keys and the default base / rotary share when the config also has a
+  ``rope_scaling`` dict, which replaces the class's default rope dict (Bamba's default dict holds a rotary share,
+  so a top-level ``partial_rotary_factor`` is read only beside ``rope_scaling``).
 - ``default``: the flat rope dict the class gives a config with none of these keys (its ``default_theta``, its
   default rotary share, a default scaling).
 - ``layer_indices``: a list-of-layer-indices key from which the class derives its layer types (Bamba's
   ``attn_layer_indices``), with the layer type of a listed layer and of the others.
 
+- ``periodic``: a per-layer list the class derives when the config has none, every k-th layer from an int key
+  (Llama 4's ``no_rope_layers`` from ``no_rope_layer_interval``).
+
 ``TEXT_CONFIGS``: for a composite config class (its ``sub_configs`` hold a ``text_config``), the model type of
-that text sub-config: the decoder ``per_layer`` reads from the config's ``text_config``.
+that text sub-config (``type``), and whether the class builds a ``text_config`` dict as the type the dict names
+(``dict_type``) or always as its own: the decoder ``per_layer`` reads from the config's ``text_config``.
 """
 
 from __future__ import annotations
@@ -85,6 +90,56 @@ def _ordered(config_cls, kw: dict, keys: list[str], field: str, sentinel: float)
     return out
 
 
+def _periodic_lists(config_cls, kw: dict) -> dict[str, dict]:
+    """Per-layer lists ``per_layer`` reads (``no_rope_layers``) that the class derives when the config has none,
+    periodically from an int key (Llama 4: every ``no_rope_layer_interval``-th layer has no RoPE): {list: {"key",
+    "default", "in_period", "last"}}, where layer i gets ``last`` if (i + 1) % key == 0 else ``in_period``. Kept only
+    where that holds for the class's default and two other values of the key, at 12 layers."""
+    out = {}
+    defaults = vars(config_cls())
+    for name in ("no_rope_layers",):
+        field = (getattr(config_cls, "__dataclass_fields__", None) or {}).get(name)
+        if field is None or getattr(field, "default", None) not in (None, []):
+            continue
+        base = {**kw, "num_hidden_layers": 12}
+        for key, dv in sorted(defaults.items()):
+            if isinstance(dv, bool) or not isinstance(dv, int) or not 1 < dv <= 12 or not _RoPE_NAME.search(key):
+                continue
+            rule = None
+            for k in (dv, 2, 3):
+                try:
+                    got = list(getattr(config_cls(**{**base, key: k}), name))
+                except Exception:  # noqa: BLE001
+                    rule = None
+                    break
+                a, b = got[0], got[k - 1]
+                if a == b or got != [b if (i + 1) % k == 0 else a for i in range(12)]:
+                    rule = None
+                    break
+                rule = {"key": key, "default": dv, "in_period": a, "last": b}
+            if rule is not None:
+                out[name] = rule
+                break
+    return out
+
+
+def _text_rule(config_cls) -> dict | None:
+    """{"type": the text sub-config's model type, "dict_type": whether a ``text_config`` dict's own ``model_type``
+    picks the class instead (measured: a dict saying another type, and the class built from it)}."""
+    sub = (getattr(config_cls, "sub_configs", None) or {}).get("text_config")
+    if sub is not None and sub.__name__ == "AutoConfig":  # the dict's own model_type picks the class
+        return {"type": None, "dict_type": True}
+    if sub is None or not isinstance(getattr(sub, "model_type", None), str) or not sub.model_type:
+        return None
+    other = "llama" if sub.model_type != "llama" else "mistral"
+    try:
+        got = getattr(config_cls(text_config={"model_type": other}), "text_config", None)
+        honours = getattr(got, "model_type", None) == other
+    except Exception:  # noqa: BLE001 - a class that refuses another type builds its own
+        honours = False
+    return {"type": sub.model_type, "dict_type": honours}
+
+
 def measure_rules(config_cls, kw: dict) -> dict[str, Any]:
     """The reading rules of one config class on the tiny kwargs ``kw`` (``discovery.tiny_kwargs``)."""
     kw = {k: v for k, v in kw.items() if k not in ("rope_parameters", "rope_scaling")}
@@ -95,11 +150,25 @@ def measure_rules(config_cls, kw: dict) -> dict[str, Any]:
     out["default"] = json.loads(json.dumps(default))
     keys = _candidates(config_cls)
     out["theta_keys"] = _ordered(config_cls, kw, keys, "rope_theta", _THETA)
-    scaled = _ordered(config_cls, {**kw, "rope_scaling": {"rope_type": "default"}}, keys, "rope_theta", _THETA)
-    if scaled != out["theta_keys"]:
-        out["theta_keys_scaled"] = scaled
     out["fraction_keys"] = _ordered(config_cls, kw, keys, "partial_rotary_factor", _FRACTION)
+    # With a rope_scaling dict the class starts from it instead of its default dict (``rope_scaling or
+    # self.rope_parameters``): what it then reads, and its defaults, can differ (Bamba's default dict holds a
+    # rotary share, so a top-level partial_rotary_factor is read only beside rope_scaling).
+    skw = {**kw, "rope_scaling": {"rope_type": "default"}}
+    sdefault = _flat_params(config_cls, skw)
+    if sdefault is not None:
+        scaled = {"default": {k: v for k, v in sdefault.items() if k in ("rope_theta", "partial_rotary_factor")},
+                  "theta_keys": _ordered(config_cls, skw, keys, "rope_theta", _THETA),
+                  "fraction_keys": _ordered(config_cls, skw, keys, "partial_rotary_factor", _FRACTION)}
+        plain = {"default": {k: v for k, v in default.items() if k in ("rope_theta", "partial_rotary_factor")},
+                 "theta_keys": out["theta_keys"], "fraction_keys": out["fraction_keys"]}
+        differ = {k: v for k, v in scaled.items() if v != plain[k]}
+        if differ:
+            out["scaled"] = differ
     n = kw.get("num_hidden_layers")
+    periodic = _periodic_lists(config_cls, kw)
+    if periodic:
+        out["periodic"] = periodic
     for key, value in sorted(vars(config_cls()).items()):
         if not (key.endswith("layer_indices") and value is None and isinstance(n, int) and n >= 2):
             continue
@@ -121,11 +190,15 @@ def measure_all(log=print) -> tuple[dict[str, dict], dict[str, str]]:
 
     hf_logging.set_verbosity_error()
     rules, text = {}, {}
+    for mt in sorted(CONFIG_MAPPING.keys()):
+        try:
+            rule = _text_rule(CONFIG_MAPPING[mt])
+        except Exception:  # noqa: BLE001 - a class that cannot be imported has no rule
+            rule = None
+        if rule is not None:
+            text[mt] = rule
     for mt in sorted(discover()):
         config_cls = CONFIG_MAPPING[mt]
-        sub = (getattr(config_cls, "sub_configs", None) or {}).get("text_config")
-        if sub is not None and isinstance(getattr(sub, "model_type", None), str) and sub.model_type:
-            text[mt] = sub.model_type
         try:
             r = measure_rules(config_cls, tiny_kwargs(config_cls))
         except Exception as e:  # noqa: BLE001 - a class that cannot be built has no rules
@@ -137,16 +210,32 @@ def measure_all(log=print) -> tuple[dict[str, dict], dict[str, str]]:
     return rules, text
 
 
+def not_covered(version: str) -> dict[str, str]:
+    """{model type: the sweep's reason} for the types of the committed conformance table it could not compare."""
+    table = pathlib.Path(__file__).resolve().parents[2] / "data" / "conformance" / f"transformers-{version}.json"
+    if not table.exists():
+        return {}
+    rows = json.loads(table.read_text())["models"]
+    return {mt: row.get("reason", "") for mt, row in sorted(rows.items()) if row.get("status") == "not covered"}
+
+
 def write_rules(rules: dict, text: dict, version: str, path: pathlib.Path = RULES_PATH) -> None:
     lines = ["# ruff: noqa: E501",
              f'"""How transformers {version}\'s config classes read a config.json\'s RoPE keys, measured by',
              "``python -m ropelab.conformance.config_rules`` (generated: do not edit). The keys are described in",
              '``ropelab.conformance.config_rules``."""',
-             "", '__all__ = ["TRANSFORMERS_VERSION", "READS", "TEXT_CONFIGS"]', "",
+             "", '__all__ = ["TRANSFORMERS_VERSION", "READS", "TEXT_CONFIGS", "MODEL_TYPES", "NOT_COVERED"]', "",
              f"TRANSFORMERS_VERSION = {version!r}", "", "READS: dict[str, dict] = {"]
     lines += [f"    {mt!r}: {r!r}," for mt, r in sorted(rules.items())]
-    lines += ["}", "", "TEXT_CONFIGS: dict[str, str] = {"]
+    lines += ["}", "", "TEXT_CONFIGS: dict[str, dict] = {"]
     lines += [f"    {mt!r}: {t!r}," for mt, t in sorted(text.items())]
+    from transformers import CONFIG_MAPPING
+
+    lines += ["}", "", "# Every model type of transformers, RoPE or not: a type outside it is unknown to transformers.",
+              f"MODEL_TYPES: frozenset[str] = frozenset({sorted(CONFIG_MAPPING.keys())!r})", "",
+              "# The sweep's reason for each model type it could not compare (data/conformance/transformers-<v>.json).",
+              "NOT_COVERED: dict[str, str] = {"]
+    lines += [f"    {mt!r}: {r!r}," for mt, r in not_covered(version).items()]
     lines.append("}")
     path.write_text("\n".join(lines) + "\n")
 
