@@ -266,7 +266,7 @@ class RopeSpec:
             # (Gemma3TextConfig): every pattern-th layer is global, the others slide.
             layer_types = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(n_layers)]
         if layer_types is None:
-            layer_types = _layer_types_from_indices(config, n_layers)
+            layer_types = _layer_types_from_indices(config, n_layers) or _periodic(config, "layer_types", n_layers)
         if layer_types is not None and len(layer_types) != n_layers:
             raise ValueError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={n_layers}.")
         nope_types = set(conv.get("nope_layer_types", ()))
@@ -287,13 +287,8 @@ class RopeSpec:
         if missing:
             raise ValueError(f"rope_parameters has no entry for layer type(s) {missing} (it has {sorted(specs)}).")
         uses_rope = _get(config, "no_rope_layers")  # transformers (Llama 4, SmolLM3): use_rope = no_rope_layers[i]
-        rule = ((_reads_of(config) or {}).get("periodic") or {}).get("no_rope_layers")
-        if uses_rope is None and rule is not None:  # the class derives it (measured): Llama 4's every 4th layer
-            k = _get(config, rule["key"])
-            k = rule["default"] if k is None else k
-            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-                raise ValueError(f"{rule['key']} must be an int >= 1, got {k!r}.")
-            uses_rope = [rule["last"] if (i + 1) % k == 0 else rule["in_period"] for i in range(n_layers)]
+        if uses_rope is None:  # the class may derive it (measured): Llama 4's every 4th layer
+            uses_rope = _periodic(config, "no_rope_layers", n_layers)
         if uses_rope is not None and len(uses_rope) != n_layers:
             raise ValueError(f"no_rope_layers has {len(uses_rope)} entries for num_hidden_layers={n_layers}.")
         for spec in set(specs.values()):
@@ -532,6 +527,20 @@ def _refuse_unread(config: Any, field: str, keys: Sequence[str], used: Any) -> N
         raise ValueError(f"the config gives {field} as {said} (= {_get(config, said[0])!r}), which transformers' "
                          f"config class for model type {model_type!r} does not read (it reads {list(keys)}); "
                          f"transformers would run its default instead. To mean it, {fix}.")
+
+
+def _periodic(config: Any, name: str, n_layers: int) -> list | None:
+    """The per-layer list ``name`` a config class derives when the config has none, by its measured periodic rule
+    (``hf_config_rules``' ``periodic``: layer i gets ``last`` when (i + 1) % k == 0, k the rule's key or its
+    default); None where the class has no such rule."""
+    rule = ((_reads_of(config) or {}).get("periodic") or {}).get(name)
+    if rule is None:
+        return None
+    k = _get(config, rule["key"])
+    k = rule["default"] if k is None else k
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"{rule['key']} must be an int >= 1, got {k!r}.")
+    return [rule["last"] if (i + 1) % k == 0 else rule["in_period"] for i in range(n_layers)]
 
 
 def _layer_types_from_indices(config: Any, n_layers: int) -> list[str] | None:

@@ -22,7 +22,8 @@ class turns these into ``rope_parameters`` its own way (``convert_rope_params_to
   ``attn_layer_indices``), with the layer type of a listed layer and of the others.
 
 - ``periodic``: a per-layer list the class derives when the config has none, every k-th layer from an int key
-  (Llama 4's ``no_rope_layers`` from ``no_rope_layer_interval``).
+  (Llama 4's ``no_rope_layers`` from ``no_rope_layer_interval``, Qwen3-Next's ``layer_types`` from
+  ``full_attention_interval``).
 
 ``TEXT_CONFIGS``: for a composite config class (its ``sub_configs`` hold a ``text_config``), the model type of
 that text sub-config (``type``), and whether the class builds a ``text_config`` dict as the type the dict names
@@ -43,11 +44,12 @@ RULES_PATH = pathlib.Path(__file__).with_name("hf_config_rules.py")
 
 _THETA, _FRACTION = 12345.0, 0.375  # values no config holds: where they arrive, the key was read
 _RoPE_NAME = re.compile(r"rope|rotary|theta|partial|pct|base_freq")
+_PERIOD_NAME = re.compile(r"interval|step|pattern|every|period")  # an int key a layer pattern may repeat by
 _QUOTED = re.compile(r"""["']([a-z][a-z0-9_]*)["']""")
 _NOT_CANDIDATES = {"rope_parameters", "rope_scaling", "rope_type", "rope_theta_local"}
 
 
-def _candidates(config_cls) -> list[str]:
+def _candidates(config_cls, pattern: re.Pattern = _RoPE_NAME) -> list[str]:
     import transformers
 
     root = pathlib.Path(transformers.__file__).parent
@@ -59,7 +61,7 @@ def _candidates(config_cls) -> list[str]:
         except (OSError, TypeError):
             continue
     names |= set(getattr(config_cls, "__dataclass_fields__", {}) or {})
-    return sorted(n for n in names if _RoPE_NAME.search(n) and n not in _NOT_CANDIDATES)
+    return sorted(n for n in names if pattern.search(n) and n not in _NOT_CANDIDATES)
 
 
 def _flat_params(config_cls, kw: dict) -> dict | None:
@@ -91,34 +93,41 @@ def _ordered(config_cls, kw: dict, keys: list[str], field: str, sentinel: float)
 
 
 def _periodic_lists(config_cls, kw: dict) -> dict[str, dict]:
-    """Per-layer lists ``per_layer`` reads (``no_rope_layers``) that the class derives when the config has none,
-    periodically from an int key (Llama 4: every ``no_rope_layer_interval``-th layer has no RoPE): {list: {"key",
+    """Per-layer lists ``per_layer`` reads (``no_rope_layers``, ``layer_types``) that the class derives when the config
+    has none, periodically from an int key (Llama 4: every ``no_rope_layer_interval``-th layer has no RoPE; Qwen3-Next:
+    every ``full_attention_interval``-th layer attends, the others are linear attention): {list: {"key",
     "default", "in_period", "last"}}, where layer i gets ``last`` if (i + 1) % key == 0 else ``in_period``. Kept only
     where that holds for the class's default and two other values of the key, at 12 layers."""
     out = {}
-    defaults = vars(config_cls())
-    for name in ("no_rope_layers",):
+    base = {**kw, "num_hidden_layers": 12}
+    quoted = [n for n in _candidates(config_cls, _PERIOD_NAME)]
+    for name in ("no_rope_layers", "layer_types"):
         field = (getattr(config_cls, "__dataclass_fields__", None) or {}).get(name)
         if field is None or getattr(field, "default", None) not in (None, []):
             continue
-        base = {**kw, "num_hidden_layers": 12}
-        for key, dv in sorted(defaults.items()):
-            if isinstance(dv, bool) or not isinstance(dv, int) or not 1 < dv <= 12 or not _RoPE_NAME.search(key):
-                continue
+        for key in quoted:
             rule = None
-            for k in (dv, 2, 3):
+            for k in (2, 3):
                 try:
-                    got = list(getattr(config_cls(**{**base, key: k}), name))
+                    got = list(getattr(config_cls(**{**base, key: k}), name) or [])
                 except Exception:  # noqa: BLE001
                     rule = None
                     break
-                a, b = got[0], got[k - 1]
-                if a == b or got != [b if (i + 1) % k == 0 else a for i in range(12)]:
+                if len(got) != 12 or got[0] == got[k - 1] or got != [got[k - 1] if (i + 1) % k == 0 else got[0]
+                                                                     for i in range(12)]:
                     rule = None
                     break
-                rule = {"key": key, "default": dv, "in_period": a, "last": b}
-            if rule is not None:
-                out[name] = rule
+                rule = {"key": key, "in_period": got[0], "last": got[k - 1]}
+            if rule is None:
+                continue
+            try:  # the class's default period: the one its list without the key repeats by
+                got = list(getattr(config_cls(**base), name) or [])
+            except Exception:  # noqa: BLE001
+                continue
+            period = next((k for k in range(1, 13) if got == [rule["last"] if (i + 1) % k == 0 else rule["in_period"]
+                                                              for i in range(12)]), None)
+            if period is not None:
+                out[name] = {**rule, "default": period}
                 break
     return out
 

@@ -57,7 +57,7 @@ def shrink(config: Mapping[str, Any]) -> dict:
     it) at a tiny width: the sizes ``discovery.tiny_kwargs`` shrinks for its model type (MLPs, experts, vocabulary,
     low-rank projections) and two attention heads, with the config's own head size (``head_dim`` set explicitly),
     depth, layer pattern and RoPE keys kept, so ``per_layer`` reads the same RoPE in it."""
-    from .discovery import N_HEADS, tiny_kwargs
+    from .discovery import _SMALL_INTS, N_HEADS, tiny_kwargs
 
     text = {k: v for k, v in text_part(config).items() if k not in _DROPPED}
     config_cls = _class_of(text["model_type"])
@@ -65,14 +65,27 @@ def shrink(config: Mapping[str, Any]) -> dict:
     # MLA (DeepSeek-V3) rotates qk_rope_head_dim, a size of its own; the others rotate head_dim or hidden // heads.
     head_dim = aliased.get("head_dim") or aliased["hidden_size"] // aliased["num_attention_heads"]
     out = dict(text)
+    amap = getattr(config_cls, "attribute_map", None) or {}
     for key, value in tiny_kwargs(config_cls).items():
         if key in ("num_hidden_layers", "head_dim", "hidden_size", "num_attention_heads", "num_key_value_heads"):
             continue
         if key in text or key not in ("pad_token_id", "padding_idx"):
             out[key] = value
+        for alias in (a for a, real in amap.items() if real == key and a in text):
+            out[alias] = value  # the config may name the size by the class's alias
+    for key, value in text.items():  # sizes the config has and its class does not declare (GLM-5.2's num_experts)
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if "intermediate_size" in key:
+            out[key] = min(value, 32)
+        elif key in _SMALL_INTS and value > _SMALL_INTS[key]:
+            out[key] = _SMALL_INTS[key]
     for key in ("pad_token_id", "padding_idx"):
         if isinstance(out.get(key), int) and out[key] >= out.get("vocab_size", 128):
             out[key] = 0
+    k, v = text.get("linear_num_key_heads"), text.get("linear_num_value_heads")
+    if isinstance(k, int) and isinstance(v, int) and k > 0 and v % k == 0:  # linear-attention layers: no RoPE
+        out.update(linear_num_key_heads=min(k, N_HEADS), linear_num_value_heads=min(k, N_HEADS) * (v // k))
     kv = aliased.get("num_key_value_heads")
     out.update(num_attention_heads=N_HEADS, hidden_size=N_HEADS * head_dim)
     if "head_dim" in text:
@@ -93,7 +106,7 @@ def class_reading(config: Mapping[str, Any]) -> list[dict | None]:
     params = getattr(text, "rope_parameters", None) or {}
     types = list(getattr(text, "layer_types", None) or [])
     n = text.num_hidden_layers
-    nested = bool(params) and all(isinstance(v, Mapping) or v is None for v in params.values())
+    nested = bool(types) and any(isinstance(params.get(t), Mapping) for t in set(types))
     if not nested:
         return [dict(params)] * n
     return [dict(params[t]) if isinstance(params.get(t), Mapping) else None for t in (types or [None] * n)]
