@@ -325,8 +325,10 @@ def head_dim_of(config: Any) -> int:
             return _get(config, key)
     hidden, heads = _need(config, "hidden_size"), _need(config, "num_attention_heads")
     if hidden % heads:
-        raise ValueError(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}; transformers' config "
-                         "classes refuse it. Fix one of them, or give head_dim.")
+        raise ValueError(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}, so the config does "
+                         f"not fix a head size (hidden_size // num_attention_heads = {hidden // heads} leaves "
+                         f"{hidden % heads} dims of the hidden size in no head); give head_dim, as the published "
+                         "configs of such models do, or fix one of them.")
     if hidden // heads > MAX_HEAD_DIM:
         raise ValueError(f"hidden_size // num_attention_heads = {hidden // heads} is past ropelab's bound "
                          f"MAX_HEAD_DIM = {MAX_HEAD_DIM} (far beyond any published model); check the config.")
