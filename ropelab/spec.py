@@ -17,6 +17,12 @@ changed. :meth:`RopeSpec.from_hf_config` reads both schemas of ``transformers``:
 - v5: ``rope_parameters``, either one dict or one dict per layer type (``layer_types``; Gemma 3's
   ``full_attention`` / ``sliding_attention``).
 
+A config without ``rope_parameters`` (a published ``config.json`` of before transformers 5) is read as its model
+type's config class reads it, by rules measured on the class (``ropelab.conformance.hf_config_rules``): the keys it
+takes the base and the rotary share from (GPT-NeoX's ``rotary_emb_base`` and ``rotary_pct``), its defaults where
+the config gives none, the layer patterns it derives (Bamba's ``attn_layer_indices``, Qwen3-Next's
+``full_attention_interval``, Llama 4's ``no_rope_layer_interval``), and a composite config's ``text_config``.
+
 Models whose layers use different RoPE have one spec per layer (:meth:`RopeSpec.per_layer`); asking such a
 model for a single spec raises. Every key the reader needs and does not find raises ``ValueError``
 naming it, and so does every key it does not know: nothing falls back to a default silently.
