@@ -25,7 +25,8 @@ the config gives none, the layer patterns it derives (Bamba's ``attn_layer_indic
 
 Models whose layers use different RoPE have one spec per layer (:meth:`RopeSpec.per_layer`); asking such a
 model for a single spec raises. Every key the reader needs and does not find raises ``ValueError``
-naming it, and so does every key it does not know: nothing falls back to a default silently.
+naming it, and so does every key it does not know; the one default it applies is the config class's own where the
+config gives no base or rotary share (transformers runs that default; :func:`hf_config_notes` names it).
 
 Switching settings is ``dataclasses.replace(spec, base=...)``: a spec is frozen and shared safely.
 """
