@@ -19,7 +19,7 @@ SITE_ARGS ?=
 WHEEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ropelab/wheels
 LLAMA_CPP_VERSION := $(shell sed -n 's/^LLAMA_CPP_PYTHON = "\(.*\)"$$/\1/p' ropelab/engines/converter.py)
 
-.PHONY: setup ggml test lint figures figures-smoke site lab bench lm cope conformance clean
+.PHONY: setup ggml test lint figures figures-smoke site lab bench lm cope conformance corpus clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -94,5 +94,13 @@ clean:
 # RoPE model type of the installed transformers; writes data/conformance/transformers-<version>.json and the
 # measured convention table ropelab/conformance/hf_table.py. Exits 1 on any disagreement, 2 when the measured
 # conventions differ from the committed table (then rerun the model types it names against the new table).
+# Then the config classes' reading rules (ropelab/conformance/hf_config_rules.py, seconds; it records the sweep's
+# reasons for the types it could not compare, so it runs after it, whatever the sweep's exit status).
 conformance: setup
-	OMP_NUM_THREADS=1 $(PY) -m ropelab.conformance
+	OMP_NUM_THREADS=1 $(PY) -m ropelab.conformance; status=$$?; \
+	OMP_NUM_THREADS=1 $(PY) -m ropelab.conformance.config_rules && exit $$status
+
+# Every published config.json of data/configs against transformers' config class and, at a tiny width, its model
+# per layer (ropelab.conformance.corpus; tests/test_hf_corpus.py runs one config per kind of reading in CI).
+corpus: setup
+	OMP_NUM_THREADS=1 $(PY) -m ropelab.conformance.corpus

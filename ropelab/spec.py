@@ -17,9 +17,16 @@ changed. :meth:`RopeSpec.from_hf_config` reads both schemas of ``transformers``:
 - v5: ``rope_parameters``, either one dict or one dict per layer type (``layer_types``; Gemma 3's
   ``full_attention`` / ``sliding_attention``).
 
+A config without ``rope_parameters`` (a published ``config.json`` of before transformers 5) is read as its model
+type's config class reads it, by rules measured on the class (``ropelab.conformance.hf_config_rules``): the keys it
+takes the base and the rotary share from (GPT-NeoX's ``rotary_emb_base`` and ``rotary_pct``), its defaults where
+the config gives none, the layer patterns it derives (Bamba's ``attn_layer_indices``, Qwen3-Next's
+``full_attention_interval``, Llama 4's ``no_rope_layer_interval``), and a composite config's ``text_config``.
+
 Models whose layers use different RoPE have one spec per layer (:meth:`RopeSpec.per_layer`); asking such a
 model for a single spec raises. Every key the reader needs and does not find raises ``ValueError``
-naming it, and so does every key it does not know: nothing falls back to a default silently.
+naming it, and so does every key it does not know; the one default it applies is the config class's own where the
+config gives no base or rotary share (transformers runs that default; :func:`hf_config_notes` names it).
 
 Switching settings is ``dataclasses.replace(spec, base=...)``: a spec is frozen and shared safely.
 """
@@ -38,7 +45,8 @@ from .core import check_style
 from .scaling import ROPE_TYPES, SCALING_KEYS, check_base, check_rotary_dim, check_scaling, frequencies, parse_scaling
 from .scaling.checks import is_real
 
-__all__ = ["RopeSpec", "SCALING_KEYS", "HF_KEYS", "head_dim_of", "hf_config_notes", "MAX_LAYERS", "MAX_HEAD_DIM"]
+__all__ = ["RopeSpec", "SCALING_KEYS", "HF_KEYS", "head_dim_of", "hf_config_notes", "text_part", "MAX_LAYERS",
+           "MAX_HEAD_DIM"]
 
 # Bounds on the sizes a config may give (transformers has none: its config classes take any int, and
 # 10**12 layers fail later, allocating). Far beyond any published model (the deepest decoders have a few
@@ -252,7 +260,7 @@ class RopeSpec:
         rope_theta that is not a number, ``layer_types`` that is not a list of names, an odd head that rotates
         whole, LongRoPE factor lists of the wrong length); ``tests/test_spec_strict.py`` drives transformers on the
         same dicts."""
-        config, conv = _with_conventions(config, style)
+        config, conv = _with_conventions(text_part(config), style)
         _check_keys(config, set(conv.get("ignored_keys", ())))
         n_layers = _need(config, "num_hidden_layers")
         head_dim = head_dim_of(config)
@@ -264,10 +272,18 @@ class RopeSpec:
             # Older Gemma 3 configs give the pattern instead of the list; transformers' own rule
             # (Gemma3TextConfig): every pattern-th layer is global, the others slide.
             layer_types = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(n_layers)]
+        if layer_types is None:
+            layer_types = _layer_types_from_indices(config, n_layers) or _periodic(config, "layer_types", n_layers)
         if layer_types is not None and len(layer_types) != n_layers:
             raise ValueError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={n_layers}.")
         nope_types = set(conv.get("nope_layer_types", ()))
         by_type = _rope_dicts(config, layer_types, conv, skip=nope_types)
+        mrope = sorted({k for d in by_type.values() for k in ("mrope_section", "mrope_interleaved") if k in d})
+        if mrope:
+            raise ValueError(f"this config's RoPE is multi-axis (M-RoPE: {mrope} in its rope dict; each of its pairs "
+                             "turns with one of several position axes), and a RopeSpec has one position axis; read "
+                             "it with ropelab.engines.hf.read_config (its sections) or "
+                             "ropelab.multiaxis.MultiAxis.from_hf_config.")
         types_ = layer_types if layer_types is not None else [None] * n_layers
         specs = {t: cls.from_rope_dict(_with_partial(config, d, head_dim, conv), head_dim=head_dim, style=style,
                                        max_position_embeddings=max_pos)
@@ -278,6 +294,8 @@ class RopeSpec:
         if missing:
             raise ValueError(f"rope_parameters has no entry for layer type(s) {missing} (it has {sorted(specs)}).")
         uses_rope = _get(config, "no_rope_layers")  # transformers (Llama 4, SmolLM3): use_rope = no_rope_layers[i]
+        if uses_rope is None:  # the class may derive it (measured): Llama 4's every 4th layer
+            uses_rope = _periodic(config, "no_rope_layers", n_layers)
         if uses_rope is not None and len(uses_rope) != n_layers:
             raise ValueError(f"no_rope_layers has {len(uses_rope)} entries for num_hidden_layers={n_layers}.")
         for spec in set(specs.values()):
@@ -314,8 +332,10 @@ def head_dim_of(config: Any) -> int:
             return _get(config, key)
     hidden, heads = _need(config, "hidden_size"), _need(config, "num_attention_heads")
     if hidden % heads:
-        raise ValueError(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}; transformers' config "
-                         "classes refuse it. Fix one of them, or give head_dim.")
+        raise ValueError(f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}, so the config does "
+                         f"not fix a head size (hidden_size // num_attention_heads = {hidden // heads} leaves "
+                         f"{hidden % heads} dims of the hidden size in no head); give head_dim, as the published "
+                         "configs of such models do, or fix one of them.")
     if hidden // heads > MAX_HEAD_DIM:
         raise ValueError(f"hidden_size // num_attention_heads = {hidden // heads} is past ropelab's bound "
                          f"MAX_HEAD_DIM = {MAX_HEAD_DIM} (far beyond any published model); check the config.")
@@ -407,6 +427,21 @@ def _with_conventions(config: Any, style: str | None) -> tuple[Any, Mapping[str,
     if conv is None:
         if style is not None:
             return config, {}
+        from .conformance.hf_config_rules import MODEL_TYPES, NOT_COVERED
+
+        if model_type in NOT_COVERED:
+            raise ValueError(
+                f"model type {model_type!r} is a transformers {TRANSFORMERS_VERSION} model type, but the conformance "
+                f"sweep could not compare its RoPE with transformers' code ({NOT_COVERED[model_type]}), so ropelab's "
+                "convention table has no measured pairing for it; pass style='half' / 'interleaved' explicitly."
+            )
+        if model_type not in MODEL_TYPES:
+            raise ValueError(
+                f"model type {model_type!r} is not a model type of transformers {TRANSFORMERS_VERSION} (a model that "
+                "ships its own code, or a newer transformers), so ropelab's convention table, measured on "
+                "transformers' code, has no pairing for it; rerun `make conformance` with a transformers that has it, "
+                "or pass style='half' / 'interleaved' explicitly."
+            )
         raise ValueError(
             f"model type {model_type!r} is not in ropelab's convention table (measured on transformers "
             f"{TRANSFORMERS_VERSION} by `make conformance`), so its pairing is unknown; rerun `make conformance` "
@@ -429,6 +464,129 @@ def _with_conventions(config: Any, style: str | None) -> tuple[Any, Mapping[str,
     return config, conv
 
 
+def _reads_of(config: Any) -> Mapping[str, Any] | None:
+    """The measured reading rules of the config's model type (``ropelab.conformance.hf_config_rules``), or None."""
+    from .conformance.hf_config_rules import READS
+
+    model_type = _get(config, "model_type")
+    return READS.get(model_type) if isinstance(model_type, str) else None
+
+
+def _first(config: Any, keys: Sequence[str]) -> tuple[str | None, Any]:
+    for k in keys:
+        if _get(config, k) is not None:
+            return k, _get(config, k)
+    return None, None
+
+
+def _v4_as_the_class_reads(config: Any, reads: Mapping[str, Any], conv: Mapping[str, Any], dropped: set) -> dict:
+    """The one rope dict (v5 form) that the model type's config class makes of a config without
+    ``rope_parameters``, by its measured rules (``ropelab.conformance.config_rules``): ``rope_scaling`` when it is a
+    dict, else the class's default dict; ``rope_theta`` from the first of the keys the class reads the base from
+    (``rotary_emb_base`` for GPT-NeoX), else the class's default; ``partial_rotary_factor`` likewise
+    (``rotary_pct``), where the rope dict does not hold one."""
+    scaling = None if "rope_scaling" in dropped else _get(config, "rope_scaling")
+    if scaling is not None:  # the class starts from rope_scaling, not its default dict: its rules for that case
+        reads = {**reads, **reads.get("scaled", {}), "default": {**(reads.get("default") or {}),
+                                                               **reads.get("scaled", {}).get("default", {})}}
+    default = dict(reads.get("default") or {})
+    theta_keys = reads["theta_keys"]
+    if scaling is not None:
+        d = dict(scaling)
+    elif default.get("rope_type", default.get("type", "default")) != "default":
+        d = {k: v for k, v in default.items() if k not in _LIFTED}  # the class's own scaling (gpt-oss's yarn)
+    else:
+        d = {"rope_type": "default"}
+    if d.get("rope_theta") is None:
+        _, theta = _first(config, theta_keys)
+        if theta is None:
+            theta = default.get("rope_theta", conv.get("fixed_base"))
+        if theta is None:
+            keys = " or ".join(repr(k) for k in theta_keys) or "no key at all"
+            raise ValueError(f"the config has no RoPE base, and transformers' config class for model type "
+                             f"{_get(config, 'model_type')!r} reads it from {keys} and has no default; set "
+                             f"{theta_keys[0] if theta_keys else 'rope_parameters'!r}.")
+        d["rope_theta"] = theta
+        _refuse_unread(config, "rope_theta", theta_keys, theta)
+    if d.get("partial_rotary_factor") is None:
+        key, factor = _first(config, reads.get("fraction_keys", ()))
+        factor = factor if key is not None else default.get("partial_rotary_factor")
+        _refuse_unread(config, "partial_rotary_factor", reads.get("fraction_keys", ()), factor)
+        if factor is not None:
+            d["partial_rotary_factor"] = factor
+    return _top_level_original(config, d)
+
+
+def _refuse_unread(config: Any, field: str, keys: Sequence[str], used: Any) -> None:
+    """ValueError where the config says ``field`` only under keys other config classes read for it and this class
+    does not (GPT-NeoX's reads ``rotary_emb_base``, not ``rope_theta``), with a value other than the one transformers
+    uses (``used``, its default): the config does not mean what it says. Naming the key this class reads is the
+    fix. The same value (Bamba's hard-coded rotary share, written out) is what runs, and is read."""
+    from .conformance.hf_config_rules import READS
+
+    if _first(config, keys)[0] is not None:
+        return
+    key_field = "theta_keys" if field == "rope_theta" else "fraction_keys"
+    others = sorted({k for r in READS.values() for k in r.get(key_field, ()) if k not in keys})
+    said = [k for k in others if _get(config, k) is not None and not (is_real(_get(config, k)) and is_real(used)
+                                                                   and float(_get(config, k)) == float(used))]
+    if said:
+        model_type = _get(config, "model_type")
+        fix = f"write it as {keys[0]!r}" if keys else "write it into rope_parameters"
+        raise ValueError(f"the config gives {field} as {said} (= {_get(config, said[0])!r}), which transformers' "
+                         f"config class for model type {model_type!r} does not read (it reads {list(keys)}); "
+                         f"transformers would run its default instead. To mean it, {fix}.")
+
+
+def _periodic(config: Any, name: str, n_layers: int) -> list | None:
+    """The per-layer list ``name`` a config class derives when the config has none, by its measured periodic rule
+    (``hf_config_rules``' ``periodic``: layer i gets ``last`` when (i + 1) % k == 0, k the rule's key or its
+    default); None where the class has no such rule."""
+    rule = ((_reads_of(config) or {}).get("periodic") or {}).get(name)
+    if rule is None:
+        return None
+    k = _get(config, rule["key"])
+    k = rule["default"] if k is None else k
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"{rule['key']} must be an int >= 1, got {k!r}.")
+    return [rule["last"] if (i + 1) % k == 0 else rule["in_period"] for i in range(n_layers)]
+
+
+def _layer_types_from_indices(config: Any, n_layers: int) -> list[str] | None:
+    """Layer types a config class derives from a list of layer indices (Bamba's ``attn_layer_indices``: the listed
+    layers attend, the others are Mamba layers), by the measured rule; None where the class has no such key."""
+    reads = _reads_of(config)
+    for key, rule in ((reads or {}).get("layer_indices") or {}).items():
+        listed = _get(config, key)
+        if listed is None:
+            listed = []
+        if isinstance(listed, (str, bytes, Mapping)) or not isinstance(listed, Sequence) or any(
+                isinstance(i, bool) or not isinstance(i, int) for i in listed):
+            raise ValueError(f"{key} must be a list of layer indices, got {listed!r}.")
+        chosen = set(listed)
+        return [rule["listed"] if i in chosen else rule["others"] for i in range(n_layers)]
+    return None
+
+
+def text_part(config: Any) -> Any:
+    """The decoder's config of a composite (vision-language) config, as transformers builds it: the ``text_config``
+    with the model type of the class's text sub-config (measured: ``hf_config_rules.TEXT_CONFIGS``), or the flat
+    config read as that type; any other config as it is."""
+    from .conformance.hf_config_rules import TEXT_CONFIGS
+
+    if not isinstance(config, Mapping):
+        return config
+    model_type = config.get("model_type")
+    rule = TEXT_CONFIGS.get(model_type) if isinstance(model_type, str) else None
+    if rule is None:
+        return config
+    text = config.get("text_config")
+    if isinstance(text, Mapping):
+        own = text.get("model_type")
+        return {**text, "model_type": own if rule["dict_type"] and isinstance(own, str) and own else rule["type"]}
+    return {**config, "model_type": rule["type"]} if rule["type"] else config
+
+
 def _v4_dropped(config: Any, conv: Mapping[str, Any]) -> list[str]:
     """The v4 keys of the config that its model type's config class drops (measured: ``hf_table``'s
     ``v4.ignored_keys``; the model runs without them), when the config has no ``rope_parameters``."""
@@ -441,7 +599,7 @@ def hf_config_notes(config: Any, *, style: str | None = None) -> tuple[str, ...]
     """What :meth:`RopeSpec.per_layer` leaves out of a config on purpose, as notes: the keys transformers reads
     none of for this model type (measured into ``ropelab.conformance.hf_table``), which ropelab does not apply
     either. A config ``per_layer`` refuses raises as it does there."""
-    config, conv = _with_conventions(config, style)
+    config, conv = _with_conventions(text_part(config), style)
     model_type = _get(config, "model_type")
     notes = [f"model type {model_type!r}: transformers' config class does not read the v4 key {k!r} (the model runs "
              "without it), so it is not applied; to use it, write it into rope_parameters."
@@ -449,6 +607,18 @@ def hf_config_notes(config: Any, *, style: str | None = None) -> tuple[str, ...]
     notes += [f"model type {model_type!r}: transformers' modeling code does not read {k!r} (it rotates the slice its "
               "rope dict says), so it is not applied."
               for k in conv.get("ignored_keys", ()) if _get(config, k) is not None]
+    reads = _reads_of(config)
+    if reads is not None and _get(config, "rope_parameters") is None:
+        scaling = _get(config, "rope_scaling")
+        if scaling is not None:
+            reads = {**reads, **reads.get("scaled", {}), "default": {**(reads.get("default") or {}),
+                                                                   **reads.get("scaled", {}).get("default", {})}}
+        theta_keys = reads["theta_keys"]
+        in_scaling = isinstance(scaling, Mapping) and scaling.get("rope_theta") is not None
+        default = (reads.get("default") or {}).get("rope_theta")
+        if not in_scaling and _first(config, theta_keys)[0] is None and default is not None:
+            notes.append(f"model type {model_type!r}: the config gives no base ({' / '.join(theta_keys) or 'no key'}); "
+                         f"transformers' config class uses its default rope_theta={default}, and so does ropelab.")
     params = _get(config, "rope_parameters")
     if ("partial_rotary_factor" in conv.get("ignored_keys", ()) and isinstance(params, Mapping)
             and params.get("partial_rotary_factor") is not None and params.get("rope_type", "default") == "default"):
@@ -532,6 +702,11 @@ def _rope_dicts(config: Any, layer_types: Sequence[str] | None, conv: Mapping[st
         return {t: _top_level_original(config, dict(params)) for t in set(layer_types or [None])}
     # v4: rope_theta at the top, rope_scaling (may be None), partial_rotary_factor at the top.
     dropped = set(_v4_dropped(config, conv or {}))
+    reads = _reads_of(config)
+    rule = (conv or {}).get("v4")
+    if reads is not None and not (layer_types is not None and rule and "scaled_layer_types" in rule):
+        global_dict = _v4_as_the_class_reads(config, reads, conv or {}, dropped)
+        return {t: global_dict for t in (set(layer_types) - set(skip) if layer_types is not None else [None])}
     if "rope_theta" in dropped or (_get(config, "rope_theta") is None
                                    and "rope_theta" in (conv or {}).get("v4", {}).get("ignored_keys", ())):
         # The class reads its base from the legacy key in its place (GPT-NeoX's config class:

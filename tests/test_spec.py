@@ -171,7 +171,6 @@ BASE = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_a
 @pytest.mark.parametrize(
     "config, key",
     [
-        ({**BASE, "max_position_embeddings": 8}, "rope_theta"),
         ({**BASE, "rope_theta": 1e4}, "max_position_embeddings"),
         ({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 2, "rope_theta": 1e4,
           "max_position_embeddings": 8},
@@ -229,3 +228,15 @@ def test_a_top_level_original_length_takes_priority_as_in_transformers(schema):
         (a, fa), (b, fb) = from_dict.frequencies(16, seq_len=seq_len), from_class.frequencies(16, seq_len=seq_len)
         assert torch.equal(a, b) and fa == fb
     assert from_dict.frequencies(16)[1] == pytest.approx((1 + math.log(4) / math.log(64)) ** 0.5, rel=1e-12)
+
+
+def test_a_config_without_a_base_reads_the_class_default():
+    """A published v4 config without rope_theta (Llama 2's) runs in transformers with its config class's default
+    base; per_layer reads that default, measured into ``hf_config_rules``, and hf_config_notes names it."""
+    from ropelab.conformance.hf_config_rules import READS
+    from ropelab.spec import hf_config_notes
+
+    config = {**BASE, "max_position_embeddings": 8}
+    (spec,) = set(RopeSpec.per_layer(config))
+    assert spec.base == READS["llama"]["default"]["rope_theta"]
+    assert any("default rope_theta" in n for n in hf_config_notes(config))

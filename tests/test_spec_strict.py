@@ -99,7 +99,8 @@ STRICTER = {
     "llama:rope_theta=true": "transformers takes True as the base 1; a bool is not a number here",
     "llama:max_position_embeddings=0": "a trained context of 0 tokens",
     "gpt_neox:rope_theta only": "GPT-NeoX's config class reads no rope_theta and falls back to its default base; "
-                                "ropelab names rotary_emb_base, the key the class reads, instead of guessing",
+                                "ropelab names rotary_emb_base, the key the class reads, rather than run a base the "
+                                "config does not say",
 }
 _MODULES: dict[str, Any] = {}
 
@@ -205,7 +206,10 @@ def test_a_huge_layer_list_is_refused():
 
 def test_pythia_as_published_reads_and_refusals_do_not_contradict():
     """Issue 29: the published Pythia config (rotary_pct, rotary_emb_base, no rope_theta) reads as transformers
-    runs it; rope_theta added beside it is named as not read (a note), never asked for."""
+    runs it; rope_theta added beside it is named as not read (a note), never asked for. Without any base key the
+    config class's default applies (measured into hf_config_rules, named in a note), as in transformers; a base
+    given only under a key the class does not read is refused naming the key it reads, and following that advice
+    reads (no circle)."""
     pythia = BASES["gpt_neox"]
     (spec,) = set(RopeSpec.per_layer(pythia))
     assert spec.base == 10000.0 and spec.rotary_dim == 4
@@ -213,9 +217,14 @@ def test_pythia_as_published_reads_and_refusals_do_not_contradict():
     assert RopeSpec.per_layer(with_theta) == RopeSpec.per_layer(pythia)
     assert any("'rope_theta'" in n and "does not read" in n for n in read_config(with_theta).notes)
     without = {k: v for k, v in pythia.items() if k != "rotary_emb_base"}
+    assert RopeSpec.per_layer(without) == RopeSpec.per_layer(pythia)
+    assert any("default rope_theta=10000.0" in n for n in hf_config_notes(without))
+    only_theta = {**without, "rope_theta": 500000.0}
     with pytest.raises(ValueError, match="rotary_emb_base") as e:
-        RopeSpec.per_layer(without)
-    assert "set it" in str(e.value) and "'rope_theta'" not in str(e.value).split("has no")[1]
+        RopeSpec.per_layer(only_theta)
+    assert "does not read" in str(e.value) and "drop" not in str(e.value)
+    (fixed,) = set(RopeSpec.per_layer({**only_theta, "rotary_emb_base": 500000.0}))
+    assert fixed.base == 500000.0
     assert hf_config_notes(pythia) == ()
 
 

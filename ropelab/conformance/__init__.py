@@ -10,7 +10,12 @@ model type of the installed transformers.
   paragraph of ``docs/guides/conformance.md``);
 - ``hf_table``: the generated convention table ``RopeSpec.per_layer`` reads (pairing, rotary slice, NoPE layer
   types, key aliases, keys the code ignores, v4 rules per model type). This ``__init__`` imports nothing, so
-  ``spec`` reads ``hf_table`` without loading transformers; only ``sweep`` imports it.
+  ``spec`` reads ``hf_table`` without loading transformers; only ``sweep`` imports it;
+- ``config_rules`` (``python -m ropelab.conformance.config_rules``) and its generated ``hf_config_rules``: how each
+  config class reads a ``config.json`` without ``rope_parameters`` (the keys of its base and rotary share, its
+  defaults, derived layer patterns, composite text configs), measured by instantiating the classes;
+- ``corpus`` (``python -m ropelab.conformance.corpus``): the published configs of ``data/configs`` against
+  transformers' config class and, at a tiny width, its model per layer.
 
 For each model type:
 

@@ -49,6 +49,17 @@ _SMALL_INTS = {"vocab_size": 128, "num_experts": 4, "num_local_experts": 4, "n_r
                "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "kv_lora_rank": 16, "q_lora_rank": 16}
 
 
+_EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def _rotary_share(d) -> float:
+    """The rotary share of the head in a default config (its flat rope dict's partial_rotary_factor, else 1)."""
+    params = getattr(d, "rope_parameters", None)
+    share = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+    share = share if share is not None else getattr(d, "partial_rotary_factor", None)
+    return float(share) if isinstance(share, (int, float)) and not isinstance(share, bool) else 1.0
+
+
 def tiny_kwargs(config_cls) -> dict[str, Any]:
     """Keyword arguments that shrink ``config_cls()``: N_LAYERS layers, N_HEADS heads of the default head size,
     small MLPs, experts and vocabulary. RoPE fields (theta, scaling, partial rotary, layer patterns) untouched."""
@@ -60,10 +71,19 @@ def tiny_kwargs(config_cls) -> dict[str, Any]:
         kw["num_hidden_layers"] = min(d.num_hidden_layers, N_LAYERS)
     if isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
         head_dim = getattr(d, "head_dim", None) or hidden // heads
+        if not getattr(d, "head_dim", None) and (hidden % heads or int(head_dim * _rotary_share(d)) % 2):
+            # The default sizes give no valid head (GLM-4.5's 4096 / 96 heads) or an odd rotary slice (42 * 0.5):
+            # the next multiple of 16 keeps every rotary share of transformers' configs (1/4, 1/2, 1) even.
+            head_dim = -(-head_dim // 16) * 16
+            if "head_dim" in vars(d):
+                kw["head_dim"] = head_dim
+        elif "head_dim" in vars(d) and d.head_dim is None:
+            kw["head_dim"] = head_dim  # the class leaves it None and its attention computes head_dim ** -0.5
         kw["num_attention_heads"] = N_HEADS
         kw["hidden_size"] = N_HEADS * head_dim
-        if isinstance(getattr(d, "num_key_value_heads", None), int):
-            kw["num_key_value_heads"] = 1 if d.num_key_value_heads == 1 else N_HEADS
+        kv = getattr(d, "num_key_value_heads", None)
+        if isinstance(kv, int) or (kv is None and "num_key_value_heads" in vars(d)):
+            kw["num_key_value_heads"] = 1 if kv == 1 else N_HEADS  # None: Nemotron's attention divides by it
     for key in ("pad_token_id", "padding_idx"):
         if isinstance(getattr(d, key, None), int) and getattr(d, key) >= _SMALL_INTS["vocab_size"]:
             kw[key] = 0  # an embedding of 128 rows needs its padding row inside
@@ -74,6 +94,16 @@ def tiny_kwargs(config_cls) -> dict[str, Any]:
             kw[key] = 32
         elif key in _SMALL_INTS and value > _SMALL_INTS[key]:
             kw[key] = _SMALL_INTS[key]
+    # A MoE whose default leaves the routing size None (DeepSeek-V2's num_experts_per_tok): its router calls
+    # topk(k=None). Filled only where the other size is set, so a None that means "dense" stays None.
+    experts = [k for k in _EXPERT_COUNTS if isinstance(kw.get(k, getattr(d, k, None)), int)]
+    if experts and "num_experts_per_tok" in vars(d) and d.num_experts_per_tok is None:
+        kw["num_experts_per_tok"] = _SMALL_INTS["num_experts_per_tok"]
+    # Hybrid models whose default has no attention layer at all (Bamba's attn_layer_indices=None: every layer is
+    # Mamba) run no RoPE: the odd layers become attention layers, the layer pattern of the published ones.
+    for key, value in vars(d).items():
+        if value is None and key.endswith("layer_indices") and "attn" in key and "num_hidden_layers" in kw:
+            kw[key] = list(range(1, kw["num_hidden_layers"], 2))
     # transformers rebuilds per-layer lists (layer_types, no_rope_layers, ...) from num_hidden_layers when they
     # are not given: drop the defaults' lists so the class derives them for the tiny depth, as it would.
     return kw

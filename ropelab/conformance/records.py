@@ -15,7 +15,7 @@ from .discovery import tiny_kwargs, variants
 from .probe import diagnose_probe
 from .running import error_text, rotated_pairs, run_transformers
 
-__all__ = ["sweep_model_type"]
+__all__ = ["sweep_model_type", "compare_layers"]
 
 
 def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False, diagnose: bool = True) -> dict:
@@ -177,8 +177,25 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     except Exception as e:  # noqa: BLE001
         out.update(status="not covered", reason=f"ropelab: {error_text(e)}")
         return out
+    layers = compare_layers(run, specs, config.num_hidden_layers, head_dim, call_dim, perm)
+    out["layers"] = layers
+    st = [e["status"] for e in layers]
+    out["status"] = "disagree" if "disagree" in st else ("agree" if "agree" in st else "not covered")
+    if out["status"] == "not covered":
+        out["reason"] = layers[0].get("reason", "no layer compared")
+    elif out["status"] == "agree" and probe:
+        out["diagnose"] = diagnose_probe(run, specs, layers, sliced, head_dim)
+    return out
+
+
+def compare_layers(run: dict, specs, n_layers: int, head_dim: int, call_dim: int, perm) -> list[dict]:
+    """Per decoder layer: transformers' recorded calls (``run_transformers``) against ropelab's ``specs``
+    (``RopeSpec.per_layer``), each call element by element within the bound (``compare_call``). ``call_dim`` is the
+    width transformers' rotation function was handed (less than ``head_dim`` where the attention slices the rotary
+    part first, GPT-J), ``perm`` its measured output order."""
+    sliced = call_dim < head_dim
     layers = []
-    for i in range(config.num_hidden_layers):
+    for i in range(n_layers):
         spec = specs[i] if i < len(specs) else None
         calls = [c for c in run["calls"] if c["layer"] == i]
         entry: dict[str, Any] = {"layer": i, "spec": None if spec is None else spec.to_dict()}
@@ -205,11 +222,4 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
                 entry["error_over_bound"] = max(r["error_over_bound"] for r in res)
                 entry["status"] = "agree" if entry["error_over_bound"] <= 1.0 else "disagree"
         layers.append(entry)
-    out["layers"] = layers
-    st = [e["status"] for e in layers]
-    out["status"] = "disagree" if "disagree" in st else ("agree" if "agree" in st else "not covered")
-    if out["status"] == "not covered":
-        out["reason"] = layers[0].get("reason", "no layer compared")
-    elif out["status"] == "agree" and probe:
-        out["diagnose"] = diagnose_probe(run, specs, layers, sliced, head_dim)
-    return out
+    return layers

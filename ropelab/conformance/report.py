@@ -19,6 +19,7 @@ REASON_CLASSES = (
     ("pair dims differently", "ropelab refuses: two pairings in one layer (a sparse-attention indexer)"),
     ("RopeSpec cannot represent", "ropelab refuses: a rotation RopeSpec cannot represent"),
     ("are not read by rope_type", "ropelab refuses: a RoPE variant ropelab does not have (multimodal, llama4 keys)"),
+    ("is multi-axis (M-RoPE", "ropelab refuses: a RoPE variant ropelab does not have (multimodal, llama4 keys)"),
     ("ropelab:", "ropelab refuses the config it reads (ValueError)"),
     ("missing", "the model needs inputs other than tokens"),
     ("pixel_values", "the model needs inputs other than tokens"),
