@@ -42,11 +42,17 @@ from pathlib import Path
 from .manifest import (
     MANIFEST,
     NAV_TAG,
+    RUNS,
+    load_runs,
+    machines_text,
     navigation,
     notebook_hash,
     notebooks,
     package_hash,
     questions,
+    render_map,
+    runtime_text,
+    seconds_text,
     stale_figures,
     write_manifest,
     write_navigation,
@@ -57,7 +63,6 @@ SEED = 0
 THREADS = 2  # default torch thread count; the environment variable ROPELAB_THREADS overrides it
 
 # REPO, DATA_DIR, FIGURES_DIR and BUILD_DIR are ropelab.paths' (re-exported: notebooks import them from here).
-RUNS = FIGURES_DIR / "runs.json"  # per notebook: the last full run's seconds, machine, load and headline
 MAP = NOTEBOOK_DIR / "index.ipynb"
 README = REPO / "README.md"  # the front page: its notebook table is rendered from MAP and RUNS
 RUNS_PAGE = REPO / "docs" / "guides" / "running.md"  # the guide whose run-time block is rendered from RUNS
@@ -205,14 +210,6 @@ def headline(text: str, smoke: bool) -> None:
     display(Markdown(head + text), metadata={"ropelab": {"headline": text}})
 
 
-def load_runs(path: str | os.PathLike | None = None) -> dict:
-    """``figures/runs.json`` as a dict (empty when there is none): notebook stem -> ``seconds`` (wall time of its
-    last full run), ``headline``, ``notebook_sha256`` (:func:`notebook_hash` of the source that ran), ``machine``
-    (CPU, logical CPUs, threads) and ``load_average`` (1-minute load when it finished)."""
-    path = RUNS if path is None else Path(path)
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
 def _headline_of(executed: Path) -> str | None:
     """The text of the :func:`headline` call in an executed notebook, or None."""
     import nbformat
@@ -246,63 +243,12 @@ def record_run(nb_path: str | os.PathLike, seconds: float, executed: str | os.Pa
     return runs
 
 
-def _seconds_text(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds:.0f} s ({seconds / 60:.1f} min)"
-
-
-def _machines_text(runs: dict) -> str:
-    cpus = sorted({f"{r['machine']['cpu']}, {r['machine']['logical_cpus']} logical CPUs" for r in runs.values()})
-    loads = [r["load_average"] for r in runs.values() if r.get("load_average") is not None]
-    text = "measured on " + "; ".join(cpus) + " (a machine shared with other jobs"
-    if loads:
-        lo, hi = f"{min(loads):.1f}", f"{max(loads):.1f}"
-        span = lo if lo == hi else f"{lo} to {hi}"  # one run: one number, not "0.5 to 0.5"
-        when = "when the notebook finished" if len(loads) == 1 else "when the notebooks finished"
-        text += f", 1-minute load average {span} {when}"
-    return text + "), so they are upper bounds for an idle machine"
-
-
-def runtime_text(notebook: str, runs: dict | None = None) -> str:
-    """The "Run time." sentence of notebook ``notebook`` (its file stem), from ``runs`` (default
-    ``figures/runs.json``): what :func:`runtime_note` shows in the notebook, and what the site shows on its page
-    (``ropelab.site``), rendered from the same record as the map's run table (:func:`render_map`)."""
-    runs = load_runs() if runs is None else runs
-    r = runs.get(notebook)
-    if r is None:
-        return (f"No full run of `{notebook}` is recorded yet in `figures/runs.json` "
-                f"(`python -m ropelab.figures --only {notebook[:2]}` records one).")
-    return (f"The last full run of this notebook (`python -m ropelab.figures`) took {_seconds_text(r['seconds'])}, "
-            + _machines_text({notebook: r}) + "; `SMOKE = True` runs it at tiny sizes in a fraction of that.")
-
-
 def runtime_note(notebook: str, path: str | os.PathLike | None = None) -> None:
     """Show, at run time, how long this notebook's last recorded full run took (from ``figures/runs.json``): a
     notebook cannot hard-code its own run time. ``notebook`` is its file stem."""
     from IPython.display import Markdown, display
 
     display(Markdown("**Run time.** " + runtime_text(notebook, load_runs(path))))
-
-
-def render_map(runs: dict | None = None) -> str:
-    """The notebook map's generated cell: per notebook its last full-run time and its headline, from
-    ``figures/runs.json``."""
-    runs = load_runs() if runs is None else runs
-    lines = ["<!-- generated from ../figures/runs.json by python -m ropelab.figures (do not edit) -->",
-             "### What each notebook found, and how long it runs", "",
-             "| notebook | full run | its headline, from its last full run |", "|---|---|---|"]
-    for nb in notebooks():
-        r = runs.get(nb.stem)
-        if r is None:
-            lines.append(f"| [{nb.stem[:2]}]({nb.name}) | not recorded | not recorded |")
-        else:
-            lines.append(f"| [{nb.stem[:2]}]({nb.name}) | {_seconds_text(r['seconds'])} | "
-                         f"{(r['headline'] or 'no headline').replace('|', '/')} |")
-    recorded = [runs[nb.stem] for nb in notebooks() if nb.stem in runs]
-    if recorded:
-        total = sum(r["seconds"] for r in recorded)
-        lines += ["", f"Wall-clock times of the last full run of each notebook, {_seconds_text(total)} in all, "
-                  + _machines_text({k: v for k, v in runs.items() if k in {nb.stem for nb in notebooks()}}) + "."]
-    return "\n".join(lines)
 
 
 def render_runs(runs: dict | None = None) -> str:
@@ -313,11 +259,11 @@ def render_runs(runs: dict | None = None) -> str:
     recorded = {k: runs[k] for k in stems if k in runs}
     if not recorded:
         return "No full run is recorded yet in `figures/runs.json`."
-    times = ", ".join(f"{k[:2]} {_seconds_text(v['seconds'])}" for k, v in recorded.items())
+    times = ", ".join(f"{k[:2]} {seconds_text(v['seconds'])}" for k, v in recorded.items())
     missing = [k[:2] for k in stems if k not in runs]
     total = sum(v["seconds"] for v in recorded.values())
     text = (f"Full-run times (`figures/runs.json`, written by `python -m ropelab.figures`): {times}; "
-            f"{_seconds_text(total)} in all, one notebook at a time, " + _machines_text(recorded) + ".")
+            f"{seconds_text(total)} in all, one notebook at a time, " + machines_text(recorded) + ".")
     if missing:
         text += " Not recorded yet: " + ", ".join(missing) + "."
     return text

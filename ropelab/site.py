@@ -338,7 +338,7 @@ def _scrub_output(out: dict) -> dict:
 
 
 def _runtime_output(stem: str) -> dict:
-    from .figures import load_runs, runtime_text
+    from .manifest import load_runs, runtime_text
 
     text = "**Run time.** " + runtime_text(stem, load_runs())
     return {"output_type": "display_data", "metadata": {}, "data": {"text/markdown": text, "text/plain": text}}
@@ -411,8 +411,8 @@ def render_map(images: set[str], modules: set[str] = frozenset()) -> str:
     the site's pages. Its run table is rendered again from ``figures/runs.json`` now
     (:func:`ropelab.figures.render_map`, as each page's run-time note is), and a key figure the map still calls
     to come is shown when ``figures/`` has it."""
-    from .figures import load_runs
-    from .figures import render_map as run_table
+    from .manifest import load_runs
+    from .manifest import render_map as run_table
 
     cells = json.loads((NOTEBOOK_DIR / "index.ipynb").read_text(encoding="utf-8"))["cells"]
     parts = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
@@ -471,7 +471,7 @@ def render_path() -> str:
     """The front page's "Start here" table: each notebook in reading order, the earlier ones it builds on
     (:func:`builds_on`), its reading time (:func:`reading_minutes`) and its full run's time from
     ``figures/runs.json`` (the map's source)."""
-    from .figures import _seconds_text, load_runs
+    from .manifest import load_runs, seconds_text
 
     runs = load_runs()
     rows = ["| | notebook | earlier notebooks it cites | to read | full run |", "|---|---|---|---|---|"]
@@ -479,7 +479,7 @@ def render_path() -> str:
         stems = {p.stem[:2]: p.name for p in notebooks()}
         before = ", ".join(f"[{n}]({stems[n]})" for n in builds_on(src) if n in stems)
         before = before or ("start here" if i == 1 else "none by number")
-        run = _seconds_text(runs[src.stem]["seconds"]) if src.stem in runs else "not recorded"
+        run = seconds_text(runs[src.stem]["seconds"]) if src.stem in runs else "not recorded"
         rows.append(f"| {i} | [{_notebook_title(src)}]({src.name}) | {before} | {reading_minutes(src)} min | {run} |")
     return _rewrite_links("\n".join(rows), "notebooks", "", set())
 

@@ -57,7 +57,7 @@ def shrink(config: Mapping[str, Any]) -> dict:
     it) at a tiny width: the sizes ``discovery.tiny_kwargs`` shrinks for its model type (MLPs, experts, vocabulary,
     low-rank projections) and two attention heads, with the config's own head size (``head_dim`` set explicitly),
     depth, layer pattern and RoPE keys kept, so ``per_layer`` reads the same RoPE in it."""
-    from .discovery import _SMALL_INTS, N_HEADS, tiny_kwargs
+    from .discovery import N_HEADS, SMALL_INTS, tiny_kwargs
 
     text = {k: v for k, v in text_part(config).items() if k not in _DROPPED}
     config_cls = _class_of(text["model_type"])
@@ -78,8 +78,8 @@ def shrink(config: Mapping[str, Any]) -> dict:
             continue
         if "intermediate_size" in key:
             out[key] = min(value, 32)
-        elif key in _SMALL_INTS and value > _SMALL_INTS[key]:
-            out[key] = _SMALL_INTS[key]
+        elif key in SMALL_INTS and value > SMALL_INTS[key]:
+            out[key] = SMALL_INTS[key]
     for key in ("pad_token_id", "padding_idx"):
         if isinstance(out.get(key), int) and out[key] >= out.get("vocab_size", 128):
             out[key] = 0

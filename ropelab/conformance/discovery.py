@@ -8,7 +8,7 @@ import pathlib
 import re
 from typing import Any
 
-__all__ = ["N_LAYERS", "N_HEADS", "discover", "tiny_kwargs", "variants"]
+__all__ = ["N_LAYERS", "N_HEADS", "SMALL_INTS", "discover", "tiny_kwargs", "variants"]
 
 N_LAYERS = 8  # enough for the layer patterns of transformers' configs (every 4th, 6th layer ...)
 N_HEADS = 2
@@ -44,7 +44,7 @@ def discover() -> dict[str, dict]:
 # A tiny config from the model type's own config class
 # --------------------------------------------------------------------------------------------------
 
-_SMALL_INTS = {"vocab_size": 128, "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4,
+SMALL_INTS = {"vocab_size": 128, "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4,
                "num_experts_per_tok": 2, "moe_topk": 2, "n_shared_experts": 1, "num_shared_experts": 1,
                "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "kv_lora_rank": 16, "q_lora_rank": 16}
 
@@ -85,20 +85,20 @@ def tiny_kwargs(config_cls) -> dict[str, Any]:
         if isinstance(kv, int) or (kv is None and "num_key_value_heads" in vars(d)):
             kw["num_key_value_heads"] = 1 if kv == 1 else N_HEADS  # None: Nemotron's attention divides by it
     for key in ("pad_token_id", "padding_idx"):
-        if isinstance(getattr(d, key, None), int) and getattr(d, key) >= _SMALL_INTS["vocab_size"]:
+        if isinstance(getattr(d, key, None), int) and getattr(d, key) >= SMALL_INTS["vocab_size"]:
             kw[key] = 0  # an embedding of 128 rows needs its padding row inside
     for key, value in vars(d).items():
         if isinstance(value, bool) or not isinstance(value, int):
             continue
         if "intermediate_size" in key or key in ("ffn_hidden_size", "n_inner", "ffn_dim"):
             kw[key] = 32
-        elif key in _SMALL_INTS and value > _SMALL_INTS[key]:
-            kw[key] = _SMALL_INTS[key]
+        elif key in SMALL_INTS and value > SMALL_INTS[key]:
+            kw[key] = SMALL_INTS[key]
     # A MoE whose default leaves the routing size None (DeepSeek-V2's num_experts_per_tok): its router calls
     # topk(k=None). Filled only where the other size is set, so a None that means "dense" stays None.
     experts = [k for k in _EXPERT_COUNTS if isinstance(kw.get(k, getattr(d, k, None)), int)]
     if experts and "num_experts_per_tok" in vars(d) and d.num_experts_per_tok is None:
-        kw["num_experts_per_tok"] = _SMALL_INTS["num_experts_per_tok"]
+        kw["num_experts_per_tok"] = SMALL_INTS["num_experts_per_tok"]
     # Hybrid models whose default has no attention layer at all (Bamba's attn_layer_indices=None: every layer is
     # Mamba) run no RoPE: the odd layers become attention layers, the layer pattern of the published ones.
     for key, value in vars(d).items():
