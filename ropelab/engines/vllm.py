@@ -297,7 +297,7 @@ def read_vllm(model_dir: str | Path, *, max_model_len: int | None = None, timeou
     path, config = _model_dir(model_dir)
     try:
         out = dict(_run) if _run is not None else run_vllm(path, max_model_len=max_model_len, timeout=timeout)
-    except VLLMError as e:
+    except (VLLMError, VLLMUnavailable) as e:  # ropelab-check prints a ReadError, never a traceback
         raise ReadError(str(e)) from e
     if not out.get("ok", True):
         raise ReadError(str(out.get("error")))
