@@ -70,11 +70,21 @@ CASES = {
     "gemma3": ("gemma3", None, (SHORT, LONG), (True, True)),
     "phi3_longrope_ctx64": ("phi3_longrope", 64, (SHORT,), (True,)),
     "phi3_longrope_ctx256": ("phi3_longrope", 256, (SHORT, LONG), (False, True)),
+    # yarn keys llama.cpp and mlx-lm drop (an explicit attention_factor; truncate: false, gpt-oss's): vLLM's get_rope
+    # passes both to YaRNScalingRotaryEmbedding.
+    "qwen2_yarn_attention_factor": ("qwen2_yarn", None, (SHORT, LONG), (True, True)),
+    "qwen2_yarn_truncate_false": ("qwen2_yarn", None, (SHORT, LONG), (True, True)),
+}
+_YARN = tiny.FAMILIES["qwen2_yarn"][1]["rope_parameters"]
+# case -> config overrides on its family.
+OVERRIDES = {
+    "qwen2_yarn_attention_factor": {"rope_parameters": {**_YARN, "attention_factor": 1.25}},
+    "qwen2_yarn_truncate_false": {"rope_parameters": {**_YARN, "truncate": False}},
 }
 
 
-def _save(family: str, directory) -> torch.nn.Module:
-    config = tiny.tiny_config(family, **tiny.head_dim_overrides(family, HEAD_DIM))
+def _save(family: str, directory, **overrides) -> torch.nn.Module:
+    config = tiny.tiny_config(family, **{**tiny.head_dim_overrides(family, HEAD_DIM), **overrides})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -103,7 +113,7 @@ def runs(tmp_path_factory):
     models, cases = {}, []
     for case, (family, ctx, lengths, _) in CASES.items():
         d = tmp_path_factory.mktemp(case)
-        models[case] = (_save(family, d), d)
+        models[case] = (_save(family, d, **OVERRIDES.get(case, {})), d)
         cases.append({"model_dir": d, "max_model_len": ctx, "prompts": [_ids(n) for n in lengths]})
     refused = tiny.save_tiny_model("llama", tmp_path_factory.mktemp("refused"))
     cases.append({"model_dir": refused, "prompts": [_ids(8)]})  # vLLM builds it, then refuses to run it
@@ -279,3 +289,8 @@ def test_check_vllm_prefix_reads_like_transformers(runs, monkeypatch, capsys):
     _, d, out = runs["qwen2"]
     monkeypatch.setattr(V, "run_vllm", lambda *a, **k: out)  # the run the fixture made, not a second build
     assert check.main([str(d / "config.json"), "vllm:" + str(d)]) == 0
+
+
+def test_unmapped_rotary_class_is_named():
+    with pytest.raises(ValueError, match="MRotaryEmbedding is not mapped"):
+        V.spec_from_vllm_rope({"class": "MRotaryEmbedding", "attrs": {}})
