@@ -10,6 +10,8 @@
 - :mod:`ropelab.engines.mlx`: ``mlx.core.fast.rope`` and mlx-lm's rope classes.
 - :mod:`ropelab.engines.ggml`: ggml's RoPE itself: a GGUF run through llama.cpp (llama-cpp-python, ``make ggml``),
   its logits, and ggml's RoPE op.
+- :mod:`ropelab.engines.vllm`: vLLM running (``make vllm``: its own environment, reached through a subprocess running
+  :mod:`ropelab.engines.vllm_runner`): each layer's rotary module as vLLM builds it, and its logits.
 - :mod:`ropelab.engines.check`: the ``ropelab-check`` console script.
 - :mod:`ropelab.engines.matrix`: the conformance matrix, every tiny family read by each engine against transformers
   (``data/engines/matrix.json``).

@@ -31,9 +31,6 @@ import re
 import sys
 import time
 
-# This file's directory is ropelab/engines, whose vllm.py would shadow the vllm package: never import from it.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 _ATTRS = ("head_size", "rotary_dim", "max_position_embeddings", "base", "is_neox_style", "scaling_factor",
           "scaling_factors", "low_freq_factor", "high_freq_factor", "orig_max_position", "beta_fast", "beta_slow",
           "mscale", "truncate", "short_factor", "long_factor", "original_max_position_embeddings", "short_mscale",
@@ -173,4 +170,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # This file's directory is ropelab/engines, whose vllm.py would shadow the vllm package (the caller also runs
+    # python -P, which leaves the script's directory off sys.path).
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
     sys.exit(main(sys.argv))
