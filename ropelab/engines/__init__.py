@@ -13,6 +13,8 @@
 - :mod:`ropelab.engines.llamacpp_run`: llama.cpp itself, running (the llama-cpp-py-sync wheel's ``libllama.so``, in a
   child process): a GGUF file's logits at an allocated context; :mod:`ropelab.engines.parity`: those logits against
   transformers' float64 forward, within a float32 bound.
+- :mod:`ropelab.engines.vllm`: vLLM running (``make vllm``: its own environment, reached through a subprocess running
+  :mod:`ropelab.engines.vllm_runner`): each layer's rotary module as vLLM builds it, and its logits.
 - :mod:`ropelab.engines.check`: the ``ropelab-check`` console script.
 - :mod:`ropelab.engines.matrix`: the conformance matrix, every tiny family read by each engine against transformers
   (``data/engines/matrix.json``).

@@ -71,9 +71,10 @@ READERS: dict[str, tuple[str, str]] = {
     "transformers": ("ropelab.engines.hf", "read_config"),
     "gguf": ("ropelab.engines.gguf", "read_gguf"),
     "mlx": ("ropelab.engines.mlx", "read_mlx"),
+    "vllm": ("ropelab.engines.vllm", "read_vllm"),
 }
 # PATH prefixes that force a reader.
-PREFIXES = {"hf": "transformers", "transformers": "transformers", "gguf": "gguf", "mlx": "mlx"}
+PREFIXES = {"hf": "transformers", "transformers": "transformers", "gguf": "gguf", "mlx": "mlx", "vllm": "vllm"}
 # Two frequencies (or attention factors) agree within this relative difference: GGUF stores float32.
 REL_TOL = 4 * UNIT_ROUNDOFF[torch.float32]
 

@@ -24,7 +24,7 @@ from ..spec import RopeSpec
 __all__ = ["Reading", "ReadError", "FORMATS"]
 
 # The source formats a Reading can come from.
-FORMATS = ("transformers", "gguf", "mlx")
+FORMATS = ("transformers", "gguf", "mlx", "vllm")
 
 _OTHER_STYLE = {"half": "interleaved", "interleaved": "half"}
 

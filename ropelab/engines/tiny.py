@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["FAMILIES", "BPE_VOCAB", "TEXT", "VOCAB_SIZE", "save_tiny_model", "tiny_config", "tokenizer_model",
-           "config_dict"]
+           "config_dict", "head_dim_overrides"]
 
 # The text the tokenizer is trained on: short, and with every lowercase letter so that any ASCII word encodes.
 TEXT = (
@@ -162,14 +162,18 @@ def tokenizer_model(text: tuple[str, ...] = TEXT, vocab_size: int = VOCAB_SIZE) 
     return out.getvalue()
 
 
-def save_tiny_model(family: str, path: str | Path, *, seed: int = 0, **overrides: Any) -> Path:
+def save_tiny_model(family: str, path: str | Path, *, seed: int = 0, head_dim: int | None = None,
+                    **overrides: Any) -> Path:
     """Build ``family``'s tiny model with seeded random weights and save it to the directory ``path``
     (``config.json``, ``model.safetensors``, ``tokenizer.model``, ``tokenizer_config.json``); returns ``path``.
 
-    ``overrides`` are config keys (e.g. ``rope_parameters=``, ``num_hidden_layers=``)."""
+    ``head_dim`` widens the heads (:func:`head_dim_overrides`: vLLM's CPU attention takes 32, 64, ... but not 16);
+    ``overrides`` are config keys (e.g. ``rope_parameters=``, ``num_hidden_layers=``) and win over it."""
     import torch
     import transformers
 
+    if head_dim is not None:
+        overrides = {**head_dim_overrides(family, head_dim), **overrides}
     config = tiny_config(family, **overrides)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -209,3 +213,27 @@ def _scale_weights(model, seed: int) -> None:
 def config_dict(path: str | Path) -> Mapping[str, Any]:
     """The saved ``config.json`` of a model directory, as a dict."""
     return json.loads((Path(path) / "config.json").read_text())
+
+
+def head_dim_overrides(family: str, head_dim: int) -> dict[str, Any]:
+    """The config overrides that give ``family``'s tiny model heads of ``head_dim`` dims, RoPE otherwise unchanged:
+    ``head_dim``, ``hidden_size = num_attention_heads * head_dim`` (so a model that derives its head dim from the
+    hidden size gets the same one), and LongRoPE factor lists resampled (linearly, end points kept) to the new
+    number of rotary pairs, which they must match."""
+    import numpy as np
+
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}.")
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even int, got {head_dim!r}.")
+    kwargs = {**_SMALL, **FAMILIES[family][1]}
+    out: dict[str, Any] = {"head_dim": head_dim, "hidden_size": kwargs["num_attention_heads"] * head_dim}
+    params = kwargs.get("rope_parameters")
+    if isinstance(params, Mapping) and "long_factor" in params:
+        pairs = int(head_dim * params.get("partial_rotary_factor", 1.0)) // 2
+        resized = dict(params)
+        for key in ("short_factor", "long_factor"):
+            old = np.asarray(params[key], dtype=np.float64)
+            resized[key] = np.interp(np.linspace(0, len(old) - 1, pairs), np.arange(len(old)), old).tolist()
+        out["rope_parameters"] = resized
+    return out
