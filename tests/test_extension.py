@@ -297,3 +297,17 @@ def test_make_lm_reads_the_finetuned_methods_from_the_package():
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
     assert "-m ropelab.extension list" in makefile
     assert not any(f'"{m}"' in makefile or f" {m} " in makefile for m in ext.FINETUNED)
+
+
+def test_mcnemar_exact_counts_discordant_windows():
+    a = torch.tensor([True] * 45)
+    b = torch.tensor([True] * 40 + [False] * 5)
+    r = ext.mcnemar_exact(a, b)
+    assert (r["only_a"], r["only_b"]) == (5, 0) and r["p_value"] == pytest.approx(2 * 0.5 ** 5)
+    assert ext.mcnemar_exact(a, a)["p_value"] == 1.0
+    # 6 against 2 discordant: two-sided exact p = 2 * P(X <= 2), X ~ Bin(8, 1/2)
+    c = torch.tensor([True] * 6 + [False] * 2 + [True] * 2)
+    d = torch.tensor([False] * 6 + [True] * 2 + [True] * 2)
+    assert ext.mcnemar_exact(c, d)["p_value"] == pytest.approx(2 * (1 + 8 + 28) / 256)
+    with pytest.raises(ValueError, match="same windows"):
+        ext.mcnemar_exact(a, b[:3])
