@@ -86,6 +86,8 @@ __all__ = [
     "plot_temperature",
     "longrope_search",
     "mcnemar_exact",
+    "longrope_train_vs_val",
+    "table1_comparison",
     "longrope_training_windows",
     "longrope_rope",
     "longrope_seed_factors",
@@ -554,6 +556,55 @@ def longrope_search(model: TinyLM, scale: float = 4.0, *, n_windows: int = 6, ge
             "long_factor": best.tolist(), "short_factor": [1.0] * (head_dim // 2), "history": history,
             "seed_losses": {k: score(lam) for k, lam in seeds.items()},
             "command": "python -m ropelab.extension longrope"}
+
+
+def longrope_train_vs_val(model: TinyLM, longrope: dict, val_windows: torch.Tensor, scale: float = 4.0,
+                          spans=((0, 1024), (768, 1024))) -> dict:
+    """The searched LongRoPE factors against YaRN's, compared as :func:`longrope_search` scored them (YaRN's
+    factors run through ``longrope``, so both use longrope's attention factor; the same positions), on the search's
+    training windows and on ``val_windows``: ``{(split, span): (mean, low, high)}`` of searched minus YaRN's, a
+    paired 95 % bootstrap interval over the windows (:func:`ropelab.lm.paired_intervals`)."""
+    from .lm import paired_intervals, span_means
+
+    specs = {"searched": longrope_rope(model.cfg.rope, longrope["long_factor"], scale),
+             "YaRN's factors": longrope_rope(model.cfg.rope, longrope_seed_factors(
+                 "YaRN", scale, model.cfg.head_dim, model.cfg.rope.base), scale)}
+    sets = {"training": longrope_training_windows(scale, longrope["n_windows"]), "validation": val_windows}
+    out = {}
+    for split, ids in sets.items():
+        losses = {"window_loss": {k: per_position_loss(model, ids, m) for k, m in specs.items()}}
+        for span in spans:
+            out[split, tuple(span)] = paired_intervals(span_means(losses, *span),
+                                                       reference="YaRN's factors")["searched"]
+    return out
+
+
+def table1_comparison(finetuned: dict, finetuned_length: int, methods=("PI", "NTK-aware", "YaRN"),
+                      reference: str = "YaRN", width: int = 64, widths=(32, 64, 128)) -> dict:
+    r"""The models fine-tuned at ``finetuned_length`` compared as the YaRN paper's Table 1 compares its three methods,
+    from per-position losses (``finetuned["window_loss"]``), every comparison paired per window with a 95 % bootstrap
+    interval (:func:`ropelab.lm.paired_intervals`):
+
+    - ``rise``: each model's rise just past the fine-tuned length, the loss over :math:`[L, 1.5L)` minus that over
+      :math:`[L/2, L)` in the same window; ``rise_vs``: that rise minus ``reference``'s;
+    - ``points``: Table 1's lengths as multiples of the fine-tuned length (1.25, and the published CSV's 1.5 and 2);
+      ``at``: at each, the loss over the ``width`` positions before it, ``methods`` minus ``reference``;
+    - ``widths``: at 1.25 times, the first method minus ``reference`` for each band width in ``widths``, to show
+      how much the point comparison depends on it.
+    """
+    from .lm import paired_intervals, span_means
+
+    n = finetuned_length
+    rise = {k: span_means(finetuned, n, n * 3 // 2)[k] - span_means(finetuned, n // 2, n)[k]
+            for k in finetuned["window_loss"]}
+    points = {f: int(f * n) for f in (1.25, 1.5, 2.0)}
+
+    def before(end: int, w: int) -> dict:
+        return paired_intervals({k: span_means(finetuned, end - w, end)[k] for k in methods}, reference=reference)
+
+    return {"rise": paired_intervals(rise), "rise_vs": paired_intervals(rise, reference=reference), "points": points,
+            "at": {f: before(end, width) for f, end in points.items()}, "width": width,
+            "widths": {w: before(points[1.25], w)[methods[0]] for w in widths}}
 
 
 def main(argv: list[str] | None = None) -> int:
