@@ -85,6 +85,12 @@ __all__ = [
     "plot_ramp",
     "plot_temperature",
     "longrope_search",
+    "mcnemar_exact",
+    "longrope_train_vs_val",
+    "table1_comparison",
+    "longrope_training_windows",
+    "longrope_rope",
+    "longrope_seed_factors",
     "main",
 ]
 
@@ -376,6 +382,19 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, c - h), min(1.0, c + h)
 
 
+def mcnemar_exact(hits_a: torch.Tensor, hits_b: torch.Tensor) -> dict:
+    """McNemar's exact test of two paired sets of hits (the same windows and keys under two settings): the windows
+    only ``a`` gets right, the windows only ``b`` gets right, and the two-sided p-value of that split under the
+    hypothesis that either is as likely (a binomial test with p = 1/2 on the discordant windows; 1 when none)."""
+    a, b = torch.as_tensor(hits_a).bool().flatten(), torch.as_tensor(hits_b).bool().flatten()
+    if a.shape != b.shape:
+        raise ValueError(f"paired hits need the same windows: got {tuple(a.shape)} and {tuple(b.shape)}.")
+    only_a, only_b = int((a & ~b).sum()), int((~a & b).sum())
+    n = only_a + only_b
+    tail = sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1)) / 2 ** n if n else 1.0
+    return {"only_a": only_a, "only_b": only_b, "p_value": min(1.0, 2 * tail) if n else 1.0}
+
+
 def retrieval_curves(models_specs: dict, distances, windows: torch.Tensor, seed: int = 7) -> dict:
     """:func:`retrieval` for each name -> (model, spec): name -> {distance: (hits, windows)}."""
     out = {}
@@ -435,57 +454,82 @@ def plot_ramp(ax, turns, gamma, gamma_paper, scale: float) -> None:
 
 
 def plot_temperature(ax, study: dict) -> None:
-    r"""Mean loss against the attention factor :math:`\sqrt{1/t}` per scale of :func:`temperature_study`, with a
-    95 % bootstrap band over windows and eq. 22's value dotted."""
+    r"""Per scale of :func:`temperature_study`: the loss at every attention factor :math:`\sqrt{1/t}` of the grid
+    minus the loss at the grid's best, paired over the same windows, with a 95 % bootstrap band (zero at the best
+    point by construction; a band clear of zero is a measured difference), and eq. 22's value dotted. Paired,
+    because the windows' own spread, shared by every factor, would hide differences of a few hundredths."""
     from .lm import bootstrap_means
 
     for j, (s, row) in enumerate(study["scales"].items()):
-        fs = [float(f) for f in row["window_loss"]]
-        stats = [bootstrap_means(torch.tensor(v, dtype=torch.float64)) for v in row["window_loss"].values()]
-        mean = [float(m) for m, _, _ in stats]
-        line, = ax.plot(fs, mean, ["o-", "s--"][j % 2], label=f"s = {float(s):g} (length {row['length']})")
+        wl = {float(f): torch.tensor(v, dtype=torch.float64) for f, v in row["window_loss"].items()}
+        best = min(wl, key=lambda f: float(wl[f].mean()))
+        fs = list(wl)
+        stats = [bootstrap_means(wl[f] - wl[best]) for f in fs]
+        line, = ax.plot(fs, [float(m) for m, _, _ in stats], ["o-", "s--"][j % 2],
+                        label=f"s = {float(s):g} (length {row['length']}), best {best:.2f}")
         ax.fill_between(fs, [float(lo) for _, lo, _ in stats], [float(hi) for _, _, hi in stats],
                         color=line.get_color(), alpha=0.15, lw=0)
         ax.axvline(row["formula"], color=line.get_color(), ls=":", lw=1)
-    ax.set(xlabel=r"attention factor $\sqrt{1/t}$ (dotted: $0.1\ln s + 1$)", ylabel="loss (nats/byte)",
-           title=f"YaRN without fine-tuning, {study['n_windows']} windows (95 % CI)")
+    ax.axhline(0.0, color="0.4", lw=0.8)
+    ax.set(xlabel=r"attention factor $\sqrt{1/t}$ (dotted: $0.1\ln s + 1$)",
+           ylabel="loss minus the grid's best (nats/byte)",
+           title=f"YaRN without fine-tuning, {study['n_windows']} windows, paired (95 % CI)")
     ax.legend(fontsize=8)
 
 
 # ---- LongRoPE's search, small --------------------------------------------------------------------------------
+
+def longrope_training_windows(scale: float = 4.0, n_windows: int = 6) -> torch.Tensor:
+    """The ``n_windows`` windows of :math:`sL_0 + 1` bytes of the *training* split that :func:`longrope_search`
+    scores factors on, evenly spaced through the split: [n_windows, sL_0 + 1]."""
+    length = int(scale * L0)
+    train_data, _ = load_corpus()
+    starts = torch.linspace(0, train_data.numel() - length - 1, n_windows).long()
+    return torch.stack([train_data[s: s + length + 1] for s in starts.tolist()])
+
+
+def longrope_rope(rope: RopeSpec, long_factor, scale: float = 4.0) -> RopeSpec:
+    """``rope`` with Hugging Face's ``longrope`` scaling at ``scale``: ``long_factor`` past :math:`L_0`,
+    ``short_factor`` all ones (the trained ladder within :math:`L_0`), and longrope's default attention factor."""
+    lam = [float(x) for x in long_factor]
+    return replace(rope, scaling={"rope_type": "longrope", "factor": scale, "original_max_position_embeddings": L0,
+                                  "long_factor": lam, "short_factor": [1.0] * len(lam)})
+
+
+def longrope_seed_factors(name: str, scale: float, head_dim: int, base: float) -> torch.Tensor:
+    r"""The per-pair factors :math:`\lambda_i = \omega_i/\omega_i'` of method ``name`` (PI, NTK-aware or YaRN) at
+    :math:`L = sL_0`, made monotone and bounded as the search keeps them: the search's seeds. Run through
+    :func:`longrope_rope` they use longrope's attention factor, not the seed method's own."""
+    length = int(scale * L0)
+    ref = default_inv_freq(head_dim, base)
+    inv, _ = methods(scale, head_dim, base=base)[name].frequencies(head_dim, seq_len=length)
+    return _longrope_project((ref / inv).clamp_min(1.0), scale)
+
+
+def _longrope_project(lam: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.cummax(lam.clamp(1.0, 4.0 * scale), 0).values  # monotone, bounded
+
 
 @torch.no_grad()
 def longrope_search(model: TinyLM, scale: float = 4.0, *, n_windows: int = 6, generations: int = 16,
                     population: int = 12, seed: int = 0, progress: bool = True) -> dict:
     r"""LongRoPE's evolutionary search of per-pair rescale factors :math:`\lambda_i` (Ding et al. 2024,
     arXiv 2402.13753, section 3.2), at toy size: the population starts from PI's, NTK-aware's and YaRN's factors
-    at ``scale``, keeps the paper's monotonic constraint (:math:`\lambda_i` non-decreasing from high to low
-    frequency, :math:`1 \le \lambda_i`), mutates the best by log-normal noise, and scores by the mean loss on
-    ``n_windows`` windows of :math:`sL_0` bytes of the *training* split (the notebook evaluates on the
-    validation split). ``short_factor`` is all ones: within :math:`L_0` the model keeps its trained ladder.
-    The paper's other parts (keeping the first tokens unscaled, progressive extension) are left out."""
+    at ``scale`` (:func:`longrope_seed_factors`), keeps the paper's monotonic constraint (:math:`\lambda_i`
+    non-decreasing from high to low frequency, :math:`1 \le \lambda_i`), mutates the best by log-normal noise, and
+    scores by the mean loss over every position of ``n_windows`` windows of :math:`sL_0` bytes of the *training*
+    split (:func:`longrope_training_windows`; the notebook evaluates on the validation split). ``short_factor`` is
+    all ones: within :math:`L_0` the model keeps its trained ladder. The paper's other parts (keeping the first
+    tokens unscaled, progressive extension) are left out."""
     head_dim = model.cfg.head_dim
     length = int(scale * L0)
-    train_data, _ = load_corpus()
-    starts = torch.linspace(0, train_data.numel() - length - 1, n_windows).long()
-    ids = torch.stack([train_data[s: s + length + 1] for s in starts.tolist()])
-    ref = default_inv_freq(head_dim, model.cfg.rope.base)
-
-    def factors_of(m: RopeSpec) -> torch.Tensor:
-        inv, _ = m.frequencies(head_dim, seq_len=length)
-        return (ref / inv).clamp_min(1.0)
-
-    def project(lam: torch.Tensor) -> torch.Tensor:
-        return torch.cummax(lam.clamp(1.0, 4.0 * scale), 0).values  # monotone, bounded
+    ids = longrope_training_windows(scale, n_windows)
 
     def score(lam: torch.Tensor) -> float:
-        m = replace(model.cfg.rope, scaling={
-            "rope_type": "longrope", "factor": scale, "original_max_position_embeddings": L0,
-            "long_factor": lam.tolist(), "short_factor": [1.0] * (head_dim // 2)})
-        return float(per_position_loss(model, ids, m).mean())
+        return float(per_position_loss(model, ids, longrope_rope(model.cfg.rope, lam.tolist(), scale)).mean())
 
-    seeds = methods(scale, head_dim, base=model.cfg.rope.base)
-    pool = [project(factors_of(seeds[k])) for k in ("PI", "NTK-aware", "YaRN")]
+    seeds = {k: longrope_seed_factors(k, scale, head_dim, model.cfg.rope.base) for k in ("PI", "NTK-aware", "YaRN")}
+    pool = list(seeds.values())
     scored = sorted(((score(lam), i, lam) for i, lam in enumerate(pool)), key=lambda t: t[:2])
     gen = torch.Generator().manual_seed(seed)
     history = [{"generation": 0, "best_loss": scored[0][0]}]
@@ -501,7 +545,7 @@ def longrope_search(model: TinyLM, scale: float = 4.0, *, n_windows: int = 6, ge
         for k in range(population):
             p = parents[k % len(parents)]
             noise = torch.exp(0.15 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
-            children.append(project(p * noise))
+            children.append(_longrope_project(p * noise, scale))
         for lam in children:
             scored.append((score(lam), counter, lam))
             counter += 1
@@ -510,8 +554,57 @@ def longrope_search(model: TinyLM, scale: float = 4.0, *, n_windows: int = 6, ge
     best = scored[0][2]
     return {"scale": scale, "L0": L0, "head_dim": head_dim, "n_windows": n_windows, "length": length,
             "long_factor": best.tolist(), "short_factor": [1.0] * (head_dim // 2), "history": history,
-            "seed_losses": {k: score(project(factors_of(seeds[k]))) for k in ("PI", "NTK-aware", "YaRN")},
+            "seed_losses": {k: score(lam) for k, lam in seeds.items()},
             "command": "python -m ropelab.extension longrope"}
+
+
+def longrope_train_vs_val(model: TinyLM, longrope: dict, val_windows: torch.Tensor, scale: float = 4.0,
+                          spans=((0, 1024), (768, 1024))) -> dict:
+    """The searched LongRoPE factors against YaRN's, compared as :func:`longrope_search` scored them (YaRN's
+    factors run through ``longrope``, so both use longrope's attention factor; the same positions), on the search's
+    training windows and on ``val_windows``: ``{(split, span): (mean, low, high)}`` of searched minus YaRN's, a
+    paired 95 % bootstrap interval over the windows (:func:`ropelab.lm.paired_intervals`)."""
+    from .lm import paired_intervals, span_means
+
+    specs = {"searched": longrope_rope(model.cfg.rope, longrope["long_factor"], scale),
+             "YaRN's factors": longrope_rope(model.cfg.rope, longrope_seed_factors(
+                 "YaRN", scale, model.cfg.head_dim, model.cfg.rope.base), scale)}
+    sets = {"training": longrope_training_windows(scale, longrope["n_windows"]), "validation": val_windows}
+    out = {}
+    for split, ids in sets.items():
+        losses = {"window_loss": {k: per_position_loss(model, ids, m) for k, m in specs.items()}}
+        for span in spans:
+            out[split, tuple(span)] = paired_intervals(span_means(losses, *span),
+                                                       reference="YaRN's factors")["searched"]
+    return out
+
+
+def table1_comparison(finetuned: dict, finetuned_length: int, methods=("PI", "NTK-aware", "YaRN"),
+                      reference: str = "YaRN", width: int = 64, widths=(32, 64, 128)) -> dict:
+    r"""The models fine-tuned at ``finetuned_length`` compared as the YaRN paper's Table 1 compares its three methods,
+    from per-position losses (``finetuned["window_loss"]``), every comparison paired per window with a 95 % bootstrap
+    interval (:func:`ropelab.lm.paired_intervals`):
+
+    - ``rise``: each model's rise just past the fine-tuned length, the loss over :math:`[L, 1.5L)` minus that over
+      :math:`[L/2, L)` in the same window; ``rise_vs``: that rise minus ``reference``'s;
+    - ``points``: Table 1's lengths as multiples of the fine-tuned length (1.25, and the published CSV's 1.5 and 2);
+      ``at``: at each, the loss over the ``width`` positions before it, ``methods`` minus ``reference``;
+    - ``widths``: at 1.25 times, the first method minus ``reference`` for each band width in ``widths``, to show
+      how much the point comparison depends on it.
+    """
+    from .lm import paired_intervals, span_means
+
+    n = finetuned_length
+    rise = {k: span_means(finetuned, n, n * 3 // 2)[k] - span_means(finetuned, n // 2, n)[k]
+            for k in finetuned["window_loss"]}
+    points = {f: int(f * n) for f in (1.25, 1.5, 2.0)}
+
+    def before(end: int, w: int) -> dict:
+        return paired_intervals({k: span_means(finetuned, end - w, end)[k] for k in methods}, reference=reference)
+
+    return {"rise": paired_intervals(rise), "rise_vs": paired_intervals(rise, reference=reference), "points": points,
+            "at": {f: before(end, width) for f, end in points.items()}, "width": width,
+            "widths": {w: before(points[1.25], w)[methods[0]] for w in widths}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,8 @@ __all__ = [
     "static_ntk_base",
     "bootstrap_means",
     "band_intervals",
+    "span_means",
+    "paired_intervals",
     "METHODS",
     "CACHE_POLICIES",
     "Scheme",
@@ -315,6 +317,38 @@ def band_intervals(result: dict, edges=(0, 256, 512, 768, 1024), reference: str 
     return out
 
 
+def span_means(result: dict, start: int, stop: int) -> dict[str, torch.Tensor]:
+    """Per scheme of ``result["window_loss"]``: each window's mean loss over positions [start, stop), a float64
+    tensor [windows]. Differences of these (a rise from one span to another, one scheme minus another) stay paired
+    by window, which is what :func:`paired_intervals` needs."""
+    out = {}
+    for name, v in result["window_loss"].items():
+        w = torch.as_tensor(v, dtype=torch.float64)
+        if not 0 <= start < stop <= w.shape[1]:
+            raise ValueError(f"span [{start}, {stop}) is not inside the {w.shape[1]} positions evaluated; "
+                             "pass 0 <= start < stop <= the window's length.")
+        out[name] = w[:, start:stop].mean(1)
+    return out
+
+
+def paired_intervals(values: dict[str, torch.Tensor], reference: str | None = None, n_boot: int = 2000,
+                     seed: int = 0) -> dict[str, tuple[float, float, float]]:
+    """(mean, low, high) over windows of one number per window and scheme (e.g. from :func:`span_means`), a 95 %
+    percentile bootstrap interval with the windows resampled (:func:`bootstrap_means`). With ``reference``, of the
+    paired difference ``values[name] - values[reference]``: the same windows resampled for both."""
+    if reference is not None and reference not in values:
+        raise ValueError(f"reference {reference!r} is not among the schemes {sorted(values)}.")
+    n = {k: tuple(v.shape) for k, v in values.items()}
+    if len(set(n.values())) != 1 or len(next(iter(n.values()))) != 1:
+        raise ValueError(f"need one value per window for every scheme, with the same windows; got shapes {n}.")
+    out = {}
+    for name, v in values.items():
+        d = v.double() - (values[reference].double() if reference is not None else 0)
+        m, lo, hi = bootstrap_means(d, n_boot, seed)
+        out[name] = (float(m), float(lo), float(hi))
+    return out
+
+
 def neighbour_intervals(result: dict, order: list[str], edges=(0, 256, 512, 768, 1024), band: int = -1,
                         n_boot: int = 2000, seed: int = 0) -> list[tuple[str, str, tuple[float, float, float]]]:
     """For schemes listed in ``order`` (e.g. by mean loss), the paired difference between each and the next in
@@ -352,15 +386,20 @@ def smooth_positions(per_window: torch.Tensor, width: int = 32, stride: int = 8)
 
 
 def plot_band_panels(window_loss: dict, reference: str, *, L0: int = L0, ncol: int = 4, title: str = "",
-                     reference_label: str | None = None, width: int = 32, stride: int = 8):
+                     reference_label: str | None = None, width: int = 32, stride: int = 8,
+                     legend_in: str | None = None):
     """One panel per scheme of ``window_loss`` (name -> [window, position] losses): its mean loss against position
     (``width``-token means) with a 95 % bootstrap band over windows (:func:`bootstrap_means`), the ``reference``
     scheme's mean drawn dashed in every other panel, and :math:`L_0` dotted. The y range covers every band's upper
-    end (no interval is clipped). Returns the figure (notebooks 05 and 07)."""
+    end (no interval is clipped). The legend goes in the upper left of panel ``legend_in`` (default: the first
+    panel other than the reference's): name a panel whose curve leaves that corner free. Returns the figure
+    (notebooks 05 and 07)."""
     import matplotlib.pyplot as plt
 
     if reference not in window_loss:
         raise ValueError(f"reference {reference!r} is not among the schemes {sorted(window_loss)}.")
+    if legend_in is not None and legend_in not in window_loss:
+        raise ValueError(f"legend_in {legend_in!r} is not among the schemes {sorted(window_loss)}.")
     curves = {}
     for name, w in window_loss.items():
         sm, x = smooth_positions(torch.as_tensor(w), width, stride)
@@ -381,7 +420,8 @@ def plot_band_panels(window_loss: dict, reference: str, *, L0: int = L0, ncol: i
     low = min(float(c[1].min()) for c in curves.values())
     high = max(float(c[2].max()) for c in curves.values())
     axes[0, 0].set_ylim(max(0.0, low - 0.1), high + 0.1)
-    next(ax for ax, name in zip(axes.flat, curves) if name != reference).legend(fontsize=7, loc="upper left")
+    next(ax for ax, name in zip(axes.flat, curves)
+         if (name == legend_in if legend_in is not None else name != reference)).legend(fontsize=7, loc="upper left")
     fig.supxlabel("position")
     fig.supylabel(f"loss (nats/byte), {width}-token mean")
     if title:

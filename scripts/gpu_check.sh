@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU check, under 7 minutes: the Triton kernels' correctness tests on the GPU (the fused QK-norm+RoPE's among them),
-# then `python -m ropelab.bench gpu` and `python -m ropelab.bench fused --device cuda`.
+# GPU check (its run time on a GPU has not been measured yet): the Triton kernels' correctness tests on the GPU
+# (the fused QK-norm+RoPE's among them), then `python -m ropelab.bench gpu` and `python -m ropelab.bench fused --device cuda`.
 #   scripts/gpu_check.sh OUT_DIR        (run from the checkout; PYTHONPATH=. is set here)
 # Optional peers come from .whl/ (scripts/fetch_wheels.sh, run beforehand where there is network).
 # Every step's log and the benchmark JSON go to OUT_DIR (flat: no subfolders). To add a check, add one line

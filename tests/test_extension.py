@@ -297,3 +297,36 @@ def test_make_lm_reads_the_finetuned_methods_from_the_package():
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
     assert "-m ropelab.extension list" in makefile
     assert not any(f'"{m}"' in makefile or f" {m} " in makefile for m in ext.FINETUNED)
+
+
+def test_mcnemar_exact_counts_discordant_windows():
+    a = torch.tensor([True] * 45)
+    b = torch.tensor([True] * 40 + [False] * 5)
+    r = ext.mcnemar_exact(a, b)
+    assert (r["only_a"], r["only_b"]) == (5, 0) and r["p_value"] == pytest.approx(2 * 0.5 ** 5)
+    assert ext.mcnemar_exact(a, a)["p_value"] == 1.0
+    # 6 against 2 discordant: two-sided exact p = 2 * P(X <= 2), X ~ Bin(8, 1/2)
+    c = torch.tensor([True] * 6 + [False] * 2 + [True] * 2)
+    d = torch.tensor([False] * 6 + [True] * 2 + [True] * 2)
+    assert ext.mcnemar_exact(c, d)["p_value"] == pytest.approx(2 * (1 + 8 + 28) / 256)
+    with pytest.raises(ValueError, match="same windows"):
+        ext.mcnemar_exact(a, b[:3])
+
+
+def test_table1_comparison_pairs_rises_and_points_per_window():
+    g = torch.Generator().manual_seed(1)
+    noise = torch.randn(30, 1024, generator=g, dtype=torch.float64) * 0.3
+    pos = torch.arange(1024, dtype=torch.float64)
+    # each method's loss rises past 512 at its own slope, on the same windows' noise
+    slopes = {"no scaling": 0.0, "PI": 1e-3, "NTK-aware": 2e-3, "YaRN": 1.5e-3}
+    ft = {"window_loss": {k: noise + 1.0 + v * (pos - 512).clamp_min(0) for k, v in slopes.items()}}
+    c = ext.table1_comparison(ft, 512)
+    assert c["points"] == {1.25: 640, 1.5: 768, 2.0: 1024}
+    # the shared noise cancels in every paired difference: the intervals have no width beyond round-off
+    for k, v in slopes.items():
+        # the mean of (pos - 512) over [512, 768) is 127.5; over [256, 512) the rise term is 0
+        assert c["rise"][k][0] == pytest.approx(v * 127.5 + float((noise[:, 512:768].mean(1) - noise[:, 256:512]
+                                                                    .mean(1)).mean()), abs=1e-9)
+        assert c["rise_vs"][k][2] - c["rise_vs"][k][1] < 1e-9
+    pi_at_2x = (slopes["PI"] - slopes["YaRN"]) * float((pos[960:1024] - 512).mean())
+    assert c["at"][2.0]["PI"][0] == pytest.approx(pi_at_2x) and set(c["widths"]) == {32, 64, 128}

@@ -22,7 +22,7 @@ def test_eager_traffic_and_fused_model():
     counts = {t.name: t for t in traffic.rope_traffic((1, 4, 16, 32), heads_k=2, dtype=torch.bfloat16,
                                                      compile=False)}
     q_bytes, k_bytes = 4 * 16 * 32 * 2, 2 * 16 * 32 * 2
-    copy = counts["copy of q and k (floor)"]
+    copy = counts["copy of q and k (reference)"]
     assert copy.read == copy.written == q_bytes + k_bytes
     fused = counts["fused Triton kernel (ropelab.kernels)"]
     assert fused.written == copy.written and fused.read == copy.read + 2 * 16 * 16 * 4
@@ -91,3 +91,35 @@ def test_gpu_bench_cpu_fallback_table(tmp_path):
     assert bench_gpu.load_gpu_results(tmp_path) == []
     series = bench_gpu.bandwidth_series(result, "fwd", head_dim=32)
     assert set(series) == {n for n in names}
+
+
+def test_fused_table_loads_follow_the_launch_tiling():
+    """The loads the fused kernel issues per cos/sin row are its programs per token block (times sequences), from the
+    launch's own tiling; the default count charges the table once."""
+    from ropelab.kernels.fused_rope import launch_tiles
+
+    # Llama-3-8B heads at 2048 tokens: 32-token blocks, 2 heads per program, 16 q + 4 k programs per block
+    assert launch_tiles(2048, 1, 32, 8, 64) == (32, 64, 2, (64, 20, 1))
+    assert traffic.fused_table_loads((1, 32, 2048, 128), 8, 64) == 20
+    # batch 3: enough programs to take 4 heads each (8 + 2 per block), and every sequence's programs load their rows
+    assert launch_tiles(2048, 3, 32, 8, 64)[2:] == (4, (64, 10, 3))
+    assert traffic.fused_table_loads((3, 32, 2048, 128), 8, 64) == 30
+    q, k = torch.empty(1, 4, 16, 32, dtype=torch.bfloat16), torch.empty(1, 2, 16, 32, dtype=torch.bfloat16)
+    once, issued = traffic.count_fused(q, k, 16, 16), traffic.count_fused(q, k, 16, 16, table_loads=5)
+    table = 2 * 16 * 16 * 4
+    assert issued.total - once.total == 4 * table and once.ops[1].read == table
+
+
+def test_reference_rows_carry_the_copy_spread():
+    from ropelab.studies import nb06_reference as ref
+
+    times = {"copy": [1e-3, 2e-3, 3e-3, 4e-3, 5e-3], "slow": [10e-3] * 5, "fast": [1e-3] * 5}
+    rows = {r["name"]: r for r in ref.reference_rows({"copy": 100, "slow": 200, "fast": 300}, times, "copy")}
+    assert rows["slow"]["ref_q25_ms"] == pytest.approx(4.0) and rows["slow"]["ref_q75_ms"] == pytest.approx(8.0)
+    assert rows["fast"]["beats_reference"]
+    assert not rows["slow"]["beats_reference"] and not rows["copy"]["beats_reference"]
+    assert ref.copy_spread(times, "copy") == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="byte count"):
+        ref.reference_rows({"copy": 100}, times, "copy")
+    with pytest.raises(ValueError, match="at least 4"):
+        ref.time_round_robin({"a": lambda: None}, 3)

@@ -162,3 +162,22 @@ def test_band_panels_cover_every_interval_and_skip_the_reference_in_its_own_pane
     assert ax_high.get_ylim()[1] >= float(hi.max())
     with pytest.raises(ValueError, match="reference"):
         lm.plot_band_panels(wl, "missing")
+
+
+def test_span_means_and_paired_intervals_keep_windows_paired():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(40, 12, generator=g, dtype=torch.float64)
+    result = {"window_loss": {"a": base.tolist(), "b": (base + 0.5).tolist()}}
+    spans = lm.span_means(result, 4, 8)
+    assert torch.allclose(spans["a"], base[:, 4:8].mean(1))
+    paired = lm.paired_intervals(spans, reference="a")["b"]
+    # b - a is 0.5 in every window: the paired interval has no width beyond float64 round-off
+    assert paired[0] == pytest.approx(0.5) and paired[2] - paired[1] < 1e-12
+    unpaired = lm.paired_intervals(spans)["b"]
+    assert unpaired[2] - unpaired[1] > 0.1
+    with pytest.raises(ValueError, match="not inside"):
+        lm.span_means(result, 8, 13)
+    with pytest.raises(ValueError, match="reference"):
+        lm.paired_intervals(spans, reference="c")
+    with pytest.raises(ValueError, match="same windows"):
+        lm.paired_intervals({"a": torch.zeros(3), "b": torch.zeros(4)})

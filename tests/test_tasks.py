@@ -195,3 +195,26 @@ def test_sweep_results_do_not_depend_on_the_worker_count(tmp_path):
     del record["cope"]["models"][0]["source_positions"]
     with pytest.raises(ValueError, match="source_positions"):
         save_selective_copy_results(record, tmp_path / "bad.json")
+
+
+def _run(pe, lr, seed, val, errs, cpu=None):
+    r = {"pe": pe, "lr": lr, "seed": seed, "validation": {"sequence_error": val, "loss": val},
+         "errors": {s: {"sequence_error": e} for s, e in zip(("in_dist", "ood_dense", "ood_sparse"), errs)},
+         "history": [{"step": 50, "in_dist_sequence_error": val}]}
+    if cpu:
+        r["cpu"] = cpu
+    return r
+
+
+def test_training_machines_and_learning_rate_sensitivity():
+    from ropelab.studies.nb04_selective_copy import learning_rate_sensitivity, training_machines
+
+    runs = [_run("cope", lr, s, 0.6 if (lr, s) == (0.01, 4) else 0.0, (0.0, 0.0, 0.1), "AMD EPYC" if s > 2 else None)
+            for lr in (0.003, 0.01) for s in range(5)]
+    assert training_machines(runs) == "seeds 0-2: CPU not recorded; seeds 3, 4: AMD EPYC"
+    sens = learning_rate_sensitivity(runs, "cope")
+    assert list(sens) == [0.003, 0.01] and sens[0.01]["validation"][4] == pytest.approx(60.0)
+    assert sens[0.01]["steps_to_1"] == [50, 50, 50, 50, None]
+    assert sens[0.003]["test"]["ood_sparse"] == pytest.approx([10.0] * 5)
+    with pytest.raises(ValueError, match="no runs of encoding"):
+        learning_rate_sensitivity(runs, "rope")

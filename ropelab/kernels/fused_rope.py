@@ -32,7 +32,7 @@ import torch
 
 from ..core import Layout, check_position_args, check_style, parse_layout
 
-__all__ = ["rope", "rope_positions", "available", "why_unavailable", "as_bshd"]
+__all__ = ["rope", "rope_positions", "available", "why_unavailable", "as_bshd", "launch_tiles"]
 
 MAX_HEAD_DIM = 256
 
@@ -90,6 +90,27 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def launch_tiles(span: int, n_seq: int, heads_q: int, heads_k: int, half: int, *, block_s: int | None = None,
+                 heads_per_program: int | None = None) -> tuple[int, int, int, tuple[int, int, int]]:
+    """The launch's tiling, without launching: (tokens per program, token blocks, heads per program, grid).
+
+    ``span`` tokens per sequence (the longest with ``cu_seqlens``), ``n_seq`` sequences, ``heads_q`` and ``heads_k``
+    heads (0 without k), ``half`` rotated pairs. ``grid[1]`` is the number of programs that share one token block,
+    each loading that block's cos/sin rows once for its heads (what :mod:`ropelab.kernels.traffic` counts)."""
+    half_pad = _pow2(half)
+    # Tile: about 2048 pairs per program and head (a few KB of loads in flight), fewer tokens for big d.
+    block_s = block_s or max(1, min(_pow2(max(span, 1)), 2048 // half_pad))
+    n_sblocks = max(1, -(-span // block_s))
+    hpp = heads_per_program
+    if hpp is None:
+        # Reuse cos/sin over several heads when there are enough programs to fill the machine anyway.
+        hpp = 1
+        while hpp < 8 and n_sblocks * n_seq * (-(-(heads_q + heads_k) // (2 * hpp))) >= 1024:
+            hpp *= 2
+    grid = (n_sblocks, -(-heads_q // hpp) + (-(-heads_k // hpp) if heads_k else 0), n_seq)
+    return block_s, n_sblocks, hpp, grid
+
+
 def _launch(
     q4: torch.Tensor,
     oq4: torch.Tensor,
@@ -111,16 +132,8 @@ def _launch(
     varlen = ctx["cu_seqlens"] is not None
     n_seq = ctx["cu_seqlens"].numel() - 1 if varlen else B
     span = ctx["max_seqlen"] if varlen else S
-    # Tile: about 2048 pairs per program and head (a few KB of loads in flight), fewer tokens for big d.
-    block_s = ctx.get("block_s") or max(1, min(_pow2(max(span, 1)), 2048 // half_pad))
-    n_sblocks = max(1, -(-span // block_s))
-    hpp = ctx.get("heads_per_program")
-    if hpp is None:
-        # Reuse cos/sin over several heads when there are enough programs to fill the machine anyway.
-        hpp = 1
-        while hpp < 8 and n_sblocks * n_seq * (-(-(Hq + Hk) // (2 * hpp))) >= 1024:
-            hpp *= 2
-    grid = (n_sblocks, -(-Hq // hpp) + (-(-Hk // hpp) if Hk else 0), n_seq)
+    block_s, n_sblocks, hpp, grid = launch_tiles(span, n_seq, Hq, Hk, half, block_s=ctx.get("block_s"),
+                                                 heads_per_program=ctx.get("heads_per_program"))
     if grid[1] > 65535 or grid[2] > 65535:
         raise ValueError(f"too many heads or sequences for one launch (grid {grid}); split the batch.")
     kk, okk = (k4, ok4) if k4 is not None else (q4, oq4)

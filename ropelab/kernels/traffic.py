@@ -12,12 +12,15 @@ by the memory bandwidth. This module counts those bytes on any machine, CPU incl
   buffer it allocates written once, intermediates read back once.
 - **the fused Triton kernel** (:mod:`ropelab.kernels.rope_triton`): from its loads and stores, by
   hand: q and k read once and written once, plus the cos/sin rows of the positions used.
-- **the floor**: a copy of q and k (read once, write once).
+- **the reference**: a copy of q and k (read once, write once); it bounds a RoPE kernel's time from below only
+  for DRAM-bound kernels whose working set is well above the last-level cache.
 - **QK-RMSNorm + RoPE + KV-cache write** (:func:`qk_norm_rope_traffic`, :mod:`ropelab.kernels.qk_norm_rope`): the
   norm alone, the unfused sequence (norm, RoPE, cache write: three passes) and the fused op (the norm's own
   pass, plus reading v and writing k and v into the cache, which any cache write must do), by hand.
 
-The model assumes each op's inputs come from memory (no reuse between ops through a cache). On a GPU
+The model assumes each op's or launch's inputs come from memory (no reuse between ops through a cache), while
+within one op or launch a table that several heads share is charged once (an eager op's broadcast table, the fused
+kernel's cos/sin rows, which :func:`fused_table_loads` says how many programs load). On a GPU
 whose L2 is smaller than the working set this is close; for small tensors that fit in L2 it
 overstates eager traffic. It says nothing about launch overhead. Label it as a model wherever it is
 drawn.
@@ -34,8 +37,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["OpTraffic", "Traffic", "count_eager", "count_compiled", "count_fused", "count_copy", "rope_traffic",
-           "qk_norm_rope_traffic"]
+__all__ = ["OpTraffic", "Traffic", "count_eager", "count_compiled", "count_fused", "fused_table_loads", "count_copy",
+           "rope_traffic", "qk_norm_rope_traffic"]
 
 # aten ops that only make a new view of the same storage: no data moves.
 _VIEW_OPS = {
@@ -145,17 +148,38 @@ def count_compiled(name: str, fn: Callable, *args) -> Traffic:
     return traffic
 
 
-def count_fused(q: torch.Tensor, k: torch.Tensor, n_positions: int, half: int, table_itemsize: int = 4) -> Traffic:
-    """The fused kernel's loads and stores: q, k read and written once, cos/sin rows of the positions used."""
-    t = Traffic("fused Triton kernel (ropelab.kernels)", note="from the kernel's loads and stores")
+def count_fused(q: torch.Tensor, k: torch.Tensor, n_positions: int, half: int, table_itemsize: int = 4,
+                table_loads: int = 1) -> Traffic:
+    """The fused kernel's loads and stores: q, k read and written once, cos/sin rows of the positions used.
+
+    ``table_loads`` is how many times each cos/sin row is charged. 1 (the default) is this module's rule for every
+    implementation: within one kernel launch a table that several heads share is charged once, as an eager op's
+    table broadcast over the heads is (its distinct bytes), i.e. it stays in L2 after its first load; between
+    launches nothing is reused. :func:`fused_table_loads` gives the loads the kernel *issues* instead (one per
+    program that shares a token block, per sequence)."""
+    t = Traffic("fused Triton kernel (ropelab.kernels)" if table_loads == 1 else
+                f"fused Triton kernel, cos/sin as issued ({table_loads} loads per row)",
+                note="from the kernel's loads and stores" + ("" if table_loads == 1 else
+                                                             "; cos/sin charged once per program"))
     t.ops.append(OpTraffic("load q, k", distinct_bytes(q) + distinct_bytes(k), 0))
-    t.ops.append(OpTraffic("load cos, sin rows", 2 * n_positions * half * table_itemsize, 0))
+    t.ops.append(OpTraffic("load cos, sin rows", 2 * n_positions * half * table_itemsize * table_loads, 0))
     t.ops.append(OpTraffic("store q', k'", 0, distinct_bytes(q) + distinct_bytes(k)))
     return t
 
 
+def fused_table_loads(shape_q, heads_k: int, half: int) -> int:
+    """How many times the fused kernel loads each cos/sin row at q's shape [b, h, s, d] and ``heads_k`` k heads: the
+    programs that share one token block (each loads the block's rows once for all of its heads), times the
+    sequences. From :func:`ropelab.kernels.fused_rope.launch_tiles`, the launch's own tiling."""
+    from .fused_rope import launch_tiles
+
+    b, h, s, _ = shape_q
+    _, _, _, grid = launch_tiles(s, b, h, heads_k, half)
+    return grid[1] * grid[2]
+
+
 def count_copy(q: torch.Tensor, k: torch.Tensor) -> Traffic:
-    t = Traffic("copy of q and k (floor)", note="read once, write once")
+    t = Traffic("copy of q and k (reference)", note="read once, write once")
     t.ops.append(OpTraffic("copy", distinct_bytes(q) + distinct_bytes(k), distinct_bytes(q) + distinct_bytes(k)))
     return t
 
