@@ -76,7 +76,7 @@ import torch
 from ..precision import UNIT_ROUNDOFF
 from ..scaling import LENGTH_DEPENDENT
 from ..spec import RopeSpec
-from .reading import ReadError, Reading
+from .reading import ReadError, Reading, class_runs
 
 __all__ = [
     "to_mx",
@@ -582,7 +582,7 @@ def read_mlx(source: str | Path | Mapping[str, Any]) -> Reading:
     if len(head_dims) > 1:
         raise ReadError(f"{where}: mlx-lm's layers use different head dims {sorted(head_dims)}; a Reading has one.")
     declared = {k: config[k] for k in _ROPE_KEYS if k in config}
-    notes = [f"mlx-lm {_version()} models.{module_name}; rope classes per layer: {_runs(classes)}"]
+    notes = [f"mlx-lm {_version()} models.{module_name}; rope classes per layer: {class_runs(classes)}"]
     ignored = [k for k in declared if k not in taken]
     if ignored:
         notes.append(f"mlx-lm's {module_name}.ModelArgs does not read {ignored} (the model runs without them)")
@@ -608,16 +608,6 @@ def _config_head_dim(config: Mapping[str, Any], where: str) -> int:
     except (ValueError, TypeError, ZeroDivisionError) as e:
         raise ReadError(f"{where}: no layer has RoPE and the config gives no head dim ({e}).") from e
 
-
-def _runs(names: list[str]) -> str:
-    out, i = [], 0
-    while i < len(names):
-        j = i
-        while j + 1 < len(names) and names[j + 1] == names[i]:
-            j += 1
-        out.append(f"{names[i]} x{j - i + 1}" if j > i else names[i])
-        i = j + 1
-    return ", ".join(out)
 
 
 def _version() -> str:

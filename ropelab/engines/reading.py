@@ -21,7 +21,7 @@ from typing import Any
 from ..multiaxis import MultiAxis
 from ..spec import RopeSpec
 
-__all__ = ["Reading", "ReadError", "FORMATS"]
+__all__ = ["Reading", "ReadError", "FORMATS", "class_runs"]
 
 # The source formats a Reading can come from.
 FORMATS = ("transformers", "gguf", "mlx", "vllm")
@@ -114,3 +114,15 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return repr(value)
+
+
+def class_runs(names: list[str]) -> str:
+    """Per-layer names with repeats folded, for a reading's notes: ``["A", "A", "B"]`` -> ``"A x2, B"``."""
+    out, i = [], 0
+    while i < len(names):
+        j = i
+        while j + 1 < len(names) and names[j + 1] == names[i]:
+            j += 1
+        out.append(f"{names[i]} x{j - i + 1}" if j > i else names[i])
+        i = j + 1
+    return ", ".join(out)

@@ -51,7 +51,7 @@ import torch
 from ..paths import BUILD_DIR
 from ..precision import UNIT_ROUNDOFF
 from ..spec import RopeSpec
-from .reading import ReadError, Reading
+from .reading import ReadError, Reading, class_runs
 
 __all__ = ["VLLM_VERSION", "VLLMUnavailable", "VLLMError", "vllm_python", "run_vllm", "read_vllm", "vllm_logits",
            "run_vllm_cases", "spec_from_vllm_rope", "cache_table", "cache_error", "VLLM_ROPE_CLASSES"]
@@ -333,7 +333,7 @@ def read_vllm(model_dir: str | Path, *, max_model_len: int | None = None, timeou
             per_layer.append(specs[entry["module"]])
             classes.append(modules[entry["module"]]["class"])
     notes = [f"vLLM {out.get('vllm_version', '?')} at max_model_len={out.get('max_model_len')}; rotary modules per "
-             f"layer: {_runs(classes)}"]
+             f"layer: {class_runs(classes)}"]
     for mod in modules.values():
         if mod["class"] == "Phi3LongRoPEScaledRotaryEmbedding":
             a = mod["attrs"]
@@ -345,16 +345,6 @@ def read_vllm(model_dir: str | Path, *, max_model_len: int | None = None, timeou
     return Reading(source=str(path), format="vllm", architecture=str(config.get("model_type", "?")),
                    head_dim=heads.pop(), layers=tuple(per_layer), declared=declared, notes=tuple(notes))
 
-
-def _runs(names: list[str]) -> str:
-    out, i = [], 0
-    while i < len(names):
-        j = i
-        while j + 1 < len(names) and names[j + 1] == names[i]:
-            j += 1
-        out.append(f"{names[i]} x{j - i + 1}" if j > i else names[i])
-        i = j + 1
-    return ", ".join(out)
 
 
 if __name__ == "__main__":  # pragma: no cover - a manual probe: python -m ropelab.engines.vllm MODEL_DIR

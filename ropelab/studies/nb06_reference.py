@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Callable
 
 __all__ = ["MAX_COPY_SPREAD", "time_round_robin", "quartiles_ms", "reference_rows", "copy_spread", "load_average",
@@ -23,15 +22,11 @@ MAX_COPY_SPREAD = 0.5  # the copy's IQR / median above which a run states no com
 def time_round_robin(methods: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
     """Seconds per call of every method, ``repeats`` rounds in turn (round-robin: a slower spell of a shared machine
     slows every method alike, not one)."""
+    from ..bench.timing import time_methods
+
     if repeats < 4:
         raise ValueError(f"repeats must be at least 4 for an interquartile range, got {repeats}.")
-    times: dict[str, list[float]] = {name: [] for name in methods}
-    for _ in range(repeats):
-        for name, fn in methods.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return times
+    return time_methods(methods, repeats, warmup=0)
 
 
 def quartiles_ms(samples: list[float]) -> tuple[float, float, float]:
