@@ -28,9 +28,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]"
 	touch $@
 
-# The nbstripout git filter (ropelab/nbclean.py): notebook outputs never reach a commit.
+# The nbstripout git filter (ropelab/nbclean.py): notebook outputs never reach a commit. Then apply_rope's C++
+# fast path for small calls (ropelab/kernels/cpu_fast.py: 20-40 s once per torch version, then cached; never on a call).
 setup: $(VENV)/.installed
 	@if git rev-parse --git-dir >/dev/null 2>&1; then $(PY) -m ropelab.nbclean >/dev/null; fi
+	@$(PY) -m ropelab.kernels.cpu_fast
 
 # ggml's RoPE through llama.cpp (ropelab.engines.ggml): llama-cpp-python built for the CPU, portable
 # (GGML_NATIVE=OFF), from the cached wheel when present; also extracts llama.cpp's converter under build/.

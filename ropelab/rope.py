@@ -219,7 +219,8 @@ def apply_rope(x: torch.Tensor, positions: Any = None, *, layout: str, style: st
             :func:`rope_path` says which and why), ``"cpu"`` (the C/OpenMP kernel of
             :mod:`ropelab.kernels.cpu_rope` on cached float32 tables: CPU tensors of float32, bfloat16 or
             float16 with a contiguous head dim, no autograd; compiled on first use, about 0.5 s with gcc, then
-            cached on disk: :func:`ropelab.kernels.cpu_rope.build_info`), ``"torch"`` (eager PyTorch,
+            cached on disk: :func:`ropelab.kernels.cpu_rope.build_info`; a small call seen before runs from
+            its plan, in C++ where :mod:`ropelab.kernels.cpu_fast` is built), ``"torch"`` (eager PyTorch,
             :func:`rotate`, exactly as before ``"auto"`` existed), ``"compile"`` (one single-pass formula through
             ``torch.compile``: the CPU path at the memory floor) or ``"triton"`` (the fused kernel of
             :mod:`ropelab.kernels`, CUDA or ``TRITON_INTERPRET=1``). Same checks, same tables and the same
@@ -236,6 +237,12 @@ def apply_rope(x: torch.Tensor, positions: Any = None, *, layout: str, style: st
 
     Returns a tensor of x's shape and dtype (``out``, or x when ``inplace``).
     """
+    fast = _FAST[0]
+    if fast is not None and not torch.compiler.is_compiling():  # plans kept in C++ (kernels.cpu_fast)
+        y = fast.call(x, positions, layout, style, base, rotary_dim, rope_scaling, cu_seqlens, offset,
+                      max_position_embeddings, seq_len, angle_dtype, spec, backend, sections, out, inplace)
+        if y is not None:
+            return y
     key = _plan_key(x, positions, layout, style, base, rotary_dim, rope_scaling, cu_seqlens, offset,
                     max_position_embeddings, seq_len, angle_dtype, spec, backend, sections, out, inplace)
     if key is not None:
@@ -244,6 +251,10 @@ def apply_rope(x: torch.Tensor, positions: Any = None, *, layout: str, style: st
             plan = _remember(key, _build_plan(x, positions, layout, style, base, rotary_dim, offset,
                                               max_position_embeddings, seq_len, angle_dtype, spec, out, inplace))
         if plan is not None:
+            if fast is not None:  # the next call of this key runs in C++ (a no-op for calls it does not take)
+                fast.store(x, positions, layout, style, base, rotary_dim, rope_scaling, cu_seqlens, offset,
+                           max_position_embeddings, seq_len, angle_dtype, spec, backend, sections, out, inplace,
+                           plan[0], plan[1], plan[4], plan[5], *plan[6])
             y = _run_plan(plan, x, out, inplace)
             if y is not None:
                 return y
@@ -270,6 +281,9 @@ def apply_rope(x: torch.Tensor, positions: Any = None, *, layout: str, style: st
 
 MAX_PLANS = 64
 _PLANS: dict = {}
+# The C++ plans of kernels.cpu_fast: [module or None], loaded on the first plan built (never built on a call).
+_FAST: list = [None]
+_FAST_TRIED: set = set()
 _MISSING = object()
 _INT_OR_NONE = (int, type(None))
 _POSITION_DTYPES = (torch.int64, torch.int32, torch.int16, torch.float64, torch.float32)
@@ -333,6 +347,11 @@ def _build_plan(x, positions, layout, style, base, rotary_dim, offset, max_posit
         return None
     from .kernels import cpu_buffers
 
+    if _FAST[0] is None and "module" not in _FAST_TRIED:
+        _FAST_TRIED.add("module")
+        from .kernels import cpu_fast
+
+        _FAST[0] = cpu_fast.load(cpu_rope.packed_address(), RopeSpec, MAX_PLANS)
     cos, sin = cached_tables_for(spec, x, lay, p, p_axes, _current_length(spec, p, seq_len), angle_dtype)
     xm = x.movedim(d_idx, -1)
     om = xm if target is None else target.movedim(d_idx, -1)  # a new output has x's (contiguous) strides
@@ -364,8 +383,10 @@ def _run_plan(plan, x: torch.Tensor, out: torch.Tensor | None, inplace: bool) ->
 
 
 def clear_plans() -> None:
-    """Forget every plan (the next call of each key goes the whole way again)."""
+    """Forget every plan (the next call of each key goes the whole way again), the C++ ones too."""
     _PLANS.clear()
+    if _FAST[0] is not None:
+        _FAST[0].clear()
 
 
 def _check_out(x: torch.Tensor, out: torch.Tensor | None, inplace: bool) -> torch.Tensor | None:

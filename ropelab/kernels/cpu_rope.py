@@ -34,7 +34,7 @@ import torch
 from . import cpu_build
 
 __all__ = ["LIBRARY", "SOURCE", "DTYPES", "MAX_PAIRS", "available", "why_unavailable", "build_info", "supported",
-           "rotate_cpu", "pack", "launch_packed"]
+           "rotate_cpu", "pack", "launch_packed", "packed_address"]
 
 LIBRARY = "cpu_rope"
 SOURCE = Path(__file__).with_name("cpu_rope.c")
@@ -179,3 +179,10 @@ def launch_packed(args: ctypes.Array, x_ptr: int, out_ptr: int) -> None:
     a[0], a[1], a[20] = x_ptr, out_ptr, torch.get_num_threads()
     if _FN[2](a) != 0:
         raise ValueError(f"the CPU kernel refused its packed arguments: {list(args)[4:]}.")
+
+
+def packed_address() -> int:
+    """The address of the kernel's packed entry (``ropelab_rope_packed``), for :mod:`ropelab.kernels.cpu_fast`
+    to call it without ctypes; the library stays loaded for the process (cpu_build keeps it)."""
+    _lib()
+    return ctypes.cast(_FN[2], ctypes.c_void_p).value
