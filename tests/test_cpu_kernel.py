@@ -381,3 +381,53 @@ def test_a_sparse_x_is_refused_by_name():
     for _ in range(2):
         with pytest.raises(ValueError, match="dense"):
             ropelab.apply_rope(torch.randn(1, 2, 3, 8).to_sparse(), layout="b h s d")
+
+
+# bfloat16 rounding by the CPU's instruction (AVX512-BF16, style half, r/2 % 16 == 0): the software rounding's bits.
+
+
+def _soft_bf16(f):
+    """cpu_dtypes.h's ropelab_f32_to_bf16 in numpy: nearest even; a NaN keeps its top bits, quiet bit set."""
+    import numpy as np
+
+    u = f.view(np.uint32).astype(np.uint64)
+    nan = ((u >> 16) | 0x40) & 0xFFFF
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFFFFFF) >> 16
+    return np.where((u & 0x7FFFFFFF) > 0x7F800000, nan, rounded).astype(np.uint16)
+
+
+def test_the_kernels_bfloat16_rounding_is_the_software_roundings_bits():
+    import ctypes
+
+    import numpy as np
+
+    lib = cpu_build.load_library(cpu_rope.LIBRARY, cpu_rope.SOURCE)
+    lib.ropelab_round_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.ropelab_bf16_hw.restype = ctypes.c_int
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2**32, size=1 << 18, dtype=np.uint64).astype(np.uint32)
+    bits[0::3] &= 0x80FFFFFF  # exponents near the bottom: subnormals and the smallest normals
+    bits[1::5] &= 0x807FFFFF  # subnormals and zeros
+    special = np.array([0, 0x80000000, 1, 0x807FFFFF, 0x00800000, 0x7F7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000,
+                        0x7F800001, 0xFFFFFFFF, 0x3F808000, 0x3F818000, 0x3F807FFF, 0x7F7F8000, 0x00008000],
+                       dtype=np.uint32)
+    f = np.concatenate([special, bits]).view(np.float32)
+    out = np.empty(f.size, dtype=np.uint16)
+    lib.ropelab_round_bf16(f.ctypes.data, out.ctypes.data, f.size)
+    want = _soft_bf16(f)
+    bad = np.flatnonzero(out != want)
+    path = "the CPU's instruction" if lib.ropelab_bf16_hw() else "software"
+    assert bad.size == 0, f"{path}: {bad.size} of {f.size} differ, e.g. {f.view(np.uint32)[bad[:4]]}"
+    finite = np.isfinite(f)  # and torch's own rounding where it defines the bits (it canonicalises NaNs)
+    assert np.array_equal(out[finite], torch.from_numpy(f[finite]).to(torch.bfloat16).view(torch.int16).numpy()
+                          .view(np.uint16))
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-37, 1e-39])
+def test_bfloat16_rows_with_subnormal_results_meet_the_bound(scale):
+    torch.manual_seed(5)
+    x = (torch.randn(4, 8, 1, 64, dtype=torch.float64) * scale).to(torch.bfloat16)  # subnormal products at 1e-39
+    pos = (32000 + torch.arange(4))[:, None]
+    kw = dict(layout="b h s d", positions=pos)
+    y = ropelab.apply_rope(x, **kw)
+    _assert_within_bound(y, x, 64, "half", **kw)

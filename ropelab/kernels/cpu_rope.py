@@ -10,7 +10,9 @@ pairs (i, i + r/2) (``"half"``) or (2i, 2i + 1) (``"interleaved"``). Numerics ar
 the tables are the caller's (angles in float64 or float32, rounded once to float32), x is widened to float32
 exactly (bfloat16 by a 16-bit shift), the products and sums are float32 (a fused multiply-add, where the CPU
 has one, removes a rounding), and the result is rounded once to x's dtype (bfloat16 to nearest even, NaN
-kept). So :func:`ropelab.apply_rope`'s bound holds: per pair
+kept; on a CPU with AVX512-BF16, rows of style half with r/2 a multiple of 16 round with the CPU's instruction,
+redone in software for subnormal lanes, which the instruction flushes: the same bits, tested). So
+:func:`ropelab.apply_rope`'s bound holds: per pair
 :math:`|y_a - y_a^{exact}| \le 4u_{32}(|x_a| + |x_b|) + u\,|y_a^{exact}|`.
 
 What it takes (:func:`supported` says which and why not): a CPU tensor of float32, bfloat16 or float16 with a
