@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["U32", "U16", "DIFFER_FACTOR", "GELU_ACTIVATIONS", "N_TOKENS", "token_ids", "hf_forward", "logit_bound",
-           "compare"]
+           "compare", "compare_logits"]
 
 U32 = 2.0 ** -24
 U16 = 2.0 ** -11
@@ -89,8 +89,11 @@ def hf_forward(model_dir: str | Path, ids: Sequence[int], changes: Mapping[str, 
     return logits, s, text
 
 
-def logit_bound(text_config, s: float, n_tokens: int = N_TOKENS) -> float:
-    """The bound of the module docstring for a model of ``text_config`` (a transformers config) and S = ``s``."""
+def logit_bound(text_config, s: float, n_tokens: int = N_TOKENS, *, float16_gelu: bool = True) -> float:
+    """The bound of the module docstring for a model of ``text_config`` (a transformers config) and S = ``s``.
+
+    ``float16_gelu``: the GELU families' :math:`u_{\rm act}` (ggml's float16 GELU table); False for an engine that
+    evaluates GELU in float32 (MLX: :math:`u_{\rm act} = 0`)."""
     import torch
 
     from ..precision import UNIT_ROUNDOFF
@@ -101,7 +104,7 @@ def logit_bound(text_config, s: float, n_tokens: int = N_TOKENS) -> float:
     u = UNIT_ROUNDOFF[torch.float32]
     gamma = k * u / (1 - k * u)
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or ""
-    u_act = 2.2 * U16 if act in GELU_ACTIVATIONS else 0.0
+    u_act = 2.2 * U16 if float16_gelu and act in GELU_ACTIVATIONS else 0.0
     return (text_config.num_hidden_layers + 1) * (gamma + u_act) * s
 
 
@@ -111,8 +114,6 @@ def compare(model_dir: str | Path, gguf_path: str | Path, *, n_ctx: int | None =
     ``changes``): ``{"status": "agree" | "differ" | "unclear", "max_err", "bound", "ratio", "n_tokens", "n_ctx"
     (as llama.cpp allocated it), "max_abs_logit"}``. ``run``: a :class:`~ropelab.engines.llamacpp_run.RunResult`
     of the same ids to reuse. Raises what :func:`ropelab.engines.llamacpp_run.run` raises."""
-    import numpy as np
-
     from . import llamacpp_run
 
     if ids is None:
@@ -122,13 +123,24 @@ def compare(model_dir: str | Path, gguf_path: str | Path, *, n_ctx: int | None =
     ids = list(ids)
     if run is None:
         run = llamacpp_run.run(gguf_path, ids, n_ctx=n_ctx)
+    return {**compare_logits(model_dir, run.logits, ids, changes=changes), "n_ctx": run.info["n_ctx"]}
+
+
+def compare_logits(model_dir: str | Path, logits, ids: Sequence[int], *, changes: Mapping[str, Any] | None = None,
+                   float16_gelu: bool = True, engine: str = "llama.cpp") -> dict:
+    """An engine's float32 ``logits`` ``(len(ids), vocab)`` of ``ids`` at positions ``0 .. n-1`` against
+    transformers' float64 forward of ``model_dir`` (changed by ``changes``) within :func:`logit_bound`
+    (``float16_gelu`` as there): ``{"status", "max_err", "bound", "ratio", "n_tokens", "max_abs_logit"}``."""
+    import numpy as np
+
+    ids = list(ids)
     ref, s, text = hf_forward(model_dir, ids, changes)
-    got = np.asarray(run.logits, dtype=np.float64)
+    got = np.asarray(logits, dtype=np.float64)
     if got.shape != tuple(ref.shape):
-        raise ValueError(f"llama.cpp's logits have shape {got.shape}, transformers' {tuple(ref.shape)}: not the same "
+        raise ValueError(f"{engine}'s logits have shape {got.shape}, transformers' {tuple(ref.shape)}: not the same "
                          "model (vocabulary).")
     err = float(np.abs(got - ref.numpy()).max())
-    b = logit_bound(text, s, len(ids))
+    b = logit_bound(text, s, len(ids), float16_gelu=float16_gelu)
     status = "agree" if err <= b else "differ" if err > DIFFER_FACTOR * b else "unclear"
     return {"status": status, "max_err": err, "bound": b, "ratio": err / b, "n_tokens": len(ids),
-            "n_ctx": run.info["n_ctx"], "max_abs_logit": float(ref.abs().max())}
+            "max_abs_logit": float(ref.abs().max())}
