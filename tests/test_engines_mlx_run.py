@@ -155,3 +155,14 @@ def test_committed_matrix_mlx_column_is_the_run():
             assert c["cause_run"]["status"] == "agree" and c["cause_run"]["max_err"] <= c["cause_run"]["bound"]
         else:
             assert c["run"]["max_err"] <= c["run"]["bound"]
+
+
+@pytest.mark.parametrize("n", [24, 80])
+def test_mlx_longrope_is_the_long_factors_at_every_length(saved, n):
+    """Phi-3 LongRoPE as Phi-3's checkpoints spell it (rope_scaling.type): mlx-lm's SuScaledRoPE runs long_factor at
+    every length, so it differs from transformers below the original length 64 (24 tokens: short factors there) and
+    agrees past it (80 tokens: transformers switches to the long factors too)."""
+    ids = parity.token_ids(tiny.VOCAB_SIZE, n=n)
+    r = mlx_run.compare(saved["phi3_longrope_v4type_short"], ids=ids)
+    print(f"{n} tokens: max err {r['max_err']:.3e}, bound {r['bound']:.3e}")
+    assert r["status"] == ("differ" if n <= 64 else "agree"), r

@@ -133,6 +133,9 @@ GGUF_CAUSES: dict[str, str] = {
                            "(src/models/smollm3.cpp:5, n_no_rope_layer_step = 4; :69, use_rope) and the converter "
                            "writes no pattern: the NoPE layer 1 rotates, layer 3 does not",
     "phi3_longrope": _LONGROPE_CAUSE,
+    "gpt_oss": "ggml always truncates yarn's correction range, floorf / ceilf of the ramp's end dims "
+               "(ggml/src/ggml.c:4486-4487, ggml_rope_yarn_corr_dims), and the converter writes no truncate key: "
+               "gpt-oss's truncate: false, which transformers follows, is lost",
     "phi3_longrope_v4_short": _LONGROPE_CAUSE,
     "phi3_longrope_v4type_short": _LONGROPE_CAUSE,
 }
@@ -168,6 +171,11 @@ MLX_CAUSES: dict[str, tuple[str, dict[str, Any]]] = {
     "smollm3_nope_layer1": (f"{_V5}: mlx-lm's smollm3 (ModelArgs of llama, {_MLX}smollm3.py:13) runs llama's default "
                             f"base 10000 ({_MLX}llama.py:30); it reads no_rope_layers (layer 1 without RoPE, as "
                             "transformers)", {"rope_parameters": {"rope_theta": 10000.0}}),
+    "mistral": (f"{_V5}: mlx-lm runs mistral as llama ({_MLX[:-7]}utils.py:49, MODEL_REMAPPING) at llama's default "
+                f"base 10000 ({_MLX}llama.py:30), not the config's 1e6",
+                {"rope_parameters": {"rope_theta": 10000.0}}),
+    "olmo2": (f"{_V5}: mlx-lm's olmo2 runs its default base 10000 ({_MLX}olmo2.py:28), not the config's 500000",
+              {"rope_parameters": {"rope_theta": 10000.0}}),
     "phi3_longrope_v4type_short": (f"mlx-lm's SuScaledRoPE multiplies by long_factor at every length "
                                    f"({_MLX}rope_utils.py:50, self._freqs = long_factor * freqs; short_factor is "
                                    "never used), where transformers uses short_factor up to the original length 64",
@@ -178,6 +186,13 @@ MLX_FAILURES: dict[str, str] = {
     "gemma3_2layer": (f"mlx-lm's gemma3_text does not read layer_types; its forward indexes the cache list at "
                       f"sliding_window_pattern - 1 = 5 ({_MLX}gemma3_text.py:195, default sliding_window_pattern 6 "
                       f"at :30), past a 2-layer model: IndexError"),
+    "stablelm": (f"{_V5}, and partial_rotary_factor only there: mlx-lm's stablelm requires both as top-level keys "
+                 f"({_MLX}stablelm.py:22 rope_theta, :24 partial_rotary_factor, no defaults): TypeError"),
+    "glm4": (f"{_V5}, and partial_rotary_factor only there: mlx-lm's glm4 requires both as top-level keys "
+             f"({_MLX}glm4.py:25 partial_rotary_factor, :26 rope_theta, no defaults): TypeError"),
+    "gpt_oss": (f"mlx-lm's gpt_oss.sanitize renames unquantized experts.gate_up_proj / down_proj (as transformers "
+                f"saves them) to experts.gate_proj / up_proj / down_proj without '.weight' ({_MLX}gpt_oss.py:226-243; "
+                "only MXFP4 *_blocks become '.weight', :227-229), which the model has no parameters for: ValueError"),
     "phi3_longrope_v4_short": (f"mlx-lm's phi3 requires rope_scaling to hold the key 'type' ({_MLX}phi3.py:36-39); "
                                "transformers 4 writes 'rope_type': ValueError"),
 }

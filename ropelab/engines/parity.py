@@ -12,7 +12,8 @@ relative. To first order the logit error is then at most
 
 .. math:: (L + 1)\,(\gamma_K + u_{\rm act})\,S, \qquad S = \max_v \sum_j |W_{\rm out}[v, j]|\,|h_L[j]|
 
-(:math:`h_L` the oracle's final normed hidden state, times the model's logit scale where it has one): the largest
+(:math:`h_L` the oracle's final normed hidden state, times the model's logit scale where it has one; a final soft
+cap :math:`c \tanh(z/c)` (Gemma 2) is 1-Lipschitz, and adds its own rounding :math:`(S + 5c)\,u`): the largest
 sum of |terms| of the output projection, L the layer count. :math:`u_{\rm act} = 0` except for GELU: ggml's CPU
 GELU reads a float16 table (``ggml/src/ggml-cpu/vec.h``: ``#define GGML_GELU_FP16``, line 46, and
 ``ggml_vec_gelu_f32``, lines 1000-1013, at the converter's llama.cpp 0c1e570): its input is rounded to float16 and so
@@ -82,7 +83,11 @@ def hf_forward(model_dir: str | Path, ids: Sequence[int], changes: Mapping[str, 
         h = out.hidden_states[-1][0]  # the final normed hidden state
         w = model.get_output_embeddings().weight
         scale = float(getattr(text, "logit_scale", None) or 1.0)
-        if not torch.allclose(scale * h @ w.T, logits, rtol=1e-9, atol=1e-9):
+        cap = getattr(text, "final_logit_softcapping", None)
+        z = scale * h @ w.T
+        if cap:  # Gemma 2's soft cap c tanh(z / c): 1-Lipschitz, so S of z bounds it too (logit_bound adds its own)
+            z = cap * torch.tanh(z / cap)
+        if not torch.allclose(z, logits, rtol=1e-9, atol=1e-9):
             raise ValueError(f"{model_dir}: the logits are not the output projection of the last hidden state (a "
                              "soft cap or another head?); the bound's S does not apply.")
         s = float(((h.abs() @ w.abs().T) * abs(scale)).amax())
@@ -105,7 +110,11 @@ def logit_bound(text_config, s: float, n_tokens: int = N_TOKENS, *, float16_gelu
     gamma = k * u / (1 - k * u)
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or ""
     u_act = 2.2 * U16 if float16_gelu and act in GELU_ACTIVATIONS else 0.0
-    return (text_config.num_hidden_layers + 1) * (gamma + u_act) * s
+    bound = (text_config.num_hidden_layers + 1) * (gamma + u_act) * s
+    cap = cfg.get("final_logit_softcapping")
+    if cap:  # c tanh(z / c) in float32: z / c (|z| u), tanh (<= 4 ulp of a value <= 1, times c), times c (c u)
+        bound += (s + 5 * cap) * u
+    return bound
 
 
 def compare(model_dir: str | Path, gguf_path: str | Path, *, n_ctx: int | None = None, ids: Sequence[int] | None = None,
