@@ -86,8 +86,8 @@ def test_the_mlx_reader_predicts_the_run(saved, name):
     got = _run(saved, name)
     if isinstance(got, Exception):
         assert predicted != "agree", (name, got)
-        if isinstance(got, mlx_run.MlxRefusal):  # refused while loading: the reader, which builds the model, too
-            assert predicted == "unreadable", (name, got)
+        if isinstance(got, mlx_run.MlxRefusal):  # refused at its config: the reader, which builds the model, too
+            assert (predicted == "unreadable") == (got.stage == "config"), (name, got)
         return
     run = _RUNS.get((name, "compare")) or mlx_run.compare(saved[name], ids=IDS, run=got)
     assert predicted == run["status"], (name, reading_cell)
@@ -133,7 +133,7 @@ def test_run_errors_are_clear(saved, tmp_path):
     shutil.copytree(saved["llama"], other)
     config = json.loads((other / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "model_type": "no_such_model"}))
-    with pytest.raises(mlx_run.MlxRefusal, match="mlx-lm refuses this model: ValueError: .*no_such_model"):
+    with pytest.raises(mlx_run.MlxRefusal, match=r"mlx-lm refuses this model \(config\): ValueError: .*no_such_model"):
         mlx_run.logits(other, [1])
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(mlx_run.MlxRefusal, match="not a readable JSON config"):

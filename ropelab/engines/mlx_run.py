@@ -34,7 +34,25 @@ MAX_TOKENS = 4096
 
 
 class MlxRefusal(ReadError):
-    """mlx-lm refused the model; the message carries mlx-lm's own reason."""
+    """mlx-lm refused the model; the message carries mlx-lm's own reason. ``stage``: ``"config"`` when mlx-lm cannot
+    build the model from its ``config.json`` (what :func:`ropelab.engines.mlx.read_mlx` sees too), ``"weights"`` when
+    it builds it but refuses the saved weights, ``None`` otherwise (no weights, no readable config)."""
+
+    def __init__(self, message: str, *, stage: str | None = None):
+        super().__init__(message)
+        self.stage = stage
+
+
+def _builds(config: dict) -> bool:
+    """Whether mlx-lm builds its model from ``config`` (as ``load_model`` does before it reads weights)."""
+    from mlx_lm.utils import _get_classes
+
+    try:
+        model_class, args_class = _get_classes(config)
+        model_class(args_class.from_dict(config))
+    except Exception:  # any refusal of the config: the caller reports load_model's own
+        return False
+    return True
 
 
 class MlxRunError(RuntimeError):
@@ -102,7 +120,8 @@ def logits(model_dir: str | Path, ids: Sequence[int]) -> np.ndarray:
     except FileNotFoundError as e:
         raise MlxRefusal(f"{path}: mlx-lm finds no weights ({e}).") from e
     except Exception as e:  # mlx-lm's own checks (unknown model_type, ModelArgs asserts, weight names): its words
-        raise MlxRefusal(f"{path}: mlx-lm refuses this model: {type(e).__name__}: {e}") from e
+        stage = "weights" if _builds(config) else "config"
+        raise MlxRefusal(f"{path}: mlx-lm refuses this model ({stage}): {type(e).__name__}: {e}", stage=stage) from e
     dtypes = sorted({str(v.dtype) for _, v in tree_flatten(model.parameters())})
     if dtypes != ["mlx.core.float32"]:
         raise ValueError(f"{path}: mlx-lm loaded weights of dtypes {dtypes}; the comparison needs float32 weights "
