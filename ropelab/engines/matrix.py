@@ -193,6 +193,8 @@ MLX_FAILURES: dict[str, str] = {
     "gpt_oss": (f"mlx-lm's gpt_oss.sanitize renames unquantized experts.gate_up_proj / down_proj (as transformers "
                 f"saves them) to experts.gate_proj / up_proj / down_proj without '.weight' ({_MLX}gpt_oss.py:226-243; "
                 "only MXFP4 *_blocks become '.weight', :227-229), which the model has no parameters for: ValueError"),
+    "llama4": (f"{_V5}: mlx-lm's llama4_text requires rope_theta as a top-level key ({_MLX}llama4_text.py:24, no "
+               "default): TypeError"),
     "phi3_longrope_v4_short": (f"mlx-lm's phi3 requires rope_scaling to hold the key 'type' ({_MLX}phi3.py:36-39); "
                                "transformers 4 writes 'rope_type': ValueError"),
 }

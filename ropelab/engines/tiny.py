@@ -143,12 +143,21 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                  "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {
         "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
         "truncate": False, "original_max_position_embeddings": 64}}),
+    # Llama 4 (text): llama3 frequencies in interleaved pairs, every 4th layer without RoPE (no_rope_layers; llama.cpp
+    # hard-codes the step 4, as for SmolLM3), q/k L2 norm on the RoPE layers, MoE on every 2nd layer; Scout's
+    # attention chunk 8192 (past the 24-token run); a BPE vocabulary.
+    "llama4": ("Llama4TextConfig", {"head_dim": 16, "num_hidden_layers": 4, "num_local_experts": 2,
+                                    "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "intermediate_size": 64,
+                                    "intermediate_size_mlp": 128, "no_rope_layers": [1, 1, 1, 0],
+                                    "attention_chunk_size": 8192, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}}),
 }
 
 # Families whose converter class reads a BPE vocabulary (tokenizer.json) rather than tokenizer.model: the saved
 # model gets the same tokenizer as a tokenizer.json too, and ropelab.engines.converter.convert_many needs
 # unknown_bpe_pre for them (the converter knows only real models' BPE pre-tokenizers).
-BPE_VOCAB = ("cohere2", "deepseek_v3", "olmo2", "stablelm", "glm4", "gpt_oss")
+BPE_VOCAB = ("cohere2", "deepseek_v3", "olmo2", "stablelm", "glm4", "gpt_oss", "llama4")
 
 # The multimodal families nest the text model's keys under text_config; their vision tower is tiny too.
 _VISION = {
