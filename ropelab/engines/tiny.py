@@ -12,7 +12,10 @@ hash the converter knows).
 :data:`FAMILIES` maps a family name to the transformers config it builds. They span what a GGUF file must
 carry: NORM and NEOX rope types, partial rotary, NoPE layers (SmolLM3), yarn, llama3 (the converter writes a
 ``rope_freqs`` tensor), linear scaling on the global layers only with a second base on the sliding-window
-layers (Gemma 3), and M-RoPE in both layouts (Qwen2-VL contiguous, Qwen3-VL interleaved).
+layers (Gemma 3), and M-RoPE in both layouts (Qwen2-VL contiguous, Qwen3-VL interleaved); and the families the
+engines run for their own sake (tests/test_engines_llamacpp.py, tests/test_engines_mlx_run.py): Mistral, Gemma 2
+(final logit soft cap), OLMo 2, StableLM and GLM-4 (partial rotary), gpt-oss (yarn ``truncate: false``), Llama 4
+(text; NoPE every 4th layer).
 
 Every family's RoPE is what its config says; :meth:`ropelab.spec.RopeSpec.per_layer` reads it. Overrides go
 into the config (``save_tiny_model("llama", path, rope_parameters={...})``).
