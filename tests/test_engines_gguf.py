@@ -84,6 +84,10 @@ def test_converter_gguf_reads_as_the_hf_config_says(converted, family):
         # file's context_length 256 > L0 64: the long one), transformers switches by the current length; they agree
         # past L0 (the short regime, at a context <= L0, is run in tests/test_engines_llamacpp.py).
         longrope = want.scaling is not None and want.rope_type == "longrope"
+        if want.scaling is not None and want.scaling.get("truncate") is False:
+            # gpt-oss's yarn truncate: false: the converter writes no truncate key, and ggml always truncates
+            # (ggml/src/ggml.c:4486-4487); the file says the truncated ramp (the run: tests/test_engines_llamacpp.py)
+            want = dataclasses.replace(want, scaling={**want.scaling, "truncate": True})
         _assert_same_rope(got, want, head_dim, f"{family} layer {i}",
                           (want.max_position_embeddings,) if longrope else None)
     assert reading.sections == sections
@@ -140,7 +144,9 @@ _CHECK_DIFFERS = {"gemma3_2layer": {(1,): {"frequencies"}}, "qwen2_yarn_beta": {
                   # llama.cpp's smollm3 skips RoPE on every 4th layer, whatever no_rope_layers says.
                   "smollm3_nope_layer1": {(1,): {"nope"}, (3,): {"nope"}},
                   # an explicit yarn attention_factor, under a key only llama.cpp's grok reads
-                  "qwen2_yarn_attn": {(0, 1): {"attention_factor"}}}
+                  "qwen2_yarn_attn": {(0, 1): {"attention_factor"}},
+                  # gpt-oss's yarn truncate: false, lost: ggml always truncates the ramp
+                  "gpt_oss": {(0, 1): {"frequencies"}}}
 # Where the costs are taken (default max_position_embeddings - 1): LongRoPE's difference lies below L0.
 _CHECK_AT = {"phi3_longrope": 63, "phi3_longrope_l256": 255}
 

@@ -39,7 +39,10 @@ N_TOKENS = parity.N_TOKENS
 # model llama.cpp runs)).
 LONG = {"short_factor": [1.0, 1.5, 2.0, 4.0, 6.0, 8.0]}  # = the families' long_factor
 CASES = {
-    **{f: (None, None) for f in FAMILIES if f != "phi3_longrope"},
+    **{f: (None, None) for f in FAMILIES if f not in ("phi3_longrope", "gpt_oss")},
+    "gpt_oss": (None, ("ggml always truncates yarn's correction range (ggml/src/ggml.c:4486-4487, floorf / ceilf in "
+                       "ggml_rope_yarn_corr_dims) and the converter writes no truncate key: gpt-oss's truncate: false "
+                       "is lost", {"rope_parameters": {"truncate": True}})),
     "phi3_longrope_l256@256": (256, None),
     "gemma3_2layer": (None, ("llama.cpp assumes Gemma 3's 5 sliding : 1 full layer pattern "
                              "(src/models/gemma3.cpp:7, load_swa_pattern(ml, 6)) and the converter writes none: "

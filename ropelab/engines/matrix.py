@@ -18,7 +18,14 @@ disagreement found in the engines' code), :func:`build`:
    float32 bound. **The GGUF column's status is that run's**: ``agree`` within the bound, ``differ`` past
    :data:`~ropelab.engines.parity.DIFFER_FACTOR` bounds, with its ``cause`` (:data:`GGUF_CAUSES`: file and line
    at the converter's llama.cpp commit) — a differing run without a named cause is an error, and so is a reading
-   that predicts other than the run (``reading_status``, the reader's verdict, is kept beside it).
+   that predicts other than the run (``reading_status``, the reader's verdict, is kept beside it);
+6. runs mlx-lm itself on the saved directory (:func:`ropelab.engines.mlx_run.compare`: ``mlx_lm.utils.load_model``,
+   one float32 forward of the same tokens) against the same float64 forward and bound (without the float16 GELU
+   term). **The mlx column's status is that run's**: ``agree``, ``differ`` with its ``cause`` (:data:`MLX_CAUSES`:
+   file and line in mlx-lm's source) and ``cause_run`` (transformers run with the cause's config changes, which
+   must agree with mlx-lm's logits), or ``unreadable`` when mlx-lm refuses the model or its forward fails
+   (``reason``: mlx-lm's own words, and :data:`MLX_FAILURES`' ``cause``). The reader must predict the run
+   (:func:`reading_on_text`: M-RoPE sections, which text positions do not show, aside).
 
 A reader cell (:func:`cell`) is ``{"status": "agree", "notes"}`` (what the check and the reader observed but does not
 count against agreement: permuted q/k, ``rope_freqs`` read as longrope, keys the engine ignores),
@@ -26,7 +33,10 @@ count against agreement: permuted q/k, ``rope_freqs`` read as longrope, keys the
 cost: phase error and attention change at the position), or ``{"status": "unreadable", "reason"}`` (the
 reader's ReadError / ValueError message: an engine that refuses the model). A GGUF cell adds ``"run"`` (the
 llama.cpp run: ``max_err``, ``bound``, ``ratio``, ``n_tokens``, ``n_ctx``, ``status``), ``"reading_status"`` and,
-when it differs, ``"cause"``; its ``status`` is the run's.
+when it differs, ``"cause"``; its ``status`` is the run's. An mlx cell adds ``"reading_status"``, ``"run"`` (mlx-lm's
+run: ``max_err``, ``bound``, ``ratio``, ``n_tokens``, ``status``, ``max_abs_logit``), and ``"cause"`` /
+``"cause_run"`` when it differs (``"cause"`` with ``"reason"`` when mlx-lm does not run it); its ``status`` is the
+run's.
 
 ``python -m ropelab.engines.matrix [--out data/engines/matrix.json]`` writes the matrix with the versions of
 every package it was measured with.
@@ -46,8 +56,8 @@ from ..paths import DATA_DIR
 from . import check, tiny
 from .reading import Reading
 
-__all__ = ["ENGINES", "VARIANTS", "MATRIX_JSON", "models", "read_engine", "cell", "build", "versions", "load",
-           "counts", "main"]
+__all__ = ["ENGINES", "VARIANTS", "MATRIX_JSON", "GGUF_CAUSES", "MLX_CAUSES", "MLX_FAILURES", "models", "read_engine",
+           "cell", "run_cell", "mlx_run_cell", "reading_on_text", "build", "versions", "load", "counts", "main"]
 
 # The engines compared with transformers, in the matrix's column order.
 ENGINES = ("gguf", "mlx")
@@ -123,8 +133,70 @@ GGUF_CAUSES: dict[str, str] = {
                            "(src/models/smollm3.cpp:5, n_no_rope_layer_step = 4; :69, use_rope) and the converter "
                            "writes no pattern: the NoPE layer 1 rotates, layer 3 does not",
     "phi3_longrope": _LONGROPE_CAUSE,
+    "gpt_oss": "ggml always truncates yarn's correction range, floorf / ceilf of the ramp's end dims "
+               "(ggml/src/ggml.c:4486-4487, ggml_rope_yarn_corr_dims), and the converter writes no truncate key: "
+               "gpt-oss's truncate: false, which transformers follows, is lost",
     "phi3_longrope_v4_short": _LONGROPE_CAUSE,
     "phi3_longrope_v4type_short": _LONGROPE_CAUSE,
+}
+
+
+_MLX = "mlx_lm/models/"
+_V5 = ("transformers 5 saves the RoPE under rope_parameters; mlx-lm's ModelArgs.from_dict keeps only the keys of "
+       f"its signature ({_MLX}base.py:14-21), which has rope_theta and rope_scaling but not rope_parameters")
+_LONG = {"short_factor": list(tiny.FAMILIES["phi3_longrope"][1]["rope_parameters"]["long_factor"])}
+# Why mlx-lm's run differs from transformers, per row: (words with file and line in mlx-lm 0.32.2's installed source,
+# the transformers config changes that make the model mlx-lm runs; ropelab.engines.parity.hf_forward's `changes`).
+# build() and tests/test_engines_mlx_run.py run transformers with the changes and find mlx-lm's logits within the
+# float32 bound of that.
+_QWEN2_DEFAULT = (f"{_V5}: mlx-lm's qwen2 runs its default base 1e6 unscaled ({_MLX}qwen2.py:27-29, rope_theta "
+                  "1000000, rope_scaling None)")
+MLX_CAUSES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama3": (f"{_V5}: mlx-lm's llama runs its default base 10000 unscaled ({_MLX}llama.py:30-32, rope_theta 10000, "
+               "rope_scaling None)", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    "qwen2_yarn": (_QWEN2_DEFAULT, {"rope_parameters": {"rope_type": "default"}}),
+    "qwen2_yarn_beta": (_QWEN2_DEFAULT, {"rope_parameters": {"rope_type": "default"}}),
+    "qwen2_yarn_attn": (_QWEN2_DEFAULT, {"rope_parameters": {"rope_type": "default"}}),
+    "qwen2_base1e4": (_QWEN2_DEFAULT + ", not the config's 10000", {"rope_parameters": {"rope_theta": 1e6}}),
+    "phi3_longrope": (f"{_V5}, and partial_rotary_factor only inside rope_parameters: mlx-lm's phi3 rotates every "
+                      f"head dim (partial_rotary_factor default 1.0, {_MLX}phi3.py:27 and :65) with nn.RoPE at its "
+                      f"default base 10000, no LongRoPE ({_MLX}phi3.py:24-26, :66-80)",
+                      {"partial_rotary_factor": 1.0,
+                       "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 1.0}}),
+    "gemma3": (f"{_V5}: mlx-lm's gemma3_text runs its global layers at the default base 1e6 without the linear "
+               f"scaling ({_MLX}gemma3_text.py:26 rope_theta, :32 rope_scaling None, :64-69)",
+               {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6}}}),
+    "smollm3": (f"{_V5}: mlx-lm's smollm3 (ModelArgs of llama, {_MLX}smollm3.py:13) runs llama's default base 10000 "
+                f"({_MLX}llama.py:30)", {"rope_parameters": {"rope_theta": 10000.0}}),
+    "smollm3_nope_layer1": (f"{_V5}: mlx-lm's smollm3 (ModelArgs of llama, {_MLX}smollm3.py:13) runs llama's default "
+                            f"base 10000 ({_MLX}llama.py:30); it reads no_rope_layers (layer 1 without RoPE, as "
+                            "transformers)", {"rope_parameters": {"rope_theta": 10000.0}}),
+    "mistral": (f"{_V5}: mlx-lm runs mistral as llama ({_MLX[:-7]}utils.py:49, MODEL_REMAPPING) at llama's default "
+                f"base 10000 ({_MLX}llama.py:30), not the config's 1e6",
+                {"rope_parameters": {"rope_theta": 10000.0}}),
+    "olmo2": (f"{_V5}: mlx-lm's olmo2 runs its default base 10000 ({_MLX}olmo2.py:28), not the config's 500000",
+              {"rope_parameters": {"rope_theta": 10000.0}}),
+    "phi3_longrope_v4type_short": (f"mlx-lm's SuScaledRoPE multiplies by long_factor at every length "
+                                   f"({_MLX}rope_utils.py:50, self._freqs = long_factor * freqs; short_factor is "
+                                   "never used), where transformers uses short_factor up to the original length 64",
+                                   {"rope_parameters": _LONG}),
+}
+# Why mlx-lm does not run a row (its own error, and where).
+MLX_FAILURES: dict[str, str] = {
+    "gemma3_2layer": (f"mlx-lm's gemma3_text does not read layer_types; its forward indexes the cache list at "
+                      f"sliding_window_pattern - 1 = 5 ({_MLX}gemma3_text.py:195, default sliding_window_pattern 6 "
+                      f"at :30), past a 2-layer model: IndexError"),
+    "stablelm": (f"{_V5}, and partial_rotary_factor only there: mlx-lm's stablelm requires both as top-level keys "
+                 f"({_MLX}stablelm.py:22 rope_theta, :24 partial_rotary_factor, no defaults): TypeError"),
+    "glm4": (f"{_V5}, and partial_rotary_factor only there: mlx-lm's glm4 requires both as top-level keys "
+             f"({_MLX}glm4.py:25 partial_rotary_factor, :26 rope_theta, no defaults): TypeError"),
+    "gpt_oss": (f"mlx-lm's gpt_oss.sanitize renames unquantized experts.gate_up_proj / down_proj (as transformers "
+                f"saves them) to experts.gate_proj / up_proj / down_proj without '.weight' ({_MLX}gpt_oss.py:226-243; "
+                "only MXFP4 *_blocks become '.weight', :227-229), which the model has no parameters for: ValueError"),
+    "llama4": (f"{_V5}: mlx-lm's llama4_text requires rope_theta as a top-level key ({_MLX}llama4_text.py:24, no "
+               "default): TypeError"),
+    "phi3_longrope_v4_short": (f"mlx-lm's phi3 requires rope_scaling to hold the key 'type' ({_MLX}phi3.py:36-39); "
+                               "transformers 4 writes 'rope_type': ValueError"),
 }
 
 
@@ -256,6 +328,63 @@ def run_cell(name: str, model_dir: Path, gguf_path: Path, reading_cell: dict, *,
     return out
 
 
+def reading_on_text(reading_cell: Mapping[str, Any]) -> str:
+    """The reader's verdict for a run on text tokens: a cell whose only mismatches are M-RoPE sections predicts
+    ``"agree"`` (on text every axis has the same position, and M-RoPE is then 1D RoPE); else its ``status``."""
+    if reading_cell["status"] == "differ" and not reading_cell.get("problems") and all(
+            m["kinds"] == ["sections"] for m in reading_cell.get("mismatches", [])):
+        return "agree"
+    return reading_cell["status"]
+
+
+def mlx_run_cell(name: str, model_dir: Path, reading_cell: dict, *, root: Path | None = None) -> dict:
+    """The mlx-lm cell from mlx-lm's run (:func:`ropelab.engines.mlx_run.compare`): the reader's cell with
+    ``status`` the run's, ``reading_status`` the reader's, ``run`` and, for a difference, its ``cause``
+    (:data:`MLX_CAUSES`) and ``cause_run`` (transformers with the cause's config changes against the same logits,
+    which must agree). A model mlx-lm does not run is ``"unreadable"`` with mlx-lm's ``reason`` and, where known,
+    the ``cause`` (:data:`MLX_FAILURES`). ValueError when the run differs without a named cause, the named cause does
+    not reproduce it, or the reader predicts another verdict than the run's (:func:`reading_on_text`)."""
+    from . import mlx_run, parity
+
+    clean = (lambda s: _clean(s, root)) if root is not None else (lambda s: s)
+    out = {**reading_cell, "reading_status": reading_cell["status"]}
+    ids = parity.token_ids(tiny.VOCAB_SIZE)
+    try:
+        got = mlx_run.logits(model_dir, ids)
+    except mlx_run.MlxRefusal as e:
+        out.update(status="unreadable", reason=clean(str(e)))
+        if name in MLX_FAILURES:
+            out["cause"] = MLX_FAILURES[name]
+        if reading_cell["status"] == "agree":
+            raise ValueError(f"{name}: the mlx reader says 'agree', mlx-lm does not run the model ({e}): the reader "
+                             "is wrong; fix it.") from e
+        return out
+    except mlx_run.MlxRunError as e:  # mlx-lm's forward fails: its words and line; MLX_FAILURES says why
+        if name not in MLX_FAILURES:
+            raise ValueError(f"{name}: {e}; MLX_FAILURES names no cause; find it and add it.") from e
+        out.update(status="unreadable", reason=clean(str(e)), cause=MLX_FAILURES[name])
+        if reading_cell["status"] == "agree":
+            raise ValueError(f"{name}: the mlx reader says 'agree', mlx-lm's forward fails ({e}).") from e
+        return out
+    run = mlx_run.compare(model_dir, ids=ids, run=got)
+    out["run"] = run
+    out["status"] = run["status"]
+    if run["status"] == "differ":
+        if name not in MLX_CAUSES:
+            raise ValueError(f"{name}: mlx-lm's run differs from transformers ({run}) and MLX_CAUSES names no cause; "
+                             "find it and add it.")
+        words, changes = MLX_CAUSES[name]
+        out["cause"] = words
+        out["cause_run"] = mlx_run.compare(model_dir, ids=ids, run=got, changes=changes)
+        if out["cause_run"]["status"] != "agree":
+            raise ValueError(f"{name}: transformers with the named cause's changes {changes} does not run as mlx-lm "
+                             f"({out['cause_run']}); the cause is wrong.")
+    if out["status"] != reading_on_text(reading_cell):
+        raise ValueError(f"{name}: the mlx reader says {reading_cell['status']!r}, mlx-lm's run {out['status']!r} "
+                         f"({run}): the reader is wrong; fix it.")
+    return out
+
+
 def build(names: Sequence[str] | None = None, *, workdir: str | Path | None = None) -> dict:
     """The matrix of every family and variant (or of ``names``): ``{"versions", "engines", "families",
     "variants", "rows": {name: {"family", "schema", "why", "transformers", "gguf", "mlx"}}, "counts"}``."""
@@ -279,6 +408,7 @@ def build(names: Sequence[str] | None = None, *, workdir: str | Path | None = No
                 row[engine] = cell(ref, lambda e=engine, d=d, g=ggufs[name]: read_engine(e, d, g),
                                    position=v["position"], root=root)
             row["gguf"] = run_cell(name, d, ggufs[name], row["gguf"], root=root)
+            row["mlx"] = mlx_run_cell(name, d, row["mlx"], root=root)
             rows[name] = row
     result = {"versions": versions(), "engines": list(ENGINES), "families": [n for n in rows if n in tiny.FAMILIES],
               "variants": [n for n in rows if n in VARIANTS], "rows": rows}

@@ -514,6 +514,42 @@ def _head_dim_of(attn: Any, dims: int) -> int:
     return dims
 
 
+def _rope_guard(attn: Any, rope_name: str) -> str | None:
+    """The attribute that decides whether ``attn`` (an mlx-lm attention module) applies its rope module
+    ``self.<rope_name>``, read from the source of its class's ``__call__``: ``X`` when every call of
+    ``self.<rope_name>`` there sits under ``if self.X:`` (mlx-lm's cohere2: ``if self.use_sliding_window:``,
+    models/cohere2.py:76); None when a call is unguarded or the source cannot be read."""
+    import ast
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(type(attn).__call__)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+
+    def is_self_attr(node, name=None):
+        return (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+                and (name is None or node.attr == name))
+
+    def calls(nodes):
+        return [n for node in nodes for n in ast.walk(node)
+                if isinstance(n, ast.Call) and is_self_attr(n.func, rope_name)]
+
+    every = calls(tree.body)
+    if not every:
+        return None
+    guards, guarded = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and is_self_attr(node.test) and not calls(node.orelse):
+            inner = calls(node.body)
+            if inner:
+                guards.add(node.test.attr)
+                guarded.update(map(id, inner))
+    if len(guards) != 1 or guarded != set(map(id, every)):
+        return None
+    return guards.pop()
+
+
 def read_mlx(source: str | Path | Mapping[str, Any]) -> Reading:
     """The RoPE of every decoder layer as mlx-lm (the installed version) builds the model from ``config.json``.
 
@@ -558,9 +594,16 @@ def read_mlx(source: str | Path | Mapping[str, Any]) -> Reading:
     max_pos = getattr(args, "max_position_embeddings", None) or config.get("max_position_embeddings")
     max_pos = int(max_pos) if isinstance(max_pos, (int, float)) and not isinstance(max_pos, bool) else None
     local_base = getattr(args, "rope_local_base_freq", None)
-    specs, head_dims, classes = [], set(), []
+    specs, head_dims, classes, unrotated = [], set(), [], []
     for i, layer in enumerate(layers):
         attn = getattr(layer, "self_attn", None) or getattr(layer, "attention", None) or layer
+        if i in ropes:  # a rope module the attention calls only `if self.X:` does not turn this layer when X is False
+            guard = _rope_guard(attn, ropes[i][0].rsplit(".", 1)[-1])
+            if guard is not None and not getattr(attn, guard, True):
+                unrotated.append((i, f"{type(attn).__name__}.{guard}"))
+                specs.append(RopeSpec.nope(max_pos))
+                classes.append("none")
+                continue
         if i not in ropes:
             specs.append(RopeSpec.nope(max_pos))
             classes.append("none")
@@ -586,6 +629,9 @@ def read_mlx(source: str | Path | Mapping[str, Any]) -> Reading:
     ignored = [k for k in declared if k not in taken]
     if ignored:
         notes.append(f"mlx-lm's {module_name}.ModelArgs does not read {ignored} (the model runs without them)")
+    if unrotated:
+        notes.append(f"mlx-lm's {module_name} calls its rope module only when the attention's flag is set: layers "
+                     f"{[i for i, _ in unrotated]} without RoPE ({unrotated[0][1]} False)")
     if "SuScaledRoPE" in classes:
         notes.append("mlx-lm's SuScaledRoPE applies long_factor at every length (short_factor unused)")
     if "YarnRoPE" in classes and isinstance(scaling, Mapping):

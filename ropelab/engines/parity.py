@@ -12,7 +12,8 @@ relative. To first order the logit error is then at most
 
 .. math:: (L + 1)\,(\gamma_K + u_{\rm act})\,S, \qquad S = \max_v \sum_j |W_{\rm out}[v, j]|\,|h_L[j]|
 
-(:math:`h_L` the oracle's final normed hidden state, times the model's logit scale where it has one): the largest
+(:math:`h_L` the oracle's final normed hidden state, times the model's logit scale where it has one; a final soft
+cap :math:`c \tanh(z/c)` (Gemma 2) is 1-Lipschitz, and adds its own rounding :math:`(S + 5c)\,u`): the largest
 sum of |terms| of the output projection, L the layer count. :math:`u_{\rm act} = 0` except for GELU: ggml's CPU
 GELU reads a float16 table (``ggml/src/ggml-cpu/vec.h``: ``#define GGML_GELU_FP16``, line 46, and
 ``ggml_vec_gelu_f32``, lines 1000-1013, at the converter's llama.cpp 0c1e570): its input is rounded to float16 and so
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["U32", "U16", "DIFFER_FACTOR", "GELU_ACTIVATIONS", "N_TOKENS", "token_ids", "hf_forward", "logit_bound",
-           "compare"]
+           "compare", "compare_logits"]
 
 U32 = 2.0 ** -24
 U16 = 2.0 ** -11
@@ -82,15 +83,22 @@ def hf_forward(model_dir: str | Path, ids: Sequence[int], changes: Mapping[str, 
         h = out.hidden_states[-1][0]  # the final normed hidden state
         w = model.get_output_embeddings().weight
         scale = float(getattr(text, "logit_scale", None) or 1.0)
-        if not torch.allclose(scale * h @ w.T, logits, rtol=1e-9, atol=1e-9):
+        cap = getattr(text, "final_logit_softcapping", None)
+        z = scale * h @ w.T
+        if cap:  # Gemma 2's soft cap c tanh(z / c): 1-Lipschitz, so S of z bounds it too (logit_bound adds its own)
+            z = cap * torch.tanh(z / cap)
+        if not torch.allclose(z, logits, rtol=1e-9, atol=1e-9):
             raise ValueError(f"{model_dir}: the logits are not the output projection of the last hidden state (a "
                              "soft cap or another head?); the bound's S does not apply.")
         s = float(((h.abs() @ w.abs().T) * abs(scale)).amax())
     return logits, s, text
 
 
-def logit_bound(text_config, s: float, n_tokens: int = N_TOKENS) -> float:
-    """The bound of the module docstring for a model of ``text_config`` (a transformers config) and S = ``s``."""
+def logit_bound(text_config, s: float, n_tokens: int = N_TOKENS, *, float16_gelu: bool = True) -> float:
+    """The bound of the module docstring for a model of ``text_config`` (a transformers config) and S = ``s``.
+
+    ``float16_gelu``: the GELU families' :math:`u_{\rm act}` (ggml's float16 GELU table); False for an engine that
+    evaluates GELU in float32 (MLX: :math:`u_{\rm act} = 0`)."""
     import torch
 
     from ..precision import UNIT_ROUNDOFF
@@ -101,8 +109,12 @@ def logit_bound(text_config, s: float, n_tokens: int = N_TOKENS) -> float:
     u = UNIT_ROUNDOFF[torch.float32]
     gamma = k * u / (1 - k * u)
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or ""
-    u_act = 2.2 * U16 if act in GELU_ACTIVATIONS else 0.0
-    return (text_config.num_hidden_layers + 1) * (gamma + u_act) * s
+    u_act = 2.2 * U16 if float16_gelu and act in GELU_ACTIVATIONS else 0.0
+    bound = (text_config.num_hidden_layers + 1) * (gamma + u_act) * s
+    cap = cfg.get("final_logit_softcapping")
+    if cap:  # c tanh(z / c) in float32: z / c (|z| u), tanh (<= 4 ulp of a value <= 1, times c), times c (c u)
+        bound += (s + 5 * cap) * u
+    return bound
 
 
 def compare(model_dir: str | Path, gguf_path: str | Path, *, n_ctx: int | None = None, ids: Sequence[int] | None = None,
@@ -111,8 +123,6 @@ def compare(model_dir: str | Path, gguf_path: str | Path, *, n_ctx: int | None =
     ``changes``): ``{"status": "agree" | "differ" | "unclear", "max_err", "bound", "ratio", "n_tokens", "n_ctx"
     (as llama.cpp allocated it), "max_abs_logit"}``. ``run``: a :class:`~ropelab.engines.llamacpp_run.RunResult`
     of the same ids to reuse. Raises what :func:`ropelab.engines.llamacpp_run.run` raises."""
-    import numpy as np
-
     from . import llamacpp_run
 
     if ids is None:
@@ -122,13 +132,24 @@ def compare(model_dir: str | Path, gguf_path: str | Path, *, n_ctx: int | None =
     ids = list(ids)
     if run is None:
         run = llamacpp_run.run(gguf_path, ids, n_ctx=n_ctx)
+    return {**compare_logits(model_dir, run.logits, ids, changes=changes), "n_ctx": run.info["n_ctx"]}
+
+
+def compare_logits(model_dir: str | Path, logits, ids: Sequence[int], *, changes: Mapping[str, Any] | None = None,
+                   float16_gelu: bool = True, engine: str = "llama.cpp") -> dict:
+    """An engine's float32 ``logits`` ``(len(ids), vocab)`` of ``ids`` at positions ``0 .. n-1`` against
+    transformers' float64 forward of ``model_dir`` (changed by ``changes``) within :func:`logit_bound`
+    (``float16_gelu`` as there): ``{"status", "max_err", "bound", "ratio", "n_tokens", "max_abs_logit"}``."""
+    import numpy as np
+
+    ids = list(ids)
     ref, s, text = hf_forward(model_dir, ids, changes)
-    got = np.asarray(run.logits, dtype=np.float64)
+    got = np.asarray(logits, dtype=np.float64)
     if got.shape != tuple(ref.shape):
-        raise ValueError(f"llama.cpp's logits have shape {got.shape}, transformers' {tuple(ref.shape)}: not the same "
+        raise ValueError(f"{engine}'s logits have shape {got.shape}, transformers' {tuple(ref.shape)}: not the same "
                          "model (vocabulary).")
     err = float(np.abs(got - ref.numpy()).max())
-    b = logit_bound(text, s, len(ids))
+    b = logit_bound(text, s, len(ids), float16_gelu=float16_gelu)
     status = "agree" if err <= b else "differ" if err > DIFFER_FACTOR * b else "unclear"
     return {"status": status, "max_err": err, "bound": b, "ratio": err / b, "n_tokens": len(ids),
-            "n_ctx": run.info["n_ctx"], "max_abs_logit": float(ref.abs().max())}
+            "max_abs_logit": float(ref.abs().max())}

@@ -12,7 +12,10 @@ hash the converter knows).
 :data:`FAMILIES` maps a family name to the transformers config it builds. They span what a GGUF file must
 carry: NORM and NEOX rope types, partial rotary, NoPE layers (SmolLM3), yarn, llama3 (the converter writes a
 ``rope_freqs`` tensor), linear scaling on the global layers only with a second base on the sliding-window
-layers (Gemma 3), and M-RoPE in both layouts (Qwen2-VL contiguous, Qwen3-VL interleaved).
+layers (Gemma 3), and M-RoPE in both layouts (Qwen2-VL contiguous, Qwen3-VL interleaved); and the families the
+engines run for their own sake (tests/test_engines_llamacpp.py, tests/test_engines_mlx_run.py): Mistral, Gemma 2
+(final logit soft cap), OLMo 2, StableLM and GLM-4 (partial rotary), gpt-oss (yarn ``truncate: false``), Llama 4
+(text; NoPE every 4th layer).
 
 Every family's RoPE is what its config says; :meth:`ropelab.spec.RopeSpec.per_layer` reads it. Overrides go
 into the config (``save_tiny_model("llama", path, rope_parameters={...})``).
@@ -115,12 +118,49 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         "head_dim": 8, "num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1,
         "topk_group": 1, "moe_intermediate_size": 32, "first_k_dense_replace": 1, "n_shared_experts": 1,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    # Mistral (v0.3's base 1e6, no sliding window): llama.cpp converts it as llama (NORM, q/k permuted).
+    "mistral": ("MistralConfig", {"head_dim": 16, "sliding_window": None,
+                                  "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
+    # Gemma 2: sliding and full layers alternating, both at base 10000 (its converter writes no rope.freq_base:
+    # conversion/gemma.py:84-103 sets no rope key, and llama.cpp's default is 10000); attention and final logit
+    # soft caps as Gemma 2's own config (50, 30); query_pre_attn_scalar = head_dim as gemma3's above. The output
+    # tied to the embeddings as in Gemma 2: the converter drops lm_head.weight (conversion/gemma.py:110-113) and
+    # mlx-lm's gemma2 has no lm_head (it refuses the tensor).
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "tie_word_embeddings": True, "query_pre_attn_scalar": 16,
+                                "sliding_window": 32, "layer_types": ["sliding_attention", "full_attention"],
+                                "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    # OLMo 2: q/k RMSNorm over the whole projection before RoPE, base 500000; a BPE vocabulary.
+    "olmo2": ("Olmo2Config", {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}),
+    # StableLM: partial rotary, 4 of 16 head dims (partial_rotary_factor 0.25), NEOX; LayerNorm; a BPE vocabulary.
+    "stablelm": ("StableLmConfig", {"partial_rotary_factor": 0.25, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}}),
+    # GLM-4: half the head dims rotate (partial_rotary_factor 0.5), in interleaved pairs (transformers' Glm4), which
+    # the converter reorders to NEOX (conversion/glm.py:54-85, normal_to_neox); a BPE vocabulary.
+    "glm4": ("Glm4Config", {"head_dim": 16, "partial_rotary_factor": 0.5, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
+    # gpt-oss: yarn with truncate: false as gpt-oss's own config (transformers keeps the ramp's correction range
+    # unrounded; ggml floors / ceils it always), attention sinks, sliding and full layers alternating, a small MoE
+    # (4 experts, 2 per token); a BPE vocabulary.
+    "gpt_oss": ("GptOssConfig", {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 32,
+                                 "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "truncate": False, "original_max_position_embeddings": 64}}),
+    # Llama 4 (text): llama3 frequencies in interleaved pairs, every 4th layer without RoPE (no_rope_layers; llama.cpp
+    # hard-codes the step 4, as for SmolLM3), q/k L2 norm on the RoPE layers, MoE on every 2nd layer; Scout's
+    # attention chunk 8192 (past the 24-token run); a BPE vocabulary.
+    "llama4": ("Llama4TextConfig", {"head_dim": 16, "num_hidden_layers": 4, "num_local_experts": 2,
+                                    "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "intermediate_size": 64,
+                                    "intermediate_size_mlp": 128, "no_rope_layers": [1, 1, 1, 0],
+                                    "attention_chunk_size": 8192, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}}),
 }
 
 # Families whose converter class reads a BPE vocabulary (tokenizer.json) rather than tokenizer.model: the saved
 # model gets the same tokenizer as a tokenizer.json too, and ropelab.engines.converter.convert_many needs
 # unknown_bpe_pre for them (the converter knows only real models' BPE pre-tokenizers).
-BPE_VOCAB = ("cohere2", "deepseek_v3")
+BPE_VOCAB = ("cohere2", "deepseek_v3", "olmo2", "stablelm", "glm4", "gpt_oss", "llama4")
 
 # The multimodal families nest the text model's keys under text_config; their vision tower is tiny too.
 _VISION = {
@@ -190,7 +230,27 @@ def save_tiny_model(family: str, path: str | Path, *, seed: int = 0, head_dim: i
          "add_bos_token": True, "add_eos_token": False}, indent=2))
     if family in BPE_VOCAB:  # the same tokenizer as transformers' fast one: tokenizer.json with its BPE merges
         transformers.AutoTokenizer.from_pretrained(path).save_pretrained(path)
+    if family in _SPECIAL_NAMES:
+        _rename_special_tokens(path, _SPECIAL_NAMES[family])
     return path
+
+
+# Families whose converter looks up special tokens by their real model's names (GLM-4's: conversion/glm.py:41-44
+# reads "<|endoftext|>" and "<|user|>" from the added vocabulary, a KeyError without them): the tiny tokenizer's
+# own special tokens renamed so, ids unchanged.
+_SPECIAL_NAMES = {"glm4": {"</s>": "<|endoftext|>", "<unk>": "<|user|>"}}
+
+
+def _rename_special_tokens(path: Path, names: Mapping[str, str]) -> None:
+    """Rename special tokens in a saved fast tokenizer (``tokenizer.json``, ``tokenizer_config.json``, the special
+    tokens map), keeping their ids."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        f = path / name
+        if f.is_file():
+            text = f.read_text()
+            for old, new in names.items():
+                text = text.replace(json.dumps(old), json.dumps(new))
+            f.write_text(text)
 
 
 def _scale_weights(model, seed: int) -> None:
