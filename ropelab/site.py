@@ -24,7 +24,8 @@ and Sphinx builds that with ``docs/conf.py``. On each staged copy (:func:`stage_
 - an exercise's solution (``jupyter.source_hidden`` in the lab) sits behind a "Solution" control, and its check's
   code is collapsed too (the check prints a verdict only, :func:`ropelab.figures.checked`);
 - the checkout's absolute path in an output is made repository-relative;
-- links to other notebooks, the map, ``../figures/`` and ``../README.md`` point at the site's pages.
+- links to other notebooks, the map, ``../figures/`` and ``../README.md`` point at the site's pages, and bare
+  arXiv ids and URLs become links (:func:`link_references`).
 
 The front page is ``docs/index.md``, for a newcomer, with generated parts at its markers: the reading path
 (:func:`render_path`), how to get the code (:func:`render_get`: the source archive :func:`build` writes, and two
@@ -64,8 +65,8 @@ from .paths import BUILD_DIR, FIGURES_DIR, NOTEBOOK_DIR, REPO
 __all__ = ["DOCS_DIR", "SITE_DIR", "MAP_MARKER", "MODULES_MARKER", "PATH_MARKER", "GET_MARKER", "CITE_MARKER",
            "BANNER_CLASS", "WIDGET_MIME", "EXPLORER_TWINS", "ARCHIVE", "executed_notebooks", "stage_notebook",
            "render_map", "render_path", "render_get", "render_cite", "figure_caption", "reading_minutes", "builds_on",
-           "api_modules", "API_TOPICS", "api_topics", "api_title", "GLOSSARY", "explorer_html", "stage", "build",
-           "main"]
+           "api_modules", "API_TOPICS", "api_topics", "api_title", "GLOSSARY", "link_references", "explorer_html",
+           "stage", "build", "main"]
 
 DOCS_DIR = REPO / "docs"
 SITE_DIR = BUILD_DIR / "site"  # the full run's site; a smoke site goes to build/smoke/site
@@ -327,6 +328,24 @@ EXPLORER_NOTE = ("*The explorer below runs in your browser, with no kernel: move
                  "its default view, as the last full run saved it.*")
 
 
+_ARXIV = re.compile(r"(?<![\[\w/])arXiv[: ]([0-9]{4}\.[0-9]{4,5})(?!\]\()")
+_BARE_URL = re.compile(r"(?<![(<\w/\[])(https?://[^\s)<>\]\"'`]*[^\s)<>\]\"'`.,;:])")
+_URL_IN_PARENS = re.compile(r"\]\(https://arxiv\.org/abs/([0-9]{4}\.[0-9]{4,5})\) \(https://arxiv\.org/abs/\1\)")
+
+
+def link_references(text: str) -> str:
+    """Markdown with its bare references made links (the site's review: a bare arXiv id, or a URL that overflows the
+    column, is no link): ``arXiv:2309.00071`` or ``arXiv 2309.00071`` not already a link's text becomes a link to
+    its abstract (the URL printed after it, if any, is dropped: the link carries it), and a bare ``https://`` URL
+    an autolink. Inline code (between backticks) is left as it is."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # outside inline code
+        s = _ARXIV.sub(r"[arXiv:\1](https://arxiv.org/abs/\1)", parts[i])
+        s = _URL_IN_PARENS.sub(r"](https://arxiv.org/abs/\1)", s)
+        parts[i] = _BARE_URL.sub(r"<\1>", s)
+    return "`".join(parts)
+
+
 def _scrub_paths(text: str) -> str:
     """A notebook output with the build machine's checkout path made repository-relative (``data/lm/x.pt``)."""
     return text.replace(str(REPO) + os.sep, "").replace(str(REPO), ".")
@@ -373,7 +392,7 @@ def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: 
             # the lab's words for a hidden solution, said for the page's control
             source = source.replace("a hidden solution (click the collapsed cell to show it)",
                                     "a hidden solution (the *Solution* control shows it)")
-            cell["source"] = _rewrite_links(source, "notebooks", "notebooks", images, modules)
+            cell["source"] = link_references(_rewrite_links(source, "notebooks", "notebooks", images, modules))
         elif cell["cell_type"] == "code":
             if meta.get("jupyter", {}).get("source_hidden"):  # an exercise's solution: collapsed, as in the lab
                 meta["tags"] = [*tags, "hide-input", SOLUTION_TAG]

@@ -683,3 +683,19 @@ def test_the_glossary_defines_the_rope_terms_and_every_notebook_banner_links_it(
         assert term in terms, term
     banner = site._banner(manifest.notebooks()[0], smoke=False)["source"]
     assert f"(../{site.GLOSSARY})" in banner
+
+
+@pytest.mark.parametrize("text, want", [
+    ("Peng et al., arXiv:2309.00071, quoted",
+     "Peng et al., [arXiv:2309.00071](https://arxiv.org/abs/2309.00071), quoted"),
+    ("DeepSeek-V2, arXiv:2405.04434 (https://arxiv.org/abs/2405.04434), section 2",
+     "DeepSeek-V2, [arXiv:2405.04434](https://arxiv.org/abs/2405.04434), section 2"),
+    ("[arXiv 2104.09864](https://arxiv.org/abs/2104.09864)", "[arXiv 2104.09864](https://arxiv.org/abs/2104.09864)"),
+    ("bloc97, https://www.reddit.com/r/LocalLLaMA/x/.", "bloc97, <https://www.reddit.com/r/LocalLLaMA/x/>."),
+    ("[repo](https://github.com/a/b) and <https://x.org>", "[repo](https://github.com/a/b) and <https://x.org>"),
+    ("in code `https://x.org arXiv:2309.00071` stays", "in code `https://x.org arXiv:2309.00071` stays"),
+])
+def test_bare_references_become_links(text, want):
+    from ropelab import site
+
+    assert site.link_references(text) == want
