@@ -24,7 +24,8 @@ and Sphinx builds that with ``docs/conf.py``. On each staged copy (:func:`stage_
 - an exercise's solution (``jupyter.source_hidden`` in the lab) sits behind a "Solution" control, and its check's
   code is collapsed too (the check prints a verdict only, :func:`ropelab.figures.checked`);
 - the checkout's absolute path in an output is made repository-relative;
-- links to other notebooks, the map, ``../figures/`` and ``../README.md`` point at the site's pages.
+- links to other notebooks, the map, ``../figures/`` and ``../README.md`` point at the site's pages, and bare
+  arXiv ids and URLs become links (:func:`link_references`).
 
 The front page is ``docs/index.md``, for a newcomer, with generated parts at its markers: the reading path
 (:func:`render_path`), how to get the code (:func:`render_get`: the source archive :func:`build` writes, and two
@@ -64,7 +65,8 @@ from .paths import BUILD_DIR, FIGURES_DIR, NOTEBOOK_DIR, REPO
 __all__ = ["DOCS_DIR", "SITE_DIR", "MAP_MARKER", "MODULES_MARKER", "PATH_MARKER", "GET_MARKER", "CITE_MARKER",
            "BANNER_CLASS", "WIDGET_MIME", "EXPLORER_TWINS", "ARCHIVE", "executed_notebooks", "stage_notebook",
            "render_map", "render_path", "render_get", "render_cite", "figure_caption", "reading_minutes", "builds_on",
-           "api_modules", "explorer_html", "stage", "build", "main"]
+           "api_modules", "API_TOPICS", "api_topics", "api_title", "GLOSSARY", "link_references", "explorer_html",
+           "stage", "build", "main"]
 
 DOCS_DIR = REPO / "docs"
 SITE_DIR = BUILD_DIR / "site"  # the full run's site; a smoke site goes to build/smoke/site
@@ -73,6 +75,7 @@ MODULES_MARKER = "<!-- ropelab:modules -->"  # in docs/api/index.md: replaced by
 PATH_MARKER = "<!-- ropelab:path -->"  # in docs/index.md: the reading path (render_path)
 GET_MARKER = "<!-- ropelab:get -->"  # in docs/index.md: how to get the code (the source archive and two commands)
 CITE_MARKER = "<!-- ropelab:cite -->"  # in docs/index.md: the citation block (render_cite, from CITATION.cff)
+GLOSSARY = "glossary.md"  # in docs/: the RoPE terms; every notebook page's banner links it
 BANNER_CLASS = "ropelab-banner"  # the run-locally / previous / next banner of a notebook page
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 INJECTED_TAG = "injected-parameters"  # the cell ropelab.figures inserts after the parameters cell
@@ -204,7 +207,9 @@ def _banner(src: Path, smoke: bool) -> dict:
              f'**Run it yourself:** <a class="ropelab-download" href="{src.name}" download>download '
              f"<code>{src.name}</code></a> (the notebook's source, outputs stripped), or get the "
              f"[whole source](../index.md#get-the-code), run `make lab` and open `notebooks/{src.name}` "
-             "(*Kernel → Restart Kernel and Run All Cells*); [more on running](../guides/running.md)."]
+             "(*Kernel → Restart Kernel and Run All Cells*); [more on running](../guides/running.md).", "",
+             f"**A term you do not know?** The [glossary](../{GLOSSARY}) says what each RoPE term means (style, "
+             "layout, partial rotary, NTK, YaRN, M-RoPE, NoPE, ...) and where it is taught."]
     if smoke:
         lines += ["", "*This page shows a smoke run (tiny sizes, `python -m ropelab.figures --smoke`): its numbers "
                   "are not the full run's, which `make figures` then `make site` show.*"]
@@ -323,6 +328,24 @@ EXPLORER_NOTE = ("*The explorer below runs in your browser, with no kernel: move
                  "its default view, as the last full run saved it.*")
 
 
+_ARXIV = re.compile(r"(?<![\[\w/])arXiv[: ]([0-9]{4}\.[0-9]{4,5})(?!\]\()")
+_BARE_URL = re.compile(r"(?<![(<\w/\[])(https?://[^\s)<>\]\"'`]*[^\s)<>\]\"'`.,;:])")
+_URL_IN_PARENS = re.compile(r"\]\(https://arxiv\.org/abs/([0-9]{4}\.[0-9]{4,5})\) \(https://arxiv\.org/abs/\1\)")
+
+
+def link_references(text: str) -> str:
+    """Markdown with its bare references made links (the site's review: a bare arXiv id, or a URL that overflows the
+    column, is no link): ``arXiv:2309.00071`` or ``arXiv 2309.00071`` not already a link's text becomes a link to
+    its abstract (the URL printed after it, if any, is dropped: the link carries it), and a bare ``https://`` URL
+    an autolink. Inline code (between backticks) is left as it is."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # outside inline code
+        s = _ARXIV.sub(r"[arXiv:\1](https://arxiv.org/abs/\1)", parts[i])
+        s = _URL_IN_PARENS.sub(r"](https://arxiv.org/abs/\1)", s)
+        parts[i] = _BARE_URL.sub(r"<\1>", s)
+    return "`".join(parts)
+
+
 def _scrub_paths(text: str) -> str:
     """A notebook output with the build machine's checkout path made repository-relative (``data/lm/x.pt``)."""
     return text.replace(str(REPO) + os.sep, "").replace(str(REPO), ".")
@@ -369,7 +392,7 @@ def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: 
             # the lab's words for a hidden solution, said for the page's control
             source = source.replace("a hidden solution (click the collapsed cell to show it)",
                                     "a hidden solution (the *Solution* control shows it)")
-            cell["source"] = _rewrite_links(source, "notebooks", "notebooks", images, modules)
+            cell["source"] = link_references(_rewrite_links(source, "notebooks", "notebooks", images, modules))
         elif cell["cell_type"] == "code":
             if meta.get("jupyter", {}).get("source_hidden"):  # an exercise's solution: collapsed, as in the lab
                 meta["tags"] = [*tags, "hide-input", SOLUTION_TAG]
@@ -530,13 +553,86 @@ def api_modules() -> list[tuple[str, str]]:
                 if not info.name.startswith("_"):
                     sub = importlib.import_module(f"{full}.{info.name}")
                     first = " ".join((sub.__doc__ or "").strip().split("\n\n")[0].split())
-                    out.append((f"{full}.{info.name}", re.split(r"(?<=[a-z)])[.:] ", first)[0].rstrip(".")))
+                    out.append((f"{full}.{info.name}", _first_sentence(first)))
         else:
             out.append((full, job))
     return out
 
 
-def _api_page(module: str) -> str:
+def _first_sentence(text: str) -> str:
+    """The first sentence of a docstring's first paragraph: up to the first ". " or ": " outside parentheses (a
+    period inside one, as in "(the design. ...)", once cut the summary mid-parenthesis), without its stop."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and ch in ".:" and text[i + 1:i + 2] in ("", " "):
+            return text[:i]
+    return text.rstrip(".:")
+
+
+# The API reference by topic, in the order a newcomer looks for things: what to call first, then the frequencies
+# and long context, other encodings, checking an implementation, speed, the notebooks' own studies, and last the
+# project's machinery. Each topic: (title, what it is for, module prefixes); a module goes to the first topic with
+# a prefix it starts with, and one no topic names goes to the last (a test checks that none does).
+API_TOPICS = (
+    ("Rotate q and k: start here", "The one call (`apply_rope`), the primitives under it, one validated setting "
+     "read from a Hugging Face config, and the conversion between the two pairing styles.",
+     ("ropelab.rope", "ropelab.core", "ropelab.spec", "ropelab.convert")),
+    ("Frequencies, scaling and long context", "The frequency ladder and every Hugging Face `rope_type`, the "
+     "context-extension methods, precision, decay, KV caches under length-dependent scalings, context parallelism.",
+     ("ropelab.scaling", "ropelab.extend", "ropelab.precision", "ropelab.decay", "ropelab.kvcache",
+      "ropelab.staleness", "ropelab.context_parallel")),
+    ("Other encodings and architectures", "Multi-axis RoPE (M-RoPE, axial), MLA's decoupled RoPE, p-RoPE, CoPE, "
+     "and the attention helpers they are measured with.",
+     ("ropelab.multiaxis", "ropelab.mla", "ropelab.prope", "ropelab.cope", "ropelab.attention")),
+    ("Checking an implementation", "The black-box checker, the conformance sweep against transformers' own code, "
+     "and how each engine (transformers, llama.cpp's GGUF, MLX) reads a model's RoPE.",
+     ("ropelab.diagnosis", "ropelab.conformance", "ropelab.engines")),
+    ("Kernels and speed", "The fused kernels, the byte model, the benchmarks and the machine record they print "
+     "with.", ("ropelab.kernels", "ropelab.bench", "ropelab.machine")),
+    ("The notebooks' models and studies", "The tiny models the notebooks train, one study module per notebook, "
+     "and the explorers.",
+     ("ropelab.models", "ropelab.adapters", "ropelab.lm", "ropelab.extension", "ropelab.studies",
+      "ropelab.explorers", "ropelab.webexplorers")),
+    ("Running the project (maintainers)", "The notebook runner, the figure manifest, this site, the notebook "
+     "filter and the repository's paths.",
+     ("ropelab.figures", "ropelab.manifest", "ropelab.site", "ropelab.nbclean", "ropelab.paths")),
+)
+
+
+def api_topics(modules: list[tuple[str, str]]) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """``modules`` (:func:`api_modules`) grouped by :data:`API_TOPICS`: (title, what it is for, [(module, job)]),
+    in the topics' order, each topic's modules in the order of its prefixes; empty topics left out."""
+    def place(module: str) -> tuple[int, int]:  # (its topic, its prefix's rank there)
+        for k, (_, _, prefixes) in enumerate(API_TOPICS):
+            for j, pre in enumerate(prefixes):
+                if module == pre or module.startswith(pre + "."):
+                    return k, j
+        return len(API_TOPICS) - 1, len(API_TOPICS[-1][2])
+
+    ranked = sorted(modules, key=lambda m: place(m[0]))  # stable: a package's submodules keep their order
+    groups = [(title, why, [m for m in ranked if place(m[0])[0] == k]) for k, (title, why, _) in enumerate(API_TOPICS)]
+    return [g for g in groups if g[2]]
+
+
+def api_title(module: str, job: str) -> str:
+    """An API page's title: the module and what it is, its job without its parentheses, up to its first semicolon
+    and cut at a word within 100 characters: what the sidebar and the browser's tab show."""
+    kept, depth = [], 0
+    for ch in job:  # the job without its parentheses, up to its first semicolon
+        if depth == 0 and ch == ";":
+            break
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and ch != ")":
+            kept.append(ch)
+    short = " ".join("".join(kept).split()).replace(" ,", ",").replace(" :", ":")
+    if len(short) > 100:
+        short = short[:100].rsplit(" ", 1)[0].rstrip(",;:") + " …"
+    short = short.replace("``", "`").strip(" ,:")
+    return f"`{module}` — {short}" if short else f"`{module}`"
+
+
+def _api_page(module: str, job: str = "") -> str:
     mod = importlib.import_module(module)
     is_package = hasattr(mod, "__path__")
     options = ["   :members:", "   :show-inheritance:"]
@@ -544,17 +640,22 @@ def _api_page(module: str) -> str:
         options = []
     elif is_package:
         options.append("   :imported-members:")  # a package's __all__ re-exports its submodules' names
-    return "\n".join([f"# `{module}`", "", "```{eval-rst}", f".. automodule:: {module}", *options, "```", ""])
+    return "\n".join([f"# {api_title(module, job)}", "", "```{eval-rst}", f".. automodule:: {module}", *options, "```",
+                      ""])
 
 
 def _api_index(template: str, modules: list[tuple[str, str]]) -> str:
     def escape(text: str) -> str:
         return text.replace("|", "\\|")
 
-    rows = ["| module | its job |", "|---|---|"]
-    rows += [f"| [`{m}`]({m}.md) | {escape(job)} |" for m, job in modules]
-    toc = ["```{toctree}", ":hidden:", ":maxdepth: 1", "", *[m for m, _ in modules], "```"]
-    return template.replace(MODULES_MARKER, "\n".join(rows + [""] + toc))
+    parts = []
+    for title, why, group in api_topics(modules):
+        rows = ["| module | its job |", "|---|---|"]
+        rows += [f"| [`{m}`]({m}.md) | {escape(job)} |" for m, job in group]
+        # one toctree per topic, captioned: the sidebar shows the modules under their topic
+        toc = ["```{toctree}", ":hidden:", ":maxdepth: 1", f":caption: {title}", "", *[m for m, _ in group], "```"]
+        parts += [f"### {title}", "", why, "", *rows, "", *toc, ""]
+    return template.replace(MODULES_MARKER, "\n".join(parts))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -638,8 +739,8 @@ def stage(executed: dict[Path, tuple[dict, Path]], src_dir: Path, smoke: bool = 
                                                   if p.startswith("guides/") and p.endswith(".md")])
     api_template = pages.get("api/index.md", f"# API reference\n\n{MODULES_MARKER}\n")
     pages["api/index.md"] = _api_index(api_template, modules)
-    for module, _ in modules:
-        pages[f"api/{module}.md"] = _api_page(module)
+    for module, job in modules:
+        pages[f"api/{module}.md"] = _api_page(module, job)
     site_figures = {} if site_figures is None else site_figures
     for src, (nb, figures_dir) in executed.items():
         page = stage_notebook(src, nb, figures_dir, smoke, images, names, site_figures)

@@ -467,14 +467,18 @@ def test_no_code_or_output_block_is_clipped(notebook_views):
 
 @in_browser
 def test_figures_are_legible_or_open_at_full_size(notebook_views, browser, served):
-    # Shown at 60 % of its natural width or more, a figure's text keeps a readable size; smaller, it must open at
-    # full size (a link to its own PNG, which ropelab.js shows in a lightbox).
+    # Shown at 60 % of its natural width or more, a figure's text keeps a readable size (10-point text saved at
+    # 120 dpi is 17 px tall, so 10 px or more). At a desktop width every figure must be legible in the column
+    # itself; on a phone none can be, and each must open at full size (a link to its own PNG, which ropelab.js
+    # shows in a lightbox).
     small, count = [], 0
     for (stem, width), v in notebook_views.items():
         for f in v["figures"]:
             count += 1
-            if f["shown"] < 0.6 * f["natural"] and not f["zoom"]:
-                small.append(f"{stem} at {width} px: {f['src']} shown {f['shown']:.0f} of {f['natural']} px")
+            legible = f["shown"] >= 0.6 * f["natural"]
+            if not f["zoom"] or (width == WIDTHS[0] and not legible):
+                small.append(f"{stem} at {width} px: {f['src']} shown {f['shown']:.0f} of {f['natural']} px"
+                             + ("" if f["zoom"] else ", and it does not open at full size"))
     assert count and not small, small
     for width in WIDTHS:  # how many are shown below 60 % of their size (they open at full size): for the log
         shown = [f["shown"] / f["natural"] for (_, w), v in notebook_views.items() if w == width for f in v["figures"]]
@@ -646,3 +650,52 @@ def test_the_site_reads_from_disk_too(built, browser):
     finally:
         page.close()
     assert not problems, problems
+
+
+def test_the_api_reference_is_grouped_by_topic_and_each_page_says_what_it_is():
+    from ropelab import site
+
+    modules = site.api_modules()
+    groups = site.api_topics(modules)
+    placed = [m for _, _, group in groups for m, _ in group]
+    assert sorted(placed) == sorted(m for m, _ in modules), "a module is in no topic, or in two"
+    for title, _, group in groups:  # every module is named by its topic's prefixes, not left to the last by default
+        prefixes = next(p for t, _, p in site.API_TOPICS if t == title)
+        assert all(any(m == p or m.startswith(p + ".") for p in prefixes) for m, _ in group), (title, group)
+    assert groups[0][2][0][0] == "ropelab.rope", "the first module a newcomer meets is not apply_rope's"
+    index = site._api_index(f"# API\n\n{site.MODULES_MARKER}\n", modules)
+    assert index.count(":caption:") == len(groups) and all(f"### {t}" in index for t, _, _ in groups)
+    for module, job in modules:
+        title = site._api_page(module, job).splitlines()[0]
+        assert title.startswith(f"# `{module}` — ") and len(title) < 160, title  # the module and what it is
+        assert title.count("(") == title.count(")") and "``" not in title, title
+    # a summary is a whole first sentence: not cut inside a parenthesis ("...(the design")
+    assert all(job.count("(") == job.count(")") for _, job in modules), [j for _, j in modules if "(" in j]
+
+
+def test_the_glossary_defines_the_rope_terms_and_every_notebook_banner_links_it():
+    from ropelab import site
+
+    text = (site.DOCS_DIR / site.GLOSSARY).read_text()
+    terms = {line.strip() for line in text.splitlines() if line and not line.startswith((" ", "#", "`", "The "))}
+    for term in ("rotate_half", "interleaved", "layout", "partial rotary", "varlen", "KV cache", "NTK-aware scaling",
+                 "dynamic NTK", "YaRN", "LongRoPE", "llama3", "M-RoPE", "NoPE", "p-RoPE", "MLA", "CoPE"):
+        assert term in terms, term
+    banner = site._banner(manifest.notebooks()[0], smoke=False)["source"]
+    assert f"(../{site.GLOSSARY})" in banner
+
+
+@pytest.mark.parametrize("text, want", [
+    ("Peng et al., arXiv:2309.00071, quoted",
+     "Peng et al., [arXiv:2309.00071](https://arxiv.org/abs/2309.00071), quoted"),
+    ("DeepSeek-V2, arXiv:2405.04434 (https://arxiv.org/abs/2405.04434), section 2",
+     "DeepSeek-V2, [arXiv:2405.04434](https://arxiv.org/abs/2405.04434), section 2"),
+    ("[arXiv 2104.09864](https://arxiv.org/abs/2104.09864)", "[arXiv 2104.09864](https://arxiv.org/abs/2104.09864)"),
+    ("bloc97, https://www.reddit.com/r/LocalLLaMA/x/.", "bloc97, <https://www.reddit.com/r/LocalLLaMA/x/>."),
+    ("[repo](https://github.com/a/b) and <https://x.org>", "[repo](https://github.com/a/b) and <https://x.org>"),
+    ("in code `https://x.org arXiv:2309.00071` stays", "in code `https://x.org arXiv:2309.00071` stays"),
+])
+def test_bare_references_become_links(text, want):
+    from ropelab import site
+
+    assert site.link_references(text) == want

@@ -502,6 +502,23 @@ def test_page_responds_without_a_kernel(browser, site, name, mode):
         page.wait_for_function("() => document.querySelector('.ropelab-readout').textContent.includes('5 tokens')",
                                timeout=10000)
         assert "5 tokens" in page.text_content(".ropelab-readout")
+        # An invalid sequence: the error names it, and the figure and number of the last valid one are marked stale
+        # (greyed out, the readout says so) rather than left to pass for the new input.
+        assert page.get_attribute('input[data-trait="text"]', "maxlength") == "256"
+        page.fill('input[data-trait="text"]', "")
+        page.wait_for_function("() => document.querySelector('.ropelab-error').textContent.includes('non-empty')",
+                               timeout=10000)
+        stale = page.evaluate("() => [document.querySelector('.ropelab-readout').textContent, "
+                              "getComputedStyle(document.querySelector('.ropelab-figure')).opacity]")
+        assert stale[0].startswith("No result for this input") and float(stale[1]) < 0.5, stale
+        page.fill('input[data-trait="text"]', "ab")
+        page.wait_for_function("() => document.querySelector('.ropelab-readout').textContent.includes('2 tokens')",
+                               timeout=10000)
+        assert page.text_content(".ropelab-error") == ""
+        assert page.evaluate("() => getComputedStyle(document.querySelector('.ropelab-figure')).opacity") == "1"
+    if name in ("cope", "drift"):  # a heat map: its colour scale beside it, with numbers on it
+        bar = page.locator("svg.ropelab-plot-colorbar")
+        assert bar.count() == 1 and len(bar.locator("text").all_text_contents()) >= 3, name
     if name == "decay":
         assert "B_r ≥ 0 up to r = 1024" in after[0]
     if name == "drift":

@@ -1,5 +1,7 @@
 """Benchmarks: ratios measured in one run on the same inputs (not timed tests).
 
+The commands::
+
     python -m ropelab.bench cpu [--shape 1 32 4096 128] [--repeats 20] [--dtypes float32 bfloat16]
         [--cases prefill decode] [--out data/bench/cpu.json]
     python -m ropelab.bench gpu [--out-dir data/bench] [--quick]   (ropelab.bench.gpu)

@@ -112,7 +112,7 @@ def plot_cope_position_logits(axes, cope_models: list[dict], n_sym: int) -> None
                         label=f"head {head}")
             ax.axvline(n_sym + 1, color="k", ls=":", lw=0.8)
             ax.set(xlim=(0, 40), title=f"seed {m['seed']}, layer {layer}")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))  # few labels: the panels are narrow
         axes[-1, col].set_xlabel("contextual position n")
     for layer in range(n_layers):
         axes[layer, 0].set_ylabel(r"$q_i\cdot e[n]$")
@@ -137,7 +137,7 @@ def plot_cope_source_positions(axes, cope_models: list[dict], n_sym: int, center
             peak = int(np.argmax(logits0[head]))
             ax.plot([peak], [frac.max() * 1.08], "v", color=_HEAD_C[head % 4], ms=6)
         ax.axvline(n_sym + 1, color="k", ls=":", lw=0.8)
-        ax.set(xlim=(0, 40), xlabel="measured p at the source key", title=f"seed {m['seed']}, layer 0")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(xlim=(0, 40), xlabel="measured p (source key)", title=f"seed {m['seed']}, layer 0")
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))  # few labels: the panels are narrow
     axes[0, 0].set_ylabel("share of (sequence, answer) pairs")
     axes[0, -1].legend(fontsize=7)

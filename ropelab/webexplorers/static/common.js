@@ -287,6 +287,36 @@ export function heatMap(canvas, values, rows, cols, { vmin, vmax, cmap = "viridi
   ctx.putImageData(img, 0, 0);
 }
 
+// A vertical colour bar for a heat map drawn by heatMap: into `svg` (cleared first), the ramp `cmap` from vmin (bottom)
+// to vmax (top), with ticks (automatic, or `tickValues`, each {v, label}) and a `label` along its side. A reader
+// can then read a colour as a number, as the notebooks' matplotlib colour bars allow.
+export function colorBar(svg, { vmin, vmax, cmap = "viridis", label = "", tickValues = null, height = 240 }) {
+  while (svg.firstChild) svg.removeChild(svg.firstChild);
+  const W = 74, H = height, m = { t: 8, b: 8 }, bw = 14, x0 = 4, ph = H - m.t - m.b;
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("width", W);
+  svg.setAttribute("height", H);
+  svg.setAttribute("aria-label", `colour scale: ${label}, ${fmtG(vmin, 3)} to ${fmtG(vmax, 3)}`);
+  const id = `g${Math.random().toString(36).slice(2)}`;
+  const grad = svgEl("linearGradient", { id, x1: 0, y1: 1, x2: 0, y2: 0 });
+  const stops = RAMPS[cmap];
+  stops.forEach((c, k) => grad.appendChild(svgEl("stop", { offset: k / (stops.length - 1), "stop-color": `rgb(${c.join(",")})` })));
+  const defs = svgEl("defs");
+  defs.appendChild(grad);
+  svg.appendChild(defs);
+  svg.appendChild(svgEl("rect", { x: x0, y: m.t, width: bw, height: ph, fill: `url(#${id})`, stroke: "#333" }));
+  const Y = (v) => m.t + ph * (1 - (v - vmin) / (vmax - vmin || 1));
+  const marks = tickValues || ticks(vmin, vmax, false).map((v) => ({ v, label: tickLabel(v, false) }));
+  for (const { v, label: text } of marks) {
+    svg.appendChild(svgEl("line", { x1: x0 + bw, x2: x0 + bw + 4, y1: Y(v), y2: Y(v), stroke: "#333" }));
+    svg.appendChild(svgEl("text", { x: x0 + bw + 6, y: Y(v) + 3, "font-size": 10 }, text));
+  }
+  if (label) {
+    svg.appendChild(svgEl("text", { x: W - 6, y: m.t + ph / 2, "text-anchor": "middle", "font-size": 10,
+      transform: `rotate(-90 ${W - 6} ${m.t + ph / 2})` }, label));
+  }
+}
+
 // Build the page structure every explorer shares: a controls row, a printed-number line, a figure row.
 // `spec` = [{name, label, kind: "range"|"select"|"text", min, max, step, options, log}] bound to model traits.
 // Returns {controls, readout, figure, onChange(cb)}; a control's input event writes the trait (model.set +
@@ -328,6 +358,7 @@ export function scaffold(model, el, spec, redraw, extra = []) {
       input = document.createElement("input");
       input.type = "text";
       input.size = 24;
+      if (c.maxlength) input.maxLength = c.maxlength;  // the browser stops the typing there; compute() still checks
     } else {
       input = document.createElement("input");
       input.type = "range";
@@ -368,8 +399,17 @@ export function scaffold(model, el, spec, redraw, extra = []) {
     try {
       error.textContent = "";
       redraw({ readout, figure });
+      figure.style.opacity = "";
+      figure.removeAttribute("aria-hidden");
+      el.classList.remove("ropelab-stale");
     } catch (e) {
+      // The figure and the number still show the last valid input: say so, and grey the figure out, rather than
+      // let them pass for the input now in the controls.
       error.textContent = String(e.message || e);
+      readout.textContent = "No result for this input: the figure below is the last valid one.";
+      figure.style.opacity = "0.3";
+      figure.setAttribute("aria-hidden", "true");
+      el.classList.add("ropelab-stale");
     }
   };
   // A drag fires many input events: redraw once per animation frame, from the latest state.

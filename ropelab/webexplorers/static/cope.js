@@ -2,7 +2,7 @@
 // (ropelab.cope.cope_gates; ropelab.explorers.CoPEExplorer, notebook 04). Key j is k_j = (f_j, 1) with f_j = 1 when
 // character j matches the count rule; every query is q = sqrt(2) s (2, -1); the gate is
 // g_ij = sigmoid(q . k_j / sqrt(2)) (0 above the diagonal) and p_ij = sum_{k=j..i} g_ik, clamped at npos_max - 1.
-import { COLORS, heatMap, lineChart, newSvg, scaffold } from "./common.js";
+import { COLORS, colorBar, heatMap, lineChart, newSvg, scaffold } from "./common.js";
 
 export const NAME = "cope";
 export const DEFAULTS = { text: "a b  c   d e", count: "symbols (not blanks or punctuation)", sharpness: 6.0 };
@@ -47,13 +47,13 @@ export function summary(p, out = compute(p)) {
 }
 
 const CONTROLS = [
-  { name: "text", label: "sequence", kind: "text" },
+  { name: "text", label: "sequence", kind: "text", maxlength: 256 },
   { name: "count", kind: "select", options: Object.keys(COUNT_RULES) },
   { name: "sharpness", label: "gate sharpness", kind: "range", min: 0, max: 20, step: 0.5 },
 ];
 
 export function render({ model, el }) {
-  let svg = null, canvas = null, caption = null;
+  let svg = null, canvas = null, caption = null, bar = null;
   return scaffold(model, el, CONTROLS, ({ readout, figure }) => {
     if (!svg) {
       svg = newSvg(figure, "gates");
@@ -63,9 +63,13 @@ export function render({ model, el }) {
       canvas = document.createElement("canvas");
       canvas.className = "positions";
       canvas.style.cssText = "width:280px;height:280px;image-rendering:pixelated;border:1px solid #333";
-      box.append(caption, canvas, Object.assign(document.createElement("span"),
-        { textContent: "query i (rows) × key j (columns); colour p_ij, 0 .. max" }));
+      const row = document.createElement("div");
+      row.style.cssText = "display:flex;gap:4px;align-items:flex-start";
+      row.append(canvas);
+      box.append(caption, row, Object.assign(document.createElement("span"),
+        { textContent: "query i (rows) × key j (columns); colour: p_ij (scale at the right)" }));
       figure.append(box);
+      bar = newSvg(row, "colorbar");
     }
     const p = Object.fromEntries(Object.keys(DEFAULTS).map((k) => [k, model.get(k)]));
     const out = compute(p), s = out.size, sm = summary(p, out), x = Array.from({ length: s }, (_, k) => k);
@@ -83,7 +87,9 @@ export function render({ model, el }) {
         { x, y: last(out.token_distance), color: "#666", dash: "1 2", label: "token distance" },
       ] });
     const shown = out.positions.map((v, k) => (k % s <= Math.floor(k / s) ? v : NaN));
-    heatMap(canvas, shown, s, s, { vmin: 0, vmax: Math.max(...shown.filter((v) => !Number.isNaN(v)), 1e-9) });
+    const vmax = Math.max(...shown.filter((v) => !Number.isNaN(v)), 1e-9);
+    heatMap(canvas, shown, s, s, { vmin: 0, vmax });
+    colorBar(bar, { vmin: 0, vmax, label: "CoPE position p_ij", height: 282 });
     caption.textContent = `contextual positions, counting ${p.count}`;
   });
 }

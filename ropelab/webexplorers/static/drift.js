@@ -1,8 +1,7 @@
 // Dynamic NTK's stale cached keys at current length L (ropelab.staleness.ntk_drift; ropelab.explorers.DriftExplorer,
 // notebook 05). Key m entered the cache at length m + 1 and was rotated with omega(b(m + 1)); the query at L uses
 // omega(b(L)), b(L) = b (s L / L0 - (s - 1))^(d / (d - 2)) past L0: the phase error m (omega_i(L) - omega_i(m + 1)).
-import { COLORS, checkBase, checkEvenInt, checkInt, defaultInvFreq, fmtG, heatMap, lineChart, newSvg, ntkBase, scaffold,
-  wrapped } from "./common.js";
+import { checkBase, checkEvenInt, checkInt, colorBar, COLORS, defaultInvFreq, fmtG, heatMap, lineChart, newSvg, ntkBase, scaffold, wrapped } from "./common.js";
 
 export const NAME = "drift";
 export const DEFAULTS = { length: 1024, head_dim: 64, base: 10000.0, original_length: 256, factor: 4.0 };
@@ -47,26 +46,33 @@ const CONTROLS = [
 ];
 
 export function render({ model, el }) {
-  let canvas = null, svg = null;
+  let canvas = null, svg = null, bar = null, caption = null;
   const lengthInput = () => el.querySelector('input[data-trait="length"]');
   return scaffold(model, el, CONTROLS, ({ readout, figure }) => {
     const p = Object.fromEntries(Object.keys(DEFAULTS).map((k) => [k, model.get(k)]));
     if (!canvas) {
       const box = document.createElement("div");
       box.style.cssText = "display:flex;flex-direction:column;font:12px sans-serif";
-      box.append(document.createElement("span"));
+      caption = document.createElement("span");
+      box.append(caption);
       canvas = document.createElement("canvas");
       canvas.className = "drift";
       canvas.style.cssText = "width:440px;height:240px;image-rendering:pixelated;border:1px solid #333";
-      box.append(canvas, Object.assign(document.createElement("span"), {
+      const row = document.createElement("div");
+      row.style.cssText = "display:flex;gap:4px;align-items:flex-start";
+      row.append(canvas);
+      box.append(row, Object.assign(document.createElement("span"), {
         textContent: "cached key position m → (rows: pair i, 0 at the bottom; colour: |phase error| wrapped, 0 .. π)" }));
       figure.append(box);
+      bar = newSvg(row, "colorbar");
+      colorBar(bar, { vmin: 0, vmax: Math.PI, cmap: "magma", label: "|phase error|, wrapped (rad)", height: 242,
+        tickValues: [{ v: 0, label: "0" }, { v: Math.PI / 2, label: "π/2" }, { v: Math.PI, label: "π" }] });
       svg = newSvg(figure, "worst");
     }
     lengthInput().max = String(4 * p.original_length);
     const out = compute(p), s = summary(p, out), half = out.cols;
     readout.textContent = s.text;
-    canvas.previousSibling.textContent = s.text.split("\n")[0];
+    caption.textContent = s.text.split("\n")[0];
     // Drawn at most 512 key columns wide, the maximum over each block of keys (as the Python explorer does).
     const block = Math.ceil(p.length / 512), cols = Math.ceil(p.length / block);
     const img = new Float64Array(half * cols);
