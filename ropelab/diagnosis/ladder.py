@@ -132,7 +132,11 @@ def fit_ladder(
         return _choose([c for c in simple if c], norm_scale)
     head = head_base(omega, rotary_dim)
     cands: list[Ladder] = []
-    for b in _roundings(head[0], rtol=2.0**-10) if head else []:
+    bases = _roundings(head[0], rtol=2.0**-10) if head else []
+    tail = tail_base(omega, rotary_dim)
+    if tail is not None and (head is None or abs(math.log(tail[0] / head[0])) > 2.0**-10):
+        bases += [b for b in _roundings(tail[0], rtol=2.0**-10) if b not in bases]
+    for b in bases:
         if not b > 1:
             continue
         rho = omega / default_inv_freq(rotary_dim, b)
@@ -174,6 +178,21 @@ def head_base(omega: torch.Tensor, rotary_dim: int) -> tuple[float, int] | None:
     if k < 2 and lr.numel() >= 2:  # one ratio alone cannot tell a ladder from a ramp
         return None
     return math.exp(rotary_dim / 2 * float(lr[:k].mean())), k
+
+
+def tail_base(omega: torch.Tensor, rotary_dim: int) -> tuple[float, int] | None:
+    r"""``(b, k)``: the base from the k trailing ratios :math:`\omega_i/\omega_{i+1}` that agree (the fully
+    scaled low-frequency end of a yarn or llama3 ladder, every pair there divided by the same s, so the
+    ratio is still :math:`b^{2/r}`); None when fewer than two trailing ratios agree."""
+    lr = (omega[:-1] / omega[1:]).log()
+    if lr.numel() < 2 or not bool(torch.isfinite(lr).all()) or float(lr[-1]) <= 0:
+        return None
+    k = 1
+    while k < lr.numel() and abs(float(lr[-1 - k] - lr[-1])) <= RUN_TOL:
+        k += 1
+    if k < 2:
+        return None
+    return math.exp(rotary_dim / 2 * float(lr[-k:].mean())), k
 
 
 def ramp_params(rho: torch.Tensor, b: float, r: int) -> list[tuple[str, dict, str]]:
@@ -241,12 +260,16 @@ def _yarn_configs(g, idx, mid, i0, i1, s, b, r) -> list[tuple[str, dict, str]]:
         if trunc:
             high = float(round(high))
         L_hi, L_lo = L_over_beta(high), L_over_beta(low)  # L0 / beta_slow, L0 / beta_fast
-        if trunc:  # d(beta_slow) in (high - 1, high], d(beta_fast) in [low, low + 1)
-            lo_range = (L_over_beta(high - 1), L_hi)
-            for L0 in _roundest_in(
-                max(lo_range[0], 32 * L_over_beta(low)), min(lo_range[1], 32 * L_over_beta(low + 1))
-            ):
-                out.append(("yarn", {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L0}, ""))
+        if trunc:  # d(beta_slow) in (high - 1, high], d(beta_fast) in [low, low + 1), or below 1 when low = 0
+            lo_range = (L_over_beta(high - 1), L_hi)  # (transformers clamps a negative d(beta_fast) to 0)
+            fast_lo = 32 * L_over_beta(low) if low > 0 else 0.0
+            L0_lo, L0_hi = max(lo_range[0], fast_lo), min(lo_range[1], 32 * L_over_beta(low + 1))
+            interval = (f"with the default betas (32, 1) the ladder fixes original_max_position_embeddings only to the "
+                        f"range {L0_lo:.6g} .. {L0_hi:.6g}: every value there gives the same whole correction dims "
+                        f"({low:g}, {high:g}); the roundest is shown")
+            for L0 in _roundest_in(L0_lo, L0_hi):
+                sc = {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L0}
+                out.append(("yarn", sc, interval))
             for L0 in _roundest_in(*lo_range):
                 for bf in _roundest_in(L0 / L_over_beta(low + 1), L0 / L_lo):
                     sc = {
