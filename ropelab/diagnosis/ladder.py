@@ -10,7 +10,8 @@ import torch
 from ..scaling import default_inv_freq, frequencies
 from .probes import STRUCT_TOL
 
-__all__ = ["Ladder", "fit_ladder", "head_base", "rel_err", "LADDER_RTOL", "LADDER_RESEMBLES", "fmt", "snap"]
+__all__ = ["Ladder", "fit_ladder", "head_base", "tail_base", "rel_err", "LADDER_RTOL", "LADDER_RESEMBLES", "fmt",
+           "snap"]
 
 # A frequency ladder matches within 2**-16 relative (inv_freq held in float32 errs by ~2**-24); it
 # "resembles" one within 2**-5 (inv_freq held in bf16 errs by up to 2**-9 relative).
@@ -92,7 +93,10 @@ def fit_ladder(
     1. The base b from the unscaled high-frequency end: every scaling keeps :math:`\omega_i/\omega_{i+1}
        = b^{2/r}` on its leading pairs (linear divides all of them by s alike), so b is the mean ratio
        over the longest leading run of equal ratios (``head_base``), rounded to the fewest significant
-       digits that still reproduce the ladder.
+       digits that still reproduce the ladder. The fully scaled low-frequency end of a yarn or llama3 ladder
+       keeps the same ratio (every pair there is divided by the same s), so b is also read from the longest
+       trailing run (``tail_base``): a yarn ladder on a narrow rotary slice, or with a short trained context,
+       leaves fewer than two leading pairs unscaled, too few for the head.
     2. The per-pair factor :math:`\rho_i = \omega_i / b^{-2i/r}`: constant 1 (default) or 1/s (linear);
        else 1 on the head, 1/s on the tail (s from the tail) and a ramp between, linear in i for yarn
        (:math:`\rho_i = 1 - (1 - 1/s)\,(i - \ell)/(h - \ell)`, Peng et al. 2023 eq. (18)-(20)) and linear
