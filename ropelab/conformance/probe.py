@@ -8,10 +8,11 @@ range gives the same ladder, and only :math:`L_0/\beta` is fixed at all (``ropel
 parameters are compared by what they do (:func:`parameter_comparison`): the spec and the reading, each applied to
 the same input at positions 0 .. M (M the probe's longest position), differ by at most ``output_difference_over_bound``
 times the sweep's own float32 rounding bound (``compare.bound``). At or below 1 a float32 implementation cannot tell
-the two apart, and a reading whose values differ is *undecidable*, not wrong; above 1 it is a mismatch. The factor
-(read from the fully scaled pairs) and the attention factor (the norm scale) are each decidable on their own and are
-compared as values too: the factor to the ladder's match tolerance ``LADDER_RTOL``, the attention factor to the
-bound at position 0 (``12 u`` relative, u = 2^-24).
+the two apart, and a reading whose values differ is *undecidable*, not wrong; above 1 it is a mismatch. The factor and
+the attention factor are compared as values too: the attention factor (the norm scale, always decidable) to the bound at
+position 0 (``12 u`` relative, u = 2^-24); the factor to the ladder's match tolerance ``LADDER_RTOL``, unless the
+outputs cannot tell (a yarn ramp that runs past the last pair leaves no fully scaled pair to read s from, and a
+smaller s on a shorter ramp gives a ladder within float32 rounding of it).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def parameter_comparison(spec: RopeSpec, read: RopeSpec | None, d: int, max_posi
     from ..diagnosis.ladder import LADDER_RTOL
 
     f0, f1 = out["factor"]
-    factor_ok = f0 == f1 or (f0 is not None and f1 is not None and abs(f1 / f0 - 1) <= LADDER_RTOL)
+    factor_ok = f0 == f1 or (f0 is not None and f1 is not None and abs(f1 / f0 - 1) <= LADDER_RTOL) or ratio <= 1
     return {**out, "output_difference_over_bound": ratio, "factor_ok": factor_ok,
             "attention_factor_ok": abs(af_read - af) <= 12 * U32 * abs(af),
             "verdict": "same" if not differ else "undecidable" if ratio <= 1 else "differ"}
