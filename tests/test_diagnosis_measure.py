@@ -363,3 +363,14 @@ def test_yarn_with_attention_factor_one_is_read_as_such():
     dg = diagnose(fn, layout="b s h d", sizes={"d": 64}, max_position=MAXPOS)
     assert dg.ok and dg.rope_scaling["attention_factor"] == 1.0, str(dg)
     assert any("not folded into the rotation" in n for n in dg.notes)
+
+
+def test_a_yarn_ramp_running_past_the_last_pair_is_read_with_its_factor():
+    """transformers' bamba at the conformance sweep's sizes: yarn x4, L0 = 65536 on 32 pairs at base 1e4, whose
+    correction dims (20, 33) end past the last pair, so no pair is fully scaled: the factor is read from the ramp's
+    slope and a whole end, not as 1 / (the last pair's factor)."""
+    sc = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 65536}
+    inv, af = frequencies(64, 1e4, rope_scaling=sc, dtype=torch.float32)
+    lad = fit_ladder(inv.double(), 64, 64, norm_scale=af)
+    assert lad is not None and lad.exact and lad.base == 1e4 and lad.rope_scaling["factor"] == 4.0, lad
+    assert "runs past the last pair" in lad.note

@@ -232,6 +232,16 @@ def ramp_params(rho: torch.Tensor, b: float, r: int) -> list[tuple[str, dict, st
         mid = list(range(i0 + 1, i1))
         out += _yarn_configs(g, idx, mid, i0, i1, s, b, r)
         out += _llama3_configs(g, w0, mid, i0, i1, s)
+    if i1 == n - 1 and i1 - i0 >= 2:  # the ramp may run past the last pair: its whole end h > n - 1 and s with
+        k = 1 - float(rho[i0 + 1])  # the measured first step (1 - 1/s) / (h - i0) (truncated yarn), roundest s
+        for h in range(n, r):
+            if not 0 < k * (h - i0) < 1:
+                break
+            for s in _roundings(1 / (1 - k * (h - i0)), rtol=2.0**-10)[:3]:
+                g = (1 - rho) / (1 - 1 / s)
+                past = "the yarn ramp runs past the last pair: the ladder fixes the factor only with the ramp's end"
+                out += [(nm, sc, "; ".join(filter(None, [note, past])))
+                        for nm, sc, note in _yarn_configs(g, idx, list(range(i0 + 1, n)), i0, n, s, b, r)]
     return out
 
 
