@@ -260,3 +260,26 @@ def test_diagnose_probe_reads_narrow_yarn_rotaries_and_their_parameters(model_ty
     assert row["diagnose"] == "match", [p for p in probes if p["status"] != "match"]
     assert all(p["parameters"]["output_difference_over_bound"] <= 1 for p in probes)
     assert any(p["spec"]["scaling"] == "yarn" for p in probes)
+
+
+def test_notebook_09_classes_claim_only_what_the_rows_show():
+    """A composite counts as covered only through a sub-config's model type that was compared; a composite whose
+    config class takes RoPE keys itself is named; a missing modeling file is not called a missing package."""
+    from ropelab.studies.nb09_families import COMPOSITE_COMPARED, not_covered
+
+    composite = "composite config (sub-configs x): its RoPE lives in a sub-config, whose model type is swept on its own"
+    rows = {"csm": {"status": "not covered", "reason": composite,
+                    "sub_config_types": {"depth_decoder_config": "csm_depth_decoder_model"}},
+            "csm_depth_decoder_model": {"status": "agree"},
+            "moshi": {"status": "not covered", "reason": composite, "sub_config_types": {"depth": "moshi_depth"}},
+            "moshi_depth": {"status": "not covered", "reason": "transformers' model cannot run on tokens: LookupError: "
+                            "no AutoModel and no *Model class for MoshiDepthConfig"},
+            "exaone": {"status": "not covered", "reason": "modeling module does not import: ModuleNotFoundError: No "
+                       "module named 'transformers.models.exaone.modeling_exaone'"}}
+    got = not_covered(rows)
+    assert got["classes"][COMPOSITE_COMPARED] == ["csm"]
+    assert [k for k, v in got["classes"].items() if v == ["moshi"]] == [
+        "composite config: its sub-configs' model types were not compared either"]
+    assert got["own_rope_keys"]["csm"] == ["rope_parameters"]
+    exaone = next(k for k, v in got["classes"].items() if v == ["exaone"])
+    assert "package" not in exaone and "modeling module" in exaone
