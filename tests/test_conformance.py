@@ -219,3 +219,67 @@ def test_slice_keys_the_modeling_code_ignores_are_not_read():
     with pytest.raises(ValueError):  # the same key is read where the code reads it (GPT-J's rotary_dim)
         RopeSpec.per_layer({**BASE, "model_type": "gptj", "rotary_dim": True})
     assert RopeSpec.per_layer({**BASE, "model_type": "gptj", "rotary_dim": 16})[0].rotary_dim == 16
+
+
+def _yarn16(L0: int, factor: float = 4.0, **keys) -> RopeSpec:
+    """yarn x``factor`` on 16 rotary dims at base 1e6 (the conformance sweep's neomme geometry)."""
+    sc = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": L0, **keys}
+    return RopeSpec("half", 1e6, None, sc, 16384)
+
+
+def test_parameter_comparison_tells_an_undecidable_reading_from_a_wrong_one():
+    """Two L0 with the same whole correction dims give the same outputs: undecidable, not wrong; another L0, another
+    factor or attention factor moves outputs past the float32 bound; an explicit default is no difference."""
+    from ropelab.conformance.probe import parameter_comparison
+
+    same_dims = parameter_comparison(_yarn16(4096), _yarn16(2048), 16, 4096)
+    assert same_dims["verdict"] == "undecidable" and same_dims["differ"] == ["original_max_position_embeddings"]
+    assert same_dims["output_difference_over_bound"] <= 1 and same_dims["factor_ok"]
+    other = parameter_comparison(_yarn16(4096), _yarn16(32768), 16, 4096)  # correction dims (2, 5), not (1, 4)
+    assert other["verdict"] == "differ" and other["output_difference_over_bound"] > 1
+    factor = parameter_comparison(_yarn16(4096), _yarn16(4096, factor=4.5), 16, 4096)
+    assert not factor["factor_ok"] and factor["verdict"] == "differ"
+    af = parameter_comparison(_yarn16(4096, attention_factor=1.0), _yarn16(4096), 16, 4096)
+    assert not af["attention_factor_ok"] and af["verdict"] == "differ"
+    explicit = parameter_comparison(_yarn16(4096, beta_fast=32.0, beta_slow=1.0), _yarn16(4096), 16, 4096)
+    assert explicit["verdict"] == "same" and explicit["unset_as_default"] == ["beta_fast", "beta_slow"]
+    unread = parameter_comparison(_yarn16(4096), None, 16, 4096)
+    assert unread["verdict"] == "differ" and not unread["factor_ok"]
+
+
+@pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
+                    reason="the committed table is for another transformers; rerun make conformance")
+@pytest.mark.parametrize("model_type", ["phi", "neomme"])
+def test_diagnose_probe_reads_narrow_yarn_rotaries_and_their_parameters(model_type):
+    """Two of the narrow yarn ladders (phi: 32 rotary dims; neomme: 16 on some layers) through transformers' real
+    rotary: every probe reads style, base, rotary dim, scaling type and parameters, an L0 it cannot decide within
+    the float32 bound."""
+    torch.set_num_threads(1)
+    row = conformance.sweep_model_type(model_type, _discovered()[model_type])
+    probes = [p for v in row["variants"].values() for p in (v.get("diagnose") or {}).get("probes", [])]
+    assert row["diagnose"] == "match", [p for p in probes if p["status"] != "match"]
+    assert all(p["parameters"]["output_difference_over_bound"] <= 1 for p in probes)
+    assert any(p["spec"]["scaling"] == "yarn" for p in probes)
+
+
+def test_notebook_09_classes_claim_only_what_the_rows_show():
+    """A composite counts as covered only through a sub-config's model type that was compared; a composite whose
+    config class takes RoPE keys itself is named; a missing modeling file is not called a missing package."""
+    from ropelab.studies.nb09_families import COMPOSITE_COMPARED, not_covered
+
+    composite = "composite config (sub-configs x): its RoPE lives in a sub-config, whose model type is swept on its own"
+    rows = {"csm": {"status": "not covered", "reason": composite,
+                    "sub_config_types": {"depth_decoder_config": "csm_depth_decoder_model"}},
+            "csm_depth_decoder_model": {"status": "agree"},
+            "moshi": {"status": "not covered", "reason": composite, "sub_config_types": {"depth": "moshi_depth"}},
+            "moshi_depth": {"status": "not covered", "reason": "transformers' model cannot run on tokens: LookupError: "
+                            "no AutoModel and no *Model class for MoshiDepthConfig"},
+            "exaone": {"status": "not covered", "reason": "modeling module does not import: ModuleNotFoundError: No "
+                       "module named 'transformers.models.exaone.modeling_exaone'"}}
+    got = not_covered(rows)
+    assert got["classes"][COMPOSITE_COMPARED] == ["csm"]
+    assert [k for k, v in got["classes"].items() if v == ["moshi"]] == [
+        "composite config: its sub-configs' model types were not compared either"]
+    assert got["own_rope_keys"]["csm"] == ["rope_parameters"]
+    exaone = next(k for k, v in got["classes"].items() if v == ["exaone"])
+    assert "package" not in exaone and "modeling module" in exaone

@@ -324,3 +324,53 @@ def test_a_step_ladder_is_llama3_or_yarn_by_the_measured_norm_scale():
         want = frequencies(64, 5e5, rope_scaling=sc)
         assert torch.allclose(read[0], want[0], rtol=2.0**-50, atol=0) and read[1] == pytest.approx(want[1])
         assert any("is not the measured norm scale" in n for n in dg.notes)
+
+
+# yarn on a narrow rotary slice (the transformers conformance sweep's gpt_neox, phi, stablelm, neomme) or with a
+# tiny trained context (CSM's depth decoder, L0 = 16): at most two leading pairs are unscaled, too few to read
+# the base from, but the fully scaled tail keeps the ratio b^(2/r). (rotary dim, base, L0), yarn x4.
+NARROW_YARN = [(24, 1e4, 512), (32, 1e4, 512), (20, 1e4, 1024), (16, 1e6, 4096), (128, 5e5, 16)]
+
+
+@pytest.mark.parametrize("r, base, L0", NARROW_YARN, ids=[f"r{r}-L{L0}" for r, _, L0 in NARROW_YARN])
+def test_narrow_yarn_ladders_are_read_from_their_scaled_tail(r, base, L0):
+    sc = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L0}
+    inv, af = frequencies(r, base, rope_scaling=sc, dtype=torch.float32)  # held in float32 as HF does
+    assert int(((inv.double() / frequencies(r, base)[0] - 1).abs() <= 2**-14).sum()) <= 2  # few unscaled pairs
+    lad = fit_ladder(inv.double(), r, r, norm_scale=af)
+    assert lad is not None and lad.exact and lad.name == "yarn" and lad.base == base, lad
+    assert lad.rope_scaling["factor"] == 4.0 and lad.attention_factor == af
+    # the read L0 may be another value of the range that gives the same whole correction dims: the same ladder
+    read, want = (frequencies(r, lad.base, rope_scaling=lad.rope_scaling)[0], frequencies(r, base, rope_scaling=sc)[0])
+    assert torch.allclose(read, want, rtol=2.0**-50, atol=0)
+    if lad.rope_scaling["original_max_position_embeddings"] != L0:
+        assert "only to the range" in lad.note
+
+
+def test_narrow_yarn_black_box_is_diagnosed_with_its_base_and_the_l0_range():
+    sc = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+    fn = lambda x: apply_rope(x, layout="b s h d", base=1e6, rope_scaling=sc)
+    dg = diagnose(fn, layout="b s h d", sizes={"d": 16}, max_position=MAXPOS)
+    assert dg.ok and dg.base == 1e6 and dg.rope_scaling["factor"] == 4.0, str(dg)
+    assert any("original_max_position_embeddings only to the range" in n for n in dg.notes), dg.notes
+
+
+def test_yarn_with_attention_factor_one_is_read_as_such():
+    """A config may set yarn's attention_factor to 1 (transformers' mistral_large4_text default does): the norm
+    scale 1 is read into the dict, with the note that it is also what a factor applied elsewhere looks like."""
+    sc = {"rope_type": "yarn", "factor": 16.0, "attention_factor": 1.0, "original_max_position_embeddings": 512}
+    fn = lambda x: apply_rope(x, layout="b s h d", base=1e4, rope_scaling=sc)
+    dg = diagnose(fn, layout="b s h d", sizes={"d": 64}, max_position=MAXPOS)
+    assert dg.ok and dg.rope_scaling["attention_factor"] == 1.0, str(dg)
+    assert any("not folded into the rotation" in n for n in dg.notes)
+
+
+def test_a_yarn_ramp_running_past_the_last_pair_is_read_with_its_factor():
+    """transformers' bamba at the conformance sweep's sizes: yarn x4, L0 = 65536 on 32 pairs at base 1e4, whose
+    correction dims (20, 33) end past the last pair, so no pair is fully scaled: the factor is read from the ramp's
+    slope and a whole end, not as 1 / (the last pair's factor)."""
+    sc = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 65536}
+    inv, af = frequencies(64, 1e4, rope_scaling=sc, dtype=torch.float32)
+    lad = fit_ladder(inv.double(), 64, 64, norm_scale=af)
+    assert lad is not None and lad.exact and lad.base == 1e4 and lad.rope_scaling["factor"] == 4.0, lad
+    assert "runs past the last pair" in lad.note

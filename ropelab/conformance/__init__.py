@@ -37,7 +37,8 @@ For each model type:
 5. **diagnose on the same rotary**: ``ropelab.diagnose`` probes, as a black box ``x -> rotated x`` in the
    recorded layout, transformers' rotation function fed by its rotary module's cos/sin at positions
    0 .. s-1 (first layer of each distinct spec); the row records whether its reading (style, base,
-   rotary_dim, scaling type) matches the spec.
+   rotary_dim, scaling type, and the scaling's parameters by their effect on the outputs: ``probe``) matches the
+   spec.
 
 Why the comparison is not circular. The convention table is measured: transformers' rotation function, called
 with basis vectors at the recorded cos/sin, gives each position's matrix; the coupled dims give the pairing

@@ -85,7 +85,8 @@ def readme_paragraph(table: dict, load: str = "about 7") -> str:
         lines.append(f"- {reason}: {n}")
     lines += ["",
               f"`diagnose`, probing each covered family's real rotary as a black box, reads the spec's style, base, "
-              f"rotary_dim and scaling type for {d['match']} of the {d['match'] + d['mismatch']} model types "
+              f"rotary_dim, scaling type and scaling parameters (the same, or different only where float32 outputs "
+              f"cannot tell) for {d['match']} of the {d['match'] + d['mismatch']} model types "
               f"probed; for {d['mismatch']} it does not (fields: {fields}; see [where it cannot decide](diagnose.md)); "
               f"{d['not probed']} could not be probed. The sweep took {round(table['seconds'] / 60)} min wall "
               f"({round(table['cpu_seconds'] / 60)} min of CPU) on one thread, on a machine shared with other jobs "

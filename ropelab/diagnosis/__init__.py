@@ -21,12 +21,13 @@ the same for every head and batch element (Su et al. 2021, "RoFormer", arXiv 210
    position is the integer m with :math:`\theta \equiv m\,\omega`, and :math:`\omega` is refined by least
    squares over all tokens.
 2. **Frequencies** (``ladder``). The base is read from the unscaled high-frequency end of the ladder
-   (:math:`\omega_i/\omega_{i+1} = b^{2/r}`), then the per-pair factor :math:`\omega_i / b^{-2i/r}` is
-   fitted: constant (default, linear), a ramp linear in i (yarn), or linear in :math:`\omega_i` (llama3)
-   (Peng et al. 2023, arXiv 2309.00071; Meta 2024, arXiv 2407.21783). The fitted parameters are checked
-   by rebuilding the ladder with ``ropelab.frequencies``: within ``2**-16`` relative it matches, within
-   ``2**-5`` it only resembles (frequencies held in bf16 land there, and are named). A ladder no known
-   type reproduces is reported as unrecognised, with the measured per-pair factors, never a fitted base.
+   (:math:`\omega_i/\omega_{i+1} = b^{2/r}`), or from its fully scaled low-frequency end (the same ratio), then
+   the per-pair factor :math:`\omega_i / b^{-2i/r}` is fitted: constant (default, linear), a ramp linear in i
+   (yarn), or linear in :math:`\omega_i` (llama3) (Peng et al. 2023, arXiv 2309.00071; Meta 2024, arXiv
+   2407.21783). The fitted parameters are checked by rebuilding the ladder with ``ropelab.frequencies``: within
+   ``2**-16`` relative it matches, within ``2**-5`` it only resembles (frequencies held in bf16 land there, and
+   are named). A ladder no known type reproduces is reported as unrecognised, with the measured per-pair factors,
+   never a fitted base.
 3. **Precision** (``measure``). One long call with positions 0 .. ``max_position`` in ``dtype`` (made
    *before* the high-precision call at that length, so a module that caches its tables by length cannot
    serve it float64 tables) reads back each pair's angle and compares it with :math:`m\,\omega_i` of the

@@ -10,7 +10,8 @@ import torch
 from ..scaling import default_inv_freq, frequencies
 from .probes import STRUCT_TOL
 
-__all__ = ["Ladder", "fit_ladder", "head_base", "rel_err", "LADDER_RTOL", "LADDER_RESEMBLES", "fmt", "snap"]
+__all__ = ["Ladder", "fit_ladder", "head_base", "tail_base", "rel_err", "LADDER_RTOL", "LADDER_RESEMBLES", "fmt",
+           "snap"]
 
 # A frequency ladder matches within 2**-16 relative (inv_freq held in float32 errs by ~2**-24); it
 # "resembles" one within 2**-5 (inv_freq held in bf16 errs by up to 2**-9 relative).
@@ -92,7 +93,10 @@ def fit_ladder(
     1. The base b from the unscaled high-frequency end: every scaling keeps :math:`\omega_i/\omega_{i+1}
        = b^{2/r}` on its leading pairs (linear divides all of them by s alike), so b is the mean ratio
        over the longest leading run of equal ratios (``head_base``), rounded to the fewest significant
-       digits that still reproduce the ladder.
+       digits that still reproduce the ladder. The fully scaled low-frequency end of a yarn or llama3 ladder
+       keeps the same ratio (every pair there is divided by the same s), so b is also read from the longest
+       trailing run (``tail_base``): a yarn ladder on a narrow rotary slice, or with a short trained context,
+       leaves fewer than two leading pairs unscaled, too few for the head.
     2. The per-pair factor :math:`\rho_i = \omega_i / b^{-2i/r}`: constant 1 (default) or 1/s (linear);
        else 1 on the head, 1/s on the tail (s from the tail) and a ramp between, linear in i for yarn
        (:math:`\rho_i = 1 - (1 - 1/s)\,(i - \ell)/(h - \ell)`, Peng et al. 2023 eq. (18)-(20)) and linear
@@ -132,7 +136,11 @@ def fit_ladder(
         return _choose([c for c in simple if c], norm_scale)
     head = head_base(omega, rotary_dim)
     cands: list[Ladder] = []
-    for b in _roundings(head[0], rtol=2.0**-10) if head else []:
+    bases = _roundings(head[0], rtol=2.0**-10) if head else []
+    tail = tail_base(omega, rotary_dim)
+    if tail is not None and (head is None or abs(math.log(tail[0] / head[0])) > 2.0**-10):
+        bases += [b for b in _roundings(tail[0], rtol=2.0**-10) if b not in bases]
+    for b in bases:
         if not b > 1:
             continue
         rho = omega / default_inv_freq(rotary_dim, b)
@@ -176,6 +184,21 @@ def head_base(omega: torch.Tensor, rotary_dim: int) -> tuple[float, int] | None:
     return math.exp(rotary_dim / 2 * float(lr[:k].mean())), k
 
 
+def tail_base(omega: torch.Tensor, rotary_dim: int) -> tuple[float, int] | None:
+    r"""``(b, k)``: the base from the k trailing ratios :math:`\omega_i/\omega_{i+1}` that agree (the fully
+    scaled low-frequency end of a yarn or llama3 ladder, every pair there divided by the same s, so the
+    ratio is still :math:`b^{2/r}`); None when fewer than two trailing ratios agree."""
+    lr = (omega[:-1] / omega[1:]).log()
+    if lr.numel() < 2 or not bool(torch.isfinite(lr).all()) or float(lr[-1]) <= 0:
+        return None
+    k = 1
+    while k < lr.numel() and abs(float(lr[-1 - k] - lr[-1])) <= RUN_TOL:
+        k += 1
+    if k < 2:
+        return None
+    return math.exp(rotary_dim / 2 * float(lr[-k:].mean())), k
+
+
 def ramp_params(rho: torch.Tensor, b: float, r: int) -> list[tuple[str, dict, str]]:
     r"""yarn and llama3 configs whose per-pair factor is ``rho`` at base ``b``: (name, rope_scaling, note).
 
@@ -209,6 +232,16 @@ def ramp_params(rho: torch.Tensor, b: float, r: int) -> list[tuple[str, dict, st
         mid = list(range(i0 + 1, i1))
         out += _yarn_configs(g, idx, mid, i0, i1, s, b, r)
         out += _llama3_configs(g, w0, mid, i0, i1, s)
+    if i1 == n - 1 and i1 - i0 >= 2:  # the ramp may run past the last pair: its whole end h > n - 1 and s with
+        k = 1 - float(rho[i0 + 1])  # the measured first step (1 - 1/s) / (h - i0) (truncated yarn), roundest s
+        for h in range(n, r):
+            if not 0 < k * (h - i0) < 1:
+                break
+            for s in _roundings(1 / (1 - k * (h - i0)), rtol=2.0**-10)[:3]:
+                g = (1 - rho) / (1 - 1 / s)
+                past = "the yarn ramp runs past the last pair: the ladder fixes the factor only with the ramp's end"
+                out += [(nm, sc, "; ".join(filter(None, [note, past])))
+                        for nm, sc, note in _yarn_configs(g, idx, list(range(i0 + 1, n)), i0, n, s, b, r)]
     return out
 
 
@@ -241,12 +274,16 @@ def _yarn_configs(g, idx, mid, i0, i1, s, b, r) -> list[tuple[str, dict, str]]:
         if trunc:
             high = float(round(high))
         L_hi, L_lo = L_over_beta(high), L_over_beta(low)  # L0 / beta_slow, L0 / beta_fast
-        if trunc:  # d(beta_slow) in (high - 1, high], d(beta_fast) in [low, low + 1)
-            lo_range = (L_over_beta(high - 1), L_hi)
-            for L0 in _roundest_in(
-                max(lo_range[0], 32 * L_over_beta(low)), min(lo_range[1], 32 * L_over_beta(low + 1))
-            ):
-                out.append(("yarn", {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L0}, ""))
+        if trunc:  # d(beta_slow) in (high - 1, high], d(beta_fast) in [low, low + 1), or below 1 when low = 0
+            lo_range = (L_over_beta(high - 1), L_hi)  # (transformers clamps a negative d(beta_fast) to 0)
+            fast_lo = 32 * L_over_beta(low) if low > 0 else 0.0
+            L0_lo, L0_hi = max(lo_range[0], fast_lo), min(lo_range[1], 32 * L_over_beta(low + 1))
+            interval = (f"with the default betas (32, 1) the ladder fixes original_max_position_embeddings only to the "
+                        f"range {L0_lo:.6g} .. {L0_hi:.6g}: every value there gives the same whole correction dims "
+                        f"({low:g}, {high:g}); the roundest is shown")
+            for L0 in _roundest_in(L0_lo, L0_hi):
+                sc = {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L0}
+                out.append(("yarn", sc, interval))
             for L0 in _roundest_in(*lo_range):
                 for bf in _roundest_in(L0 / L_over_beta(low + 1), L0 / L_lo):
                     sc = {

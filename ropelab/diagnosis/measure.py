@@ -337,9 +337,12 @@ def _attention_factor(lad, dg: Diagnosis) -> None:
             "applied twice (to cos/sin and again to q/k or the output). Apply it once.",
         )
     elif expected_af != 1.0 and abs(s - 1) <= tol:
+        if lad.name == "yarn":  # what the rotation does: yarn with attention factor 1 (a config can say so)
+            dg.rope_scaling = {**lad.rope_scaling, "attention_factor": 1.0}
         dg.notes.append(
             f"the {lad.name} attention factor {expected_af:.6g} is not folded into the rotation (norm scale 1); "
-            "that is right only if it is applied to the attention logits elsewhere (or mscale = mscale_all_dim)."
+            "that is right only if it is applied to the attention logits elsewhere, or configured as 1 "
+            "(attention_factor 1, or mscale = mscale_all_dim)."
         )
     elif lad.name == "yarn":  # yarn's factor is a config value of its own (attention_factor, mscale)
         dg.rope_scaling = {**lad.rope_scaling, "attention_factor": round(s, 6)}

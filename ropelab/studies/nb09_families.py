@@ -4,6 +4,10 @@
   that were not compared;
 - :func:`text_decoders`: the count over the model types transformers registers as causal language models (its
   ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, read from the installed library), and those among them not compared;
+- :func:`not_covered`: why the others were not compared, in classes whose names claim only what the rows show
+  (a composite config counts as covered through a sub-config only where that sub-config's model type was compared);
+- :func:`probe_summary`: what ``diagnose`` read from each real rotary, the scaling parameters included, and where
+  a parameter it read differs from the spec's without a trace in float32 outputs (undecidable, with the bound);
 - :func:`first_run`: what the first committed sweep found wrong (``data/conformance/first-run-5fa9217.json``,
   written from git history by ``scripts/conformance_first_run.py``), with what changed since;
 - :func:`gemma3_v4_layers`: section 3's silent mismatch, a v4 Gemma 3 config read per layer and as one spec for
@@ -15,7 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["VARIANTS", "variant_counts", "text_decoders", "first_run", "gemma3_v4_layers"]
+__all__ = ["VARIANTS", "COMPOSITE_COMPARED", "variant_counts", "text_decoders", "not_covered", "probe_summary",
+           "unscaled_head", "first_run", "gemma3_v4_layers"]
 
 # The config variants the sweep runs per model type (ropelab.conformance.sweep), in its order.
 VARIANTS = ("default", "linear", "yarn", "linear (v4 schema)")
@@ -47,6 +52,139 @@ def text_decoders(rows: dict) -> dict:
     counts = {k: sum(rows[mt]["status"] == k for mt in names) for k in ("agree", "disagree", "not covered")}
     missing = {mt: rows[mt].get("reason", "").split("\n")[0] for mt in names if rows[mt]["status"] != "agree"}
     return {"types": len(names), "counts": counts, "not_compared": missing}
+
+
+COMPOSITE_COMPARED = "composite config: RoPE compared through a sub-config's model type"
+
+# Reasons whose class in the table (``conformance.report.REASON_CLASSES``) claims more than the row shows: (a phrase
+# of the row's reason, what it does show). First match wins; any other row keeps the table's class.
+_PLAINER = (
+    ("No module named 'transformers.models.", "no modeling module in the model type's own folder (the sweep looked "
+     "only there)"),
+    ("no module-level rotation function", "no module-level rotation function in the modeling module (the rotation "
+     "is inlined in the attention)"),
+    ("made no call to a rotation function", "the forward made no call to a module-level rotation function (inlined, "
+     "or no RoPE on this config)"),
+    ("cannot run on tokens", "transformers' model raised on the sweep's tiny config (its own failure, the shrinking's "
+     "or the recorder's: not told apart)"),
+)
+_ROPE_KEYS = ("rope_parameters", "rope_theta", "rope_scaling")
+
+
+def _sub_config_types(model_type: str, row: dict) -> dict:
+    """{sub-config key: model type}: the row's own record where the sweep wrote one (``sub_config_types``), else
+    read from the config class's default instance (an AutoConfig sub-config has its model type only there)."""
+    if "sub_config_types" in row:
+        return row["sub_config_types"]
+    from transformers import CONFIG_MAPPING
+    from transformers.utils import logging as hf_logging
+
+    cls = CONFIG_MAPPING[model_type]
+    subs = getattr(cls, "sub_configs", None) or {}
+    if all(getattr(c, "model_type", None) for c in subs.values()):  # each a config class of one model type
+        return {k: c.model_type for k, c in subs.items()}
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # default instances warn about token ids; not what is read here
+    try:
+        inst = cls()
+    except Exception:  # noqa: BLE001 - the class's own sub-config classes then
+        inst = None
+    finally:
+        hf_logging.set_verbosity(level)
+    return {k: getattr(getattr(inst, k, None), "model_type", None) or getattr(c, "model_type", None) or None
+            for k, c in subs.items()}
+
+
+def _own_rope_keys(model_type: str) -> list[str]:
+    """The RoPE keys a config class takes itself (its ``__init__`` parameters and annotations)."""
+    import inspect
+
+    from transformers import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    names = set(inspect.signature(cls.__init__).parameters) | set(getattr(cls, "__annotations__", {}))
+    return sorted(names & set(_ROPE_KEYS))
+
+
+def not_covered(rows: dict) -> dict:
+    """The rows not compared, by class: {class: [model types]}, largest first. A composite config (a config class
+    with sub-configs) is put in one of three classes by its sub-configs' model types, followed through nested
+    composites: one of them was compared; they are rows of the table but none was compared; none is a row.
+    ``own_rope_keys``: the composites whose config class takes RoPE keys itself, never compared. Other rows keep
+    the table's class (``reason_class``) unless it claims more than the reason shows (``_PLAINER``)."""
+    from ..conformance.report import reason_class
+
+    def is_composite(mt):
+        return rows.get(mt, {}).get("status") == "not covered" and "composite config" in rows[mt].get("reason", "")
+
+    def reach(mt, seen):
+        out = []
+        for t in _sub_config_types(mt, rows[mt]).values():
+            if t and t not in seen:
+                seen.add(t)
+                out += [t] + (reach(t, seen) if is_composite(t) else [])
+        return out
+
+    overstated = {reason_class(r) for r in ("cannot run on tokens", "does not import", "made no call to a rotation "
+                                           "function")} - {reason_class("")}
+    classes: dict[str, list[str]] = {}
+    own = {}
+    for mt, r in sorted(rows.items()):
+        if r["status"] != "not covered":
+            continue
+        if is_composite(mt):
+            subs = reach(mt, {mt})
+            compared = [t for t in subs if rows.get(t, {}).get("status") == "agree"]
+            key = (COMPOSITE_COMPARED if compared else
+                   "composite config: its sub-configs' model types were not compared either" if
+                   any(t in rows for t in subs) else "composite config: no sub-config is a model type of the table")
+            if _own_rope_keys(mt):
+                own[mt] = _own_rope_keys(mt)
+        else:
+            key = reason_class(r["reason"])
+            if key in overstated:
+                key = next((c for phrase, c in _PLAINER if phrase in r["reason"]), key)
+        classes.setdefault(key, []).append(mt)
+    return {"classes": dict(sorted(classes.items(), key=lambda kv: -len(kv[1]))), "own_rope_keys": own}
+
+
+def unscaled_head(spec: dict, rotary_dim: int) -> int:
+    """How many leading pairs of a recorded spec's ladder (``{"base", "scaling"}``) no scaling touches: per-pair
+    factor 1 within ``diagnosis.ladder.RHO_TOL``."""
+    import torch
+
+    from ..diagnosis.ladder import RHO_TOL
+    from ..scaling import default_inv_freq, frequencies
+
+    inv, _ = frequencies(rotary_dim, spec["base"], rope_scaling=spec["scaling"],
+                         max_position_embeddings=spec.get("max_position_embeddings"))
+    rho = inv.double() / default_inv_freq(rotary_dim, spec["base"])
+    return int(torch.cumprod(((rho - 1).abs() <= RHO_TOL).int(), 0).sum())
+
+
+def probe_summary(rows: dict) -> dict:
+    """Every diagnose probe of the table (``rows[*].variants[*].diagnose.probes``) in one list of dicts: model type,
+    variant, layer, status, the fields that differ, the spec's scaling (``spec``), its unscaled leading pairs
+    (``head``, scaled ladders only) and, where the table records it (a sweep since the parameter comparison),
+    the parameter ``verdict`` ("same", "undecidable", "differ"), the keys that differ and the output difference in
+    units of the float32 bound. ``probes`` and ``by_type`` ({model type: "match" / "mismatch: fields"})."""
+    probes = []
+    for mt, r in sorted(rows.items()):
+        for vname, v in r.get("variants", {}).items():
+            for p in (v.get("diagnose") or {}).get("probes", []):
+                if p["status"] == "not probed":
+                    continue
+                spec = next(x["spec"] for x in v["layers"] if x["layer"] == p["layer"])
+                par = p.get("parameters") or {}
+                probes.append({
+                    "model_type": mt, "variant": vname, "layer": p["layer"], "status": p["status"],
+                    "wrong": sorted(f for f, ok in p["fields"].items() if not ok), "spec": spec,
+                    "rotary_dim": p["spec"]["rotary_dim"],
+                    "head": unscaled_head(spec, p["spec"]["rotary_dim"]) if spec.get("scaling") else None,
+                    "verdict": par.get("verdict"), "differ": par.get("differ", []), "spec_params": par.get("spec"),
+                    "read": par.get("diagnose"), "over_bound": par.get("output_difference_over_bound"),
+                    "positions": par.get("positions")})
+    return {"probes": probes, "by_type": {mt: r["diagnose"] for mt, r in sorted(rows.items()) if "diagnose" in r}}
 
 
 def first_run(path: str | Path) -> list[dict]:
