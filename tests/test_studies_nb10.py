@@ -192,3 +192,44 @@ def test_ropelab_check_catches_every_bug_and_passes_the_identity(caught):
 def test_write_bug_rejects_an_unknown_case(tmp_path):
     with pytest.raises(ValueError, match="no check case"):
         e.write_bug("made_up", tmp_path)
+
+
+def test_every_report_says_where_the_bug_lived(tmp_path):
+    bugs = e.boundary_bugs()
+    where = e.classes_by_where(bugs)
+    assert set(where) == set(e.WHERE) and where["file"] | where["engine code"] == set(e.BUG_CLASSES)
+    # the converter reports are the file ones (llama.cpp#13322, #22612, ik_llama.cpp#2003)
+    assert {b["number"] for b in bugs if b["where"] == "file"} == {13322, 22612, 2003}
+    good = json.loads(e.BUGS_JSON.read_text())
+    (tmp_path / "w.json").write_text(json.dumps({"bugs": [{**good["bugs"][0], "where": "somewhere"}]}))
+    with pytest.raises(ValueError, match="where='somewhere'"):
+        e.boundary_bugs(tmp_path / "w.json")
+
+
+def test_spread_summarises_windows_and_is_seeded():
+    s = e.spread([3.0, 1.0, None, 2.0])
+    assert (s["median"], s["lo"], s["hi"], s["mean"], s["missing"], s["n"]) == (2.0, 1.0, 3.0, 2.0, 1, 4)
+    assert 1.0 <= s["ci"][0] <= 2.0 <= s["ci"][1] <= 3.0
+    assert e.spread([3.0, 1.0, 2.0]) == e.spread([3.0, 1.0, 2.0])  # the bootstrap is seeded
+    with pytest.raises(ValueError, match="at least one"):
+        e.spread([None])
+
+
+def test_window_damage_matches_the_pooled_measure(tiny):
+    ids = torch.randint(0, 32, (3, 16), generator=torch.Generator().manual_seed(2))
+    correct = [tiny.cfg.rope] * 2
+    buggy = e.per_layer(e.neox_as_interleaved, correct)
+    w = e.window_damage(tiny, ids, correct, buggy)
+    pooled = e.model_damage(tiny, ids, correct, buggy)
+    # equal windows: the pooled mean KL is the mean of the per-window means (float64 round-off apart)
+    assert abs(sum(w["kl"]) / 3 - pooled.kl) <= 1e-12 * max(1.0, pooled.kl)
+    assert abs(sum(w["flip_rate"]) / 3 - pooled.flip_rate) <= 1e-12
+    same = e.window_damage(tiny, ids, correct, correct)
+    assert same["kl"] == [0.0] * 3 and same["dnll"] == [0.0] * 3 and same["first_flip"] == [None] * 3
+
+
+def test_results_carry_the_spread(results):
+    for name, r in results.items():
+        w = r["per_window"]
+        assert len(w["kl"]) == r["windows"] and min(w["kl"]) > 0, name
+        assert ("dnll" in w) == (r["measure"] == "model"), name

@@ -64,11 +64,17 @@ __all__ = ["BUGS_JSON", "BUG_CLASSES", "CASES", "Case", "Damage", "boundary_bugs
            "impose_partial_rotary", "neox_as_interleaved", "ignore_rope_scaling", "drop_yarn_attention_factor",
            "longrope_always_long", "mrope_as_contiguous", "mrope_as_1d", "identity", "per_layer",
            "forward_per_layer", "model_damage", "qk_damage", "held_out_windows", "load_model", "longrope_specs",
-           "partial_specs", "MROPE_SECTIONS", "run_case", "run_all", "plot_damage", "CheckCase", "CHECK_CASES",
+           "partial_specs", "MROPE_SECTIONS", "run_case", "run_all", "plot_damage", "window_damage", "spread",
+           "WHERE", "classes_by_where", "plot_matrix", "cell_words", "non_agree", "engine_label",
+           "CheckCase", "CHECK_CASES",
            "write_reading", "write_bug", "run_check", "catch_bug", "catch_all"]
 
 BUGS_JSON = DATA_DIR / "engines" / "boundary_bugs.json"
-_BUG_FIELDS = ("class", "repository", "number", "kind", "title", "date", "state", "url", "what", "quote", "quote_by")
+_BUG_FIELDS = ("class", "repository", "number", "where", "kind", "title", "date", "state", "url", "what", "quote",
+               "quote_by")
+# Where a reported bug lived: in a file (a converter wrote a key wrong or not at all; a check of the file sees it), or
+# in engine code (the file is right; only running the engine, or building its model, shows it).
+WHERE = ("file", "engine code")
 
 
 def boundary_bugs(path: str | Path = BUGS_JSON) -> list[dict]:
@@ -81,7 +87,18 @@ def boundary_bugs(path: str | Path = BUGS_JSON) -> list[dict]:
             raise ValueError(f"{path}: entry {b.get('repository')}#{b.get('number')} lacks {missing}.")
         if b["class"] not in REPORTED_CLASSES:
             raise ValueError(f"{path}: unknown class {b['class']!r}; known: {sorted(REPORTED_CLASSES)}.")
+        if b["where"] not in WHERE:
+            raise ValueError(f"{path}: entry {b['repository']}#{b['number']} has where={b['where']!r}; use one of "
+                             f"{WHERE}.")
     return bugs
+
+
+def classes_by_where(bugs: Sequence[Mapping[str, Any]]) -> dict[str, set[str]]:
+    """``{where: the bug classes with at least one report that lived there}`` (a class may be in both)."""
+    out: dict[str, set[str]] = {w: set() for w in WHERE}
+    for b in bugs:
+        out[b["where"]].add(b["class"])
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -318,6 +335,45 @@ def qk_damage(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, correct
     return Damage(float(kl.mean()), float(kl.max()), cos, first, rate)
 
 
+def _nll(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Per-window mean negative log-likelihood (nats/byte) of the true next byte, [b]."""
+    logp = logits[:, :-1].double().log_softmax(-1)
+    return -logp.gather(-1, ids[:, 1:, None])[..., 0].mean(-1)
+
+
+@torch.no_grad()
+def window_damage(model, ids: torch.Tensor, correct: Sequence[RopeSpec], buggy: Sequence[RopeSpec]) -> dict:
+    r""":func:`model_damage`'s measures window by window (each row of ``ids`` alone), and what the bug costs in
+    the loss on the true next byte: :math:`\Delta\mathrm{NLL} = \mathrm{NLL}_{\rm buggy} -
+    \mathrm{NLL}_{\rm correct}` (nats/byte, teacher-forced). Lists with one value per window: ``kl``, ``flip_rate``
+    (teacher-forced argmax changes), ``first_flip`` (None: none in that window), ``dnll``."""
+    out: dict[str, list] = {"kl": [], "flip_rate": [], "first_flip": [], "dnll": []}
+    for i in range(ids.shape[0]):
+        w = ids[i:i + 1]
+        good, bad = forward_per_layer(model, w, correct), forward_per_layer(model, w, buggy)
+        first, rate = _flips(good.logits, bad.logits)
+        out["kl"].append(float(kl_divergence(good.logits, bad.logits).mean()))
+        out["flip_rate"].append(rate)
+        out["first_flip"].append(first)
+        out["dnll"].append(float(_nll(bad.logits, w) - _nll(good.logits, w)))
+    return out
+
+
+def spread(values: Sequence[float | None], *, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Summary of a per-window measure: ``median``, ``lo`` / ``hi`` (the smallest and largest window), ``mean``
+    and its 95 % bootstrap interval over windows ``ci`` (``n_boot`` resamples, seeded: the same on a rerun), and
+    ``missing`` (windows with None, e.g. no argmax change there, left out)."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        raise ValueError("spread needs at least one value that is not None.")
+    t = torch.tensor(vals, dtype=torch.float64)
+    idx = torch.randint(0, len(vals), (n_boot, len(vals)), generator=torch.Generator().manual_seed(seed))
+    means = t[idx].mean(1)
+    return {"median": float(t.median()), "lo": float(t.min()), "hi": float(t.max()), "mean": float(t.mean()),
+            "ci": (float(means.quantile(0.025)), float(means.quantile(0.975))),
+            "missing": len(values) - len(vals), "n": len(values)}
+
+
 # ------------------------------------------------------------------------------------------------------------
 # The cases notebook 10 runs: which model, which correct spec, which bug, which measure
 # ------------------------------------------------------------------------------------------------------------
@@ -402,12 +458,14 @@ def load_model(checkpoint: str):
 
 @torch.no_grad()
 def run_case(name: str, *, smoke: bool = False, n_windows: int | None = None) -> dict:
-    """Run one of :data:`CASES` on held-out windows (8, or 2 in smoke mode); the damage of the bug and, as the
-    control, of :func:`identity`. Deterministic: the windows are fixed slices of the validation split."""
+    """Run one of :data:`CASES` on held-out windows (16, or 2 in smoke mode); the damage of the bug pooled over the
+    windows and, as the control, of :func:`identity`; ``per_window`` the same measures window by window (model
+    cases also :math:`\\Delta`NLL, :func:`window_damage`), for their spread. Deterministic: the windows are fixed
+    slices of the validation split."""
     if name not in CASES:
         raise ValueError(f"no case {name!r}; the cases are {sorted(CASES)}.")
     case = CASES[name]
-    n = n_windows or (2 if smoke else 8)
+    n = n_windows or (2 if smoke else 16)
     model = load_model(case.checkpoint)
     if case.measure == "model":
         ids = held_out_windows(case.length, n)
@@ -417,7 +475,7 @@ def run_case(name: str, *, smoke: bool = False, n_windows: int | None = None) ->
         control = model_damage(model, ids, correct, per_layer(identity, correct))
         return {"case": name, "measure": "model", "what": case.what, "windows": n, "length": ids.shape[1],
                 "correct": correct[0].to_dict(), "buggy": buggy[0].to_dict(), "damage": dmg._asdict(),
-                "control": control._asdict()}
+                "control": control._asdict(), "per_window": window_damage(model, ids, correct, buggy)}
     if name == "mrope_interleaved_as_other":
         text = 24 if smoke else 64
         positions = mrope_positions(text, (1, 8, 8), text)
@@ -431,17 +489,21 @@ def run_case(name: str, *, smoke: bool = False, n_windows: int | None = None) ->
         correct = case.correct(model)[0]
         dmg = qk_damage(q, k, positions, correct, case.bug(correct))
         control = qk_damage(q, k, positions, correct, identity(correct))
+        per = [qk_damage(q[i:i + 1], k[i:i + 1], positions, correct, case.bug(correct)) for i in range(n)]
         extra = {"correct": correct.to_dict(), "buggy": case.bug(correct).to_dict()}
     else:
         spec, sec = model.cfg.rope, MROPE_SECTIONS
         dmg = qk_damage(q, k, positions, spec, spec, sec, case.bug(sec))
         control = qk_damage(q, k, positions, spec, spec, sec, sec)
+        per = [qk_damage(q[i:i + 1], k[i:i + 1], positions, spec, spec, sec, case.bug(sec)) for i in range(n)]
         as_1d = qk_damage(q, k, positions, spec, spec, sec, mrope_as_1d(sec))
         text_only = mrope_positions(positions.shape[1])
         on_text = qk_damage(q, k, text_only, spec, spec, sec, case.bug(sec))
         extra = {"sections": list(sec.sections), "as_1d": as_1d._asdict(), "text_only": on_text._asdict()}
     return {"case": name, "measure": "qk", "what": case.what, "windows": n, "length": ids.shape[1],
-            "damage": dmg._asdict(), "control": control._asdict(), **extra}
+            "damage": dmg._asdict(), "control": control._asdict(),
+            "per_window": {"kl": [d.kl for d in per], "flip_rate": [d.flip_rate for d in per],
+                           "first_flip": [d.first_flip for d in per]}, **extra}
 
 
 def run_all(*, smoke: bool = False, names: Sequence[str] | None = None) -> dict[str, dict]:
@@ -450,31 +512,52 @@ def run_all(*, smoke: bool = False, names: Sequence[str] | None = None) -> dict[
     return {name: run_case(name, smoke=smoke) for name in names}
 
 
-def plot_damage(fig, axes, results: Mapping[str, dict]) -> None:
-    """Two panels (``axes``, not sharing y): each case's mean KL (model cases next-byte KL, q/k cases attention-row
-    KL, hatched) and 1 - its attention-logit cosine with its first argmax flip, both on log scales, cases top to
-    bottom in ``results``' order."""
-    names = list(results)
-    y = list(range(len(names)))
-    kl = [max(results[n]["damage"]["kl"], 1e-12) for n in names]
-    bars = axes[0].barh(y, kl, color="C3")
-    for b, n in zip(bars, names):
-        if results[n]["measure"] == "qk":
-            b.set_hatch("//")
-    axes[0].set(xscale="log", xlabel="mean KL(correct || buggy), nats", yticks=y, yticklabels=names)
-    axes[0].set_title("hatched: one layer's q, k (attention rows)", fontsize=9)
-    gap = [max(1 - results[n]["damage"]["cosine"], 1e-12) for n in names]
-    axes[1].barh(y, gap, color="C0")
-    axes[1].set(xscale="log", xlabel="1 - cosine of attention logits (worst layer / head)", yticks=y)
-    axes[1].tick_params(labelleft=False)
+# Okabe-Ito's colour-blind-safe pair (blue, orange); every colour also has a marker or hatch that says the same.
+BLUE, ORANGE, GREY = "#0072B2", "#E69F00", "#999999"
+
+
+def _dot_panel(ax, results: Mapping[str, dict], names: Sequence[str], key: str, xlabel: str, log: bool,
+               fmt: str) -> None:
+    """One measure on one axis: each window a small open circle (blue), the median an orange diamond with its
+    value written beside it, cases top to bottom."""
     for i, n in enumerate(names):
-        f = results[n]["damage"]["first_flip"]
-        axes[1].annotate("no flip" if f is None else f"first flip at {f}", (gap[i], i), xytext=(3, 0),
-                         textcoords="offset points", va="center", fontsize=8)
-    for ax in axes:
-        ax.set_ylim(len(names) - 0.5, -0.5)  # first case on top
-    axes[1].set_xlim(right=max(gap) * 20)  # room for the labels
-    fig.suptitle("Each boundary bug reproduced on a trained byte-level TinyLM (identity control: KL 0, cosine 1)")
+        vals = results[n]["per_window"][key]
+        vals = [max(v, 1e-6) if log else v for v in vals]
+        ax.plot(vals, [i] * len(vals), "o", mfc="none", mec=BLUE, ms=4, alpha=0.8)
+        med = spread(vals)["median"]
+        ax.plot([med], [i], "D", color=ORANGE, mec="black", ms=6)
+        ax.annotate(format(med, fmt), (med, i), xytext=(0, 6), textcoords="offset points", ha="center",
+                    fontsize=7)
+    ax.set(xlabel=xlabel, yticks=range(len(names)), yticklabels=names, ylim=(len(names) - 0.5, -0.7))
+    if log:
+        from matplotlib.ticker import NullFormatter
+
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.grid(axis="x", alpha=0.3)
+
+
+def plot_damage(fig, axes, results: Mapping[str, dict]) -> None:
+    """Four panels (``axes``, 2 x 2), one measure each, over the held-out windows (open circles: one window;
+    diamond: the median, its value written): the model cases' next-byte KL, their loss change on the true next
+    byte (Delta NLL), their teacher-forced argmax-change rate, and, apart, the q/k cases' attention-row KL."""
+    model = [n for n in results if results[n]["measure"] == "model"]
+    qk = [n for n in results if results[n]["measure"] == "qk"]
+    (a, b), (c, d) = axes
+    _dot_panel(a, results, model, "kl", "next-byte KL(correct || buggy), nats (log)", True, ".3g")
+    _dot_panel(b, results, model, "dnll", "NLL(buggy) - NLL(correct) of the true next byte, nats/byte", False,
+               ".3f")
+    b.axvline(0, color=GREY, lw=0.8)
+    _dot_panel(c, results, model, "flip_rate", "teacher-forced argmax changes, fraction of positions", False,
+               ".1%")
+    c.set_xlim(0, 1)
+    _dot_panel(d, results, qk, "kl", "attention-row KL on layer 0's q, k, nats (log)", True, ".3g")
+    for ax, t in zip((a, b, c, d), ("(a) whole model", "(b) whole model", "(c) whole model",
+                                   "(d) one layer's q, k (not comparable with a-c)")):
+        ax.set_title(t, fontsize=9, loc="left")
+    n = results[model[0]]["windows"] if model else results[qk[0]]["windows"]
+    fig.suptitle(f"Each boundary bug reproduced on a trained byte-level TinyLM, {n} held-out windows "
+                 "(open circle: one window; diamond: median). Identity control: 0 on every measure", fontsize=10)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -635,17 +718,29 @@ def catch_all(root: str | Path, names: Sequence[str] | None = None) -> dict[str,
 # The conformance matrix (ropelab.engines.matrix, data/engines/matrix.json), as notebook 10 shows it
 # ------------------------------------------------------------------------------------------------------------
 
-_STATUS_COLOUR = {"agree": "#cfe8cf", "differ": "#f4c7c3", "unreadable": "#dddddd"}
+# agree: blue, plain; differ: orange, hatched, a cross; unreadable / unclear: grey, dotted (Okabe-Ito-like, and a
+# cue without colour).
+_STATUS_STYLE = {"agree": ("#9ecae1", "", "\u2713"), "differ": ("#f9c97a", "/", "\u2717"),
+                 "unreadable": ("#dddddd", "..", "\u2013"), "unclear": ("#dddddd", "..", "?")}
+_ENGINE_LABEL = {"gguf": "llama.cpp, run on the GGUF\nits converter wrote",
+                 "mlx": "mlx-lm, its model\nbuilt from config.json", "vllm": "vLLM, its model\nbuilt from config.json"}
+
+
+def engine_label(engine: str) -> str:
+    """A column's header: what the engine is and how its cells were obtained (the key itself when unknown)."""
+    return _ENGINE_LABEL.get(engine, engine)
 
 
 def cell_words(c: Mapping[str, Any]) -> str:
-    """One matrix cell in a few words: ``agree``, ``unreadable``, or the mismatch kinds with the largest attention
-    change (max KL of an attention row) and the position it is costed at."""
+    """One matrix cell in a few words: a symbol and the status, and for a difference what differs and its size:
+    the llama.cpp run's largest logit error in float32 bounds where the cell has a run, else the kinds of mismatch."""
+    sym = _STATUS_STYLE.get(c["status"], _STATUS_STYLE["unclear"])[2]
     if c["status"] != "differ":
-        return c["status"]
-    kinds = sorted({k for m in c["mismatches"] for k in m["kinds"]}) or ["problem"]
-    kl = max((m["max_kl"] for m in c["mismatches"]), default=0.0)
-    return f"{', '.join(kinds)}\nKL {kl:.2f} at m={c['position']}"
+        return f"{sym} {c['status']}"
+    kinds = sorted({k for m in c.get("mismatches", []) for k in m["kinds"]}) or ["problem"]
+    run = c.get("run")
+    size = f"logits off by {run['ratio']:.3g}x bound" if run else f"at m = {c['position']}"
+    return f"{sym} {', '.join(kinds)}\n{size}"
 
 
 def non_agree(matrix: Mapping[str, Any]) -> list[tuple[str, str, dict]]:
@@ -655,26 +750,30 @@ def non_agree(matrix: Mapping[str, Any]) -> list[tuple[str, str, dict]]:
 
 
 def plot_matrix(fig, ax, matrix: Mapping[str, Any]) -> None:
-    """The matrix as a coloured table (``ax``): one row per family / variant (variants in italics), one column per
-    engine, each cell :func:`cell_words` on green (agree), red (differ) or grey (unreadable)."""
+    """The matrix as a table (``ax``): one row per family / variant (variants in italics), one column per engine the
+    file has, each cell :func:`cell_words` on blue (agree), hatched orange (differ) or dotted grey (unreadable)."""
+    import textwrap
+
     names, engines = list(matrix["rows"]), list(matrix["engines"])
-    label = {"gguf": "GGUF (llama.cpp's converter,\nread as llama.cpp reads it)", "mlx": "mlx-lm (same config.json)"}
-    text = [[cell_words(matrix["rows"][n][e]) for e in engines] for n in names]
-    colours = [[_STATUS_COLOUR[matrix["rows"][n][e]["status"]] for e in engines] for n in names]
+    text = [[n] + [cell_words(matrix["rows"][n][e]) for e in engines] for n in names]
+    style = [[("white", "", "")] + [_STATUS_STYLE.get(matrix["rows"][n][e]["status"], _STATUS_STYLE["unclear"])
+                                    for e in engines] for n in names]
     ax.axis("off")
-    table = ax.table(cellText=text, cellColours=colours, rowLabels=names,
-                     colLabels=[label.get(e, e) for e in engines], loc="center", cellLoc="center")
+    width = 0.7 / len(engines)
+    table = ax.table(cellText=text, cellColours=[[st[0] for st in row] for row in style],
+                     colLabels=["family / variant"] + [engine_label(e) for e in engines], cellLoc="center",
+                     colWidths=[0.3] + [width] * len(engines), bbox=[0.0, 0.0, 1.0, 1.0])
     table.auto_set_font_size(False)
     table.set_fontsize(8)
-    table.scale(1, 2.1)
     for (r, col), cell_ in table.get_celld().items():
-        if r == 0:
-            cell_.set_height(cell_.get_height() * 1.3)
-        if col == -1 and r > 0 and names[r - 1] in matrix["variants"]:
+        if r > 0 and col > 0:
+            cell_.set_hatch(style[r - 1][col][1])
+            cell_.set_edgecolor("#555555")
+        if col == 0 and r > 0 and names[r - 1] in matrix["variants"]:
             cell_.get_text().set_fontstyle("italic")
-    v = matrix["versions"]
-    c = matrix["counts"]
-    fig.suptitle("Each engine against transformers: " + "; ".join(
+    v, c = matrix["versions"], matrix["counts"]
+    versions = textwrap.fill(", ".join(f"{k} {str(val)[:12]}" for k, val in v.items()) + "; italic rows: variants",
+                             150)
+    fig.suptitle("Each engine against transformers (\u2713 agree, \u2717 differ, \u2013 refuses): " + "; ".join(
         f"{e}: {c[e]['agree']} agree, {c[e]['differ']} differ, {c[e]['unreadable']} unreadable" for e in engines)
-        + f"\ntransformers {v['transformers']}, gguf {v['gguf']}, llama.cpp {str(v['llama.cpp commit'])[:10]}, "
-          f"mlx {v['mlx']}, mlx-lm {v['mlx-lm']}; italic rows: variants", fontsize=10)
+        + "\n" + versions, fontsize=8)
