@@ -25,14 +25,17 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
 
     row: dict[str, Any] = {"module": info["module"]}
     config_cls = CONFIG_MAPPING[model_type]
-    subs = getattr(config_cls, "sub_configs", None) or {}
-    if subs:
+    subs = _sub_config_types(config_cls)
+    if any(t in CONFIG_MAPPING for t in subs.values()) or _has_sub_model(config_cls):
         row["status"] = "not covered"
-        row["reason"] = ("composite config (sub-configs " + ", ".join(sorted(subs)) + "): its RoPE lives in a "
-                         "sub-config, whose model type is swept on its own")
+        row["sub_config_types"] = subs
+        row["reason"] = ("composite config (sub-configs " + ", ".join(f"{k}: {t or '-'}" for k, t in sorted(subs.items()))
+                         + "): its RoPE lives in a sub-config, whose model type is swept on its own")
         return row
+    # No sub-config is a model type of its own (DBRX's attn_config, ESM's esmfold_config): the RoPE is read from
+    # this config, so the model type is run as it is.
     try:
-        module = importlib.import_module(f"transformers.models.{info['module']}.modeling_{info['module']}")
+        module = modeling_module(model_type, info["module"])
     except Exception as e:  # noqa: BLE001 - the reason goes into the table
         return {**row, "status": "not covered", "reason": f"modeling module does not import: {error_text(e)}"}
     try:
@@ -74,6 +77,50 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
         row["diagnose"] = ("not probed" if not probed else "mismatch: " + ", ".join(fields) if fields else "match")
     return row
 
+
+
+def _sub_config_types(config_cls) -> dict[str, str | None]:
+    """{sub-config key: its model type} of a composite config class, read from its default instance (an
+    AutoConfig sub-config, Mistral3's text_config, has its model type only there); {} for a plain config."""
+    subs = getattr(config_cls, "sub_configs", None) or {}
+    if not subs:
+        return {}
+    try:
+        inst = config_cls()
+    except Exception:  # noqa: BLE001 - the class's own model types then
+        inst = None
+    out = {}
+    for key, cls in subs.items():
+        sub = getattr(inst, key, None) if inst is not None else None
+        out[key] = getattr(sub, "model_type", None) or getattr(cls, "model_type", None) or None
+    return out
+
+
+def _has_sub_model(config_cls) -> bool:
+    """Whether a sub-config of the default instance describes a network of its own (an int hidden_size or
+    num_hidden_layers: Evolla's protein encoder), which the tiny sizes of the top config would not shrink."""
+    try:
+        inst = config_cls()
+    except Exception:  # noqa: BLE001
+        return True
+    subs = [getattr(inst, k, None) for k in (getattr(config_cls, "sub_configs", None) or {})]
+    return any(isinstance(getattr(c, a, None), int) for c in subs for a in ("hidden_size", "num_hidden_layers"))
+
+
+def modeling_module(model_type: str, folder: str):
+    """The modeling module of ``model_type``: its folder's ``modeling_<folder>``, else (a config-only folder,
+    EXAONE's, whose model is Llama's) the module of the class transformers' AutoModel maps it to."""
+    try:
+        return importlib.import_module(f"transformers.models.{folder}.modeling_{folder}")
+    except ModuleNotFoundError as e:
+        import transformers
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+        name = MODEL_MAPPING_NAMES.get(model_type)
+        cls = getattr(transformers, name, None) if isinstance(name, str) else None
+        if cls is None:
+            raise e
+        return importlib.import_module(cls.__module__)
 
 
 def _config_dict(config_cls, kwargs: dict, v4: bool) -> tuple[Any, dict]:

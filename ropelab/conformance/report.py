@@ -7,12 +7,15 @@ import torch
 
 from .convention import conventions_of
 
-__all__ = ["REASON_CLASSES", "reason_class", "summarise", "readme_paragraph", "plot_convention_classes"]
+__all__ = ["REASON_CLASSES", "COMPOSITE", "COMPOSITE_UNCOMPARED", "reason_class", "row_class", "summarise", "readme_paragraph", "plot_convention_classes"]
 
+
+COMPOSITE = "composite config: the RoPE lives in a sub-config, compared as its own model type"
+COMPOSITE_UNCOMPARED = "composite config: none of its sub-configs' model types is compared either"
 
 # The classes of not-covered reasons the counts use: (a phrase of the reason, the class), first match wins.
 REASON_CLASSES = (
-    ("composite config", "composite config: the RoPE lives in a sub-config, swept as its own model type"),
+    ("composite config", COMPOSITE),
     ("no module-level rotation function", "rotation inlined in the attention (no module-level apply function)"),
     ("made no call to a rotation function", "rotation inlined in the attention (no module-level apply function)"),
     ("no AutoModel and no *Model class", "no model class runs on this config class alone (a component)"),
@@ -35,13 +38,24 @@ def reason_class(reason: str) -> str:
     return next((c for phrase, c in REASON_CLASSES if phrase in reason), reason.split(":")[0])
 
 
+def row_class(row: dict, rows: dict) -> str:
+    """The class of a not-covered row: :func:`reason_class`, except that a composite config is ``COMPOSITE`` only
+    where one of its sub-configs' model types (``row["sub_config_types"]``) was itself compared in ``rows``."""
+    c = reason_class(row["reason"])
+    if c != COMPOSITE:
+        return c
+    compared = [t for t in (row.get("sub_config_types") or {}).values()
+                if rows.get(t, {}).get("status") in ("agree", "disagree")]
+    return COMPOSITE if compared else COMPOSITE_UNCOMPARED
+
+
 def summarise(rows: dict, found: dict, version: str, *, seconds: float, cpu_seconds: float) -> dict:
     """The JSON table: counts (status, not-covered reasons, convention table check, diagnose), and the rows."""
     counts = {k: sum(r["status"] == k for r in rows.values()) for k in ("agree", "disagree", "not covered")}
     reasons: dict[str, int] = {}
     for r in rows.values():
         if r["status"] == "not covered":
-            reasons[reason_class(r["reason"])] = reasons.get(reason_class(r["reason"]), 0) + 1
+            reasons[row_class(r, rows)] = reasons.get(row_class(r, rows), 0) + 1
     table = {k: sorted(mt for mt, r in rows.items() if r.get("table") == k) for k in ("differs", "absent")}
     diag = {"match": 0, "mismatch": 0, "not probed": 0}
     fields: dict[str, int] = {}
