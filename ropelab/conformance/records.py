@@ -29,8 +29,9 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
     if any(t in CONFIG_MAPPING for t in subs.values()) or _has_sub_model(config_cls):
         row["status"] = "not covered"
         row["sub_config_types"] = subs
-        row["reason"] = ("composite config (sub-configs " + ", ".join(f"{k}: {t or '-'}" for k, t in sorted(subs.items()))
-                         + "): its RoPE lives in a sub-config, whose model type is swept on its own")
+        named = ", ".join(f"{k}: {t or '-'}" for k, t in sorted(subs.items()))
+        row["reason"] = (f"composite config (sub-configs {named}): its RoPE lives in a sub-config, whose model type "
+                         "is swept on its own")
         return row
     # No sub-config is a model type of its own (DBRX's attn_config, ESM's esmfold_config): the RoPE is read from
     # this config, so the model type is run as it is.

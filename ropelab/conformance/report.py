@@ -7,7 +7,8 @@ import torch
 
 from .convention import conventions_of
 
-__all__ = ["REASON_CLASSES", "COMPOSITE", "COMPOSITE_UNCOMPARED", "reason_class", "row_class", "summarise", "readme_paragraph", "plot_convention_classes"]
+__all__ = ["REASON_CLASSES", "COMPOSITE", "COMPOSITE_UNCOMPARED", "reason_class", "row_class",
+           "summarise", "readme_paragraph", "plot_convention_classes"]
 
 
 COMPOSITE = "composite config: the RoPE lives in a sub-config, compared as its own model type"
@@ -56,6 +57,14 @@ def summarise(rows: dict, found: dict, version: str, *, seconds: float, cpu_seco
     for r in rows.values():
         if r["status"] == "not covered":
             reasons[row_class(r, rows)] = reasons.get(row_class(r, rows), 0) + 1
+    # The variants (linear, yarn, v4) of the compared model types: each compared, or its reason's class
+    variants: dict[str, int] = {}
+    for r in rows.values():
+        if r["status"] == "not covered":
+            continue
+        for v in r.get("variants", {}).values():
+            key = v["status"] if v["status"] != "not covered" else reason_class(v.get("reason", ""))
+            variants[key] = variants.get(key, 0) + 1
     table = {k: sorted(mt for mt, r in rows.items() if r.get("table") == k) for k in ("differs", "absent")}
     diag = {"match": 0, "mismatch": 0, "not probed": 0}
     fields: dict[str, int] = {}
@@ -72,6 +81,7 @@ def summarise(rows: dict, found: dict, version: str, *, seconds: float, cpu_seco
             "cpu_seconds": round(cpu_seconds, 1),
             "tolerance": "per element: a*rho*(|m w|(ln b + 9) + 4)*2**-24 on rotated pairs, 16*2**-53*|x| elsewhere",
             "counts": counts, "not_covered_by_reason": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+            "variants_of_compared_types": dict(sorted(variants.items(), key=lambda kv: -kv[1])),
             "convention_table": {"measured_differs_from_committed": table["differs"],
                                  "absent_from_committed": table["absent"]},
             "diagnose": {"model_types": diag, "mismatched_fields": dict(sorted(fields.items()))},
