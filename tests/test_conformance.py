@@ -89,6 +89,23 @@ def test_config_only_model_types_run_the_module_automodel_maps_them_to():
         modeling_module("no_such_type", "no_such_type")
 
 
+def test_a_default_that_opts_out_of_rope_is_run_with_the_models_own_switch_and_attention_layers():
+    """GraniteMoeHybrid's default has no attention layer and position_embedding_type=None: the tiny config makes
+    odd layers attend, and the switch value is the one its modeling code compares with (read, not typed in)."""
+    import importlib
+
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.records import _rope_switch
+
+    cls = CONFIG_MAPPING["granitemoehybrid"]
+    kw = conformance.tiny_kwargs(cls)
+    assert "full_attention" in cls(**kw).layer_types and "linear_attention" in cls(**kw).layer_types
+    module = importlib.import_module("transformers.models.granitemoehybrid.modeling_granitemoehybrid")
+    assert _rope_switch(cls, module) == "rope"
+    assert _rope_switch(CONFIG_MAPPING["llama"], module) is None  # no such key in the config class
+
+
 def _convention_class(conv: dict) -> tuple:
     v4 = conv.get("v4", {})
     return (conv["style"], conv.get("rotary_fraction", 1.0) < 1, bool(conv.get("nope_layer_types")),

@@ -113,6 +113,11 @@ def tiny_kwargs(config_cls) -> dict[str, Any]:
     for key, value in vars(d).items():
         if value is None and key.endswith("layer_indices") and "attn" in key and "num_hidden_layers" in kw:
             kw[key] = list(range(1, kw["num_hidden_layers"], 2))
+    # The same for a default of linear-attention layers only (GraniteMoeHybrid's layer_types): odd layers attend.
+    types = vars(d).get("layer_types")
+    if (isinstance(types, list) and types and set(types) == {"linear_attention"}
+            and isinstance(kw.get("num_hidden_layers"), int)):
+        kw["layer_types"] = ["full_attention" if i % 2 else "linear_attention" for i in range(kw["num_hidden_layers"])]
     # transformers rebuilds per-layer lists (layer_types, no_rope_layers, ...) from num_hidden_layers when they
     # are not given: drop the defaults' lists so the class derives them for the tiny depth, as it would.
     return kw

@@ -44,14 +44,25 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
         runs = variants(config_cls, kw)
     except Exception as e:  # noqa: BLE001
         return {**row, "status": "not covered", "reason": f"tiny config cannot be built: {error_text(e)}"}
-    if only_default:
-        runs = {"default": runs["default"]}
-    row["variants"] = {}
-    measured = config_conventions(config_cls, kw)
-    for name, kwargs in runs.items():
-        row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs,
-                                               measured if name == "default" else None,
-                                               probe=diagnose and "v4" not in name)
+    for attempt in range(2):
+        if only_default:
+            runs = {"default": runs["default"]}
+        row["variants"] = {}
+        measured = config_conventions(config_cls, kw)
+        for name, kwargs in runs.items():
+            row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs,
+                                                   measured if name == "default" else None,
+                                                   probe=diagnose and "v4" not in name)
+            if name == "default" and row["variants"][name].get("reason", "").startswith(_NO_ROPE):
+                break
+        switch = _rope_switch(config_cls, module) if attempt == 0 else None
+        if not row["variants"]["default"].get("reason", "").startswith(_NO_ROPE) or switch is None:
+            break
+        # The default config opts out of RoPE (GraniteMoeHybrid's position_embedding_type=None): the model's own
+        # switch, read from its modeling code, turns it on, and every variant runs with it.
+        kw = {**kw, "position_embedding_type": switch}
+        row["position_embedding_type"] = switch
+        runs = variants(config_cls, kw)
     default = row["variants"]["default"]
     for v in list(row["variants"].values())[1:]:
         v.pop("convention", None)
@@ -95,6 +106,22 @@ def _sub_config_types(config_cls) -> dict[str, str | None]:
         sub = getattr(inst, key, None) if inst is not None else None
         out[key] = getattr(sub, "model_type", None) or getattr(cls, "model_type", None) or None
     return out
+
+
+_NO_ROPE = "the model applies no RoPE on this config"
+
+
+def _rope_switch(config_cls, module) -> str | None:
+    """The value of ``position_embedding_type`` that the modeling code compares with a rotary name
+    (``config.position_embedding_type == "rope"``), where the config class has that key; else None."""
+    import inspect
+    import re
+
+    if "position_embedding_type" not in vars(config_cls()):
+        return None
+    values = re.findall(r"position_embedding_type\s*==\s*[\"'](\w+)[\"']", inspect.getsource(module))
+    rotary = sorted({v for v in values if "rot" in v or "rope" in v})
+    return rotary[0] if len(rotary) == 1 else None
 
 
 def _has_sub_model(config_cls) -> bool:
@@ -179,6 +206,9 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
         run = run_transformers(config, module)
     except Exception as e:  # noqa: BLE001
         return {"status": "not covered", "reason": f"transformers' model cannot run on tokens: {error_text(e)}"}
+    if not run["calls"] and not run["rotary"]:
+        return {"status": "not covered", "reason": "the model applies no RoPE on this config: no rotary module ran "
+                f"and no rotation function was called (functions wrapped: apply_* in {module.__name__})"}
     if not run["calls"]:
         return {"status": "not covered", "reason": "the forward made no call to a rotation function: RoPE is "
                 f"applied elsewhere (functions wrapped: apply_* in {module.__name__})"}

@@ -18,6 +18,7 @@ COMPOSITE_UNCOMPARED = "composite config: none of its sub-configs' model types i
 REASON_CLASSES = (
     ("composite config", COMPOSITE),
     ("no module-level rotation function", "rotation inlined in the attention (no module-level apply function)"),
+    ("applies no RoPE on this config", "the model applies no RoPE on the config (no rotary module, no rotation call)"),
     ("made no call to a rotation function", "rotation inlined in the attention (no module-level apply function)"),
     ("no AutoModel and no *Model class", "no model class runs on this config class alone (a component)"),
     ("pair dims differently", "ropelab refuses: two pairings in one layer (a sparse-attention indexer)"),
