@@ -98,7 +98,8 @@ def readme_paragraph(table: dict, load: str = "about 7") -> str:
         f"`make conformance` (`python -m ropelab.conformance`) runs transformers' own modeling code for every model "
         f"type of the installed transformers that uses rotary embeddings, found by reading the library "
         f"({table['discovered']} in transformers {table['transformers']}), on a tiny config of its own config class "
-        "(default; linear and yarn in the v5 schema; linear in the v4 schema), and compares each layer's rotated "
+        "(default; linear and yarn in the v5 schema, longrope where the class accepts no other; the same in the v4 "
+        "schema), and compares each layer's rotated "
         "queries and keys with `apply_rope(x, spec=RopeSpec.per_layer(config)[layer])` in float64, element by "
         "element within a float32 rounding bound. `per_layer` takes what the config does not say (pairing, a fixed "
         "rotary fraction, NoPE layer types, aliases, ignored keys, v4 rules) from the convention table "
@@ -108,6 +109,10 @@ def readme_paragraph(table: dict, load: str = "about 7") -> str:
         ""]
     for reason, n in table["not_covered_by_reason"].items():
         lines.append(f"- {reason}: {n}")
+    variants = table.get("variants_of_compared_types")
+    if variants:
+        lines += ["", "The scaling variants of the compared model types, each compared or with its reason: "
+                  + "; ".join(f"{k}: {n}" for k, n in variants.items()) + "."]
     lines += ["",
               f"`diagnose`, probing each covered family's real rotary as a black box, reads the spec's style, base, "
               f"rotary_dim and scaling type for {d['match']} of the {d['match'] + d['mismatch']} model types "
