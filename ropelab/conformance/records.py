@@ -31,7 +31,10 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
         row["sub_config_types"] = subs
         named = ", ".join(f"{k}: {t or '-'}" for k, t in sorted(subs.items()))
         row["reason"] = (f"composite config (sub-configs {named}): its RoPE lives in a sub-config, whose model type "
-                         "is swept on its own")
+                         "is swept on its own" if any(t in CONFIG_MAPPING for t in subs.values()) else
+                         f"composite config (sub-configs {named}): a sub-config is a network of its own (an int "
+                         "hidden_size or num_hidden_layers) that the tiny sizes do not shrink, and none is a model "
+                         "type of its own; not run")
         return row
     # No sub-config is a model type of its own (DBRX's attn_config, ESM's esmfold_config): the RoPE is read from
     # this config, so the model type is run as it is.
