@@ -135,6 +135,7 @@ CONVENTIONS: dict[str, dict] = {
     'qwen3_5_text': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': ['linear_attention'], 'rotary_fraction': 0.25},
     'qwen3_moe': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'qwen3_next': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': ['linear_attention'], 'rotary_fraction': 0.25},
+    'qwen3_omni_moe_text': {'rotating_dims': 80, 'direction': 1, 'measured_base': 1000000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'qwen3_vl_moe_text': {'rotating_dims': 128, 'direction': 1, 'measured_base': 500000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'qwen3_vl_text': {'rotating_dims': 128, 'direction': 1, 'measured_base': 500000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'recurrent_gemma': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': ['linear_attention'], 'aliases': {'layer_types': 'layers_block_type'}, 'rotary_fraction': 0.5},

@@ -173,16 +173,22 @@ def _ignores_partial_factor(config_cls, module, kwargs: dict, d: dict, rotating:
     """Whether the default rope type's code reads no ``partial_rotary_factor`` (measured): the type's default
     config run again with the factor set to half its rotating share (in its rope dict, where transformers moves a
     top-level one) still rotates the same dims. LlamaRotaryEmbedding's ``compute_default_rope_parameters``
-    rotates the whole head whatever the factor; Phi's reads it. False where it cannot be measured (a nested or
-    scaled rope dict, a slice too small to halve, a run that fails)."""
+    rotates the whole head whatever the factor; Phi's reads it. A rope dict per layer type has the factor set in
+    each. False where it cannot be measured (a scaled rope dict, a slice too small to halve, a run that fails)."""
     params = d.get("rope_parameters")
-    if not isinstance(params, dict) or params.get("rope_type", "default") != "default" or any(
-            isinstance(v, dict) for v in params.values()):
+    if not isinstance(params, dict) or not params:
+        return False
+    nested = all(isinstance(v, dict) for v in params.values())  # one dict per layer type (dots.3's MLA layers)
+    if any(isinstance(v, dict) for v in params.values()) and not nested:
+        return False
+    if any(p.get("rope_type", "default") != "default" for p in (params.values() if nested else [params])):
         return False
     probe_dims = (rotating // 2) // 2 * 2
     if probe_dims < 2 or rotating > head_dim:
         return False
-    rope = {**params, "partial_rotary_factor": probe_dims / head_dim}
+    factor = probe_dims / head_dim
+    rope = ({k: {**v, "partial_rotary_factor": factor} for k, v in params.items()} if nested
+            else {**params, "partial_rotary_factor": factor})
     try:
         config = config_cls(**json.loads(json.dumps({**kwargs, "rope_parameters": rope})))
         run = run_transformers(config, module)
