@@ -51,9 +51,59 @@ def test_counts_are_those_of_the_rows():
     table = _table()
     again = conformance.summarise(table["models"], dict.fromkeys(range(table["discovered"])), table["transformers"],
                                   seconds=table["seconds"], cpu_seconds=table["cpu_seconds"])
-    for key in ("counts", "not_covered_by_reason", "convention_table", "diagnose"):
+    for key in ("counts", "not_covered_by_reason", "variants_of_compared_types", "convention_table", "diagnose"):
         assert again[key] == table[key], key
     assert sum(table["not_covered_by_reason"].values()) == table["counts"]["not covered"]
+
+
+def test_composite_rows_name_sub_config_types_and_count_as_composite_only_where_one_was_compared():
+    """"composite config" is a true reason only where a sub-config's model type was itself compared; the others
+    are counted apart. The sub-config types are those of the installed config class's default instance."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.records import _sub_config_types
+    from ropelab.conformance.report import COMPOSITE, COMPOSITE_UNCOMPARED
+
+    rows = _table()["models"]
+    composite = {mt: r for mt, r in rows.items()
+                 if r["status"] == "not covered" and r["reason"].startswith("composite")}
+    assert composite
+    compared = 0
+    for mt, r in composite.items():
+        subs = r["sub_config_types"]
+        assert subs == _sub_config_types(CONFIG_MAPPING[mt]), mt
+        compared += any(rows.get(t, {}).get("status") in ("agree", "disagree") for t in subs.values())
+    counts = _table()["not_covered_by_reason"]
+    assert counts.get(COMPOSITE, 0) == compared
+    assert counts.get(COMPOSITE, 0) + counts.get(COMPOSITE_UNCOMPARED, 0) == len(composite)
+
+
+def test_config_only_model_types_run_the_module_automodel_maps_them_to():
+    """A model type whose folder has no modeling file (EXAONE's config reuses Llama's model) is run through the
+    module of its AutoModel class; a folder with a modeling file keeps its own."""
+    from ropelab.conformance.records import modeling_module
+
+    assert modeling_module("exaone", "exaone").__name__ == "transformers.models.llama.modeling_llama"
+    assert modeling_module("llama", "llama").__name__ == "transformers.models.llama.modeling_llama"
+    with pytest.raises(ModuleNotFoundError):
+        modeling_module("no_such_type", "no_such_type")
+
+
+def test_a_default_that_opts_out_of_rope_is_run_with_the_models_own_switch_and_attention_layers():
+    """GraniteMoeHybrid's default has no attention layer and position_embedding_type=None: the tiny config makes
+    odd layers attend, and the switch value is the one its modeling code compares with (read, not typed in)."""
+    import importlib
+
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.records import _rope_switch
+
+    cls = CONFIG_MAPPING["granitemoehybrid"]
+    kw = conformance.tiny_kwargs(cls)
+    assert "full_attention" in cls(**kw).layer_types and "linear_attention" in cls(**kw).layer_types
+    module = importlib.import_module("transformers.models.granitemoehybrid.modeling_granitemoehybrid")
+    assert _rope_switch(cls, module) == "rope"
+    assert _rope_switch(CONFIG_MAPPING["llama"], module) is None  # no such key in the config class
 
 
 def _convention_class(conv: dict) -> tuple:

@@ -67,8 +67,9 @@ rotary slice moves elements by a fraction of their size, many orders above the b
 Stated limits. Where the attention hands the rotation function only the rotary slice of the head (GPT-J,
 CodeGen: ``q[..., :rotary_dim]`` before the call), only the slice width is compared, not where the slice sits
 or that the rest passes through unchanged. Rotations inlined in the attention (no module-level ``apply_*``
-function), composite configs (their text sub-config is swept as its own model type) and models that need
-inputs other than tokens are not covered, each row saying why.
+function), composite configs (their sub-configs' model types are swept on their own; a composite counts as such
+only where one of those was compared) and models that need inputs other than tokens are not covered, each row
+saying why.
 """
 
 __all__: list[str] = []  # the names live in the submodules: ``sweep`` (heavy) and ``hf_table`` (data)

@@ -60,32 +60,41 @@ def _rotary_share(d) -> float:
     return float(share) if isinstance(share, (int, float)) and not isinstance(share, bool) else 1.0
 
 
+def _get(d, key: str):
+    """``d.key``, or the stored value where a per-layer config refuses the global read (Gemma 4's head_dim raises
+    AmbiguousGlobalPerLayerAttributeError): the tiny sizes shrink the stored default."""
+    try:
+        return getattr(d, key, None)
+    except RuntimeError:
+        return vars(d).get(key)
+
+
 def tiny_kwargs(config_cls) -> dict[str, Any]:
     """Keyword arguments that shrink ``config_cls()``: N_LAYERS layers, N_HEADS heads of the default head size,
     small MLPs, experts and vocabulary. RoPE fields (theta, scaling, partial rotary, layer patterns) untouched."""
     d = config_cls()
     kw: dict[str, Any] = {}
-    heads = getattr(d, "num_attention_heads", None)
-    hidden = getattr(d, "hidden_size", None)
-    if isinstance(getattr(d, "num_hidden_layers", None), int):
-        kw["num_hidden_layers"] = min(d.num_hidden_layers, N_LAYERS)
+    heads = _get(d, "num_attention_heads")
+    hidden = _get(d, "hidden_size")
+    if isinstance(_get(d, "num_hidden_layers"), int):
+        kw["num_hidden_layers"] = min(_get(d, "num_hidden_layers"), N_LAYERS)
     if isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
-        head_dim = getattr(d, "head_dim", None) or hidden // heads
-        if not getattr(d, "head_dim", None) and (hidden % heads or int(head_dim * _rotary_share(d)) % 2):
+        head_dim = _get(d, "head_dim") or hidden // heads
+        if not _get(d, "head_dim") and (hidden % heads or int(head_dim * _rotary_share(d)) % 2):
             # The default sizes give no valid head (GLM-4.5's 4096 / 96 heads) or an odd rotary slice (42 * 0.5):
             # the next multiple of 16 keeps every rotary share of transformers' configs (1/4, 1/2, 1) even.
             head_dim = -(-head_dim // 16) * 16
             if "head_dim" in vars(d):
                 kw["head_dim"] = head_dim
-        elif "head_dim" in vars(d) and d.head_dim is None:
+        elif "head_dim" in vars(d) and _get(d, "head_dim") is None:
             kw["head_dim"] = head_dim  # the class leaves it None and its attention computes head_dim ** -0.5
         kw["num_attention_heads"] = N_HEADS
         kw["hidden_size"] = N_HEADS * head_dim
-        kv = getattr(d, "num_key_value_heads", None)
+        kv = _get(d, "num_key_value_heads")
         if isinstance(kv, int) or (kv is None and "num_key_value_heads" in vars(d)):
             kw["num_key_value_heads"] = 1 if kv == 1 else N_HEADS  # None: Nemotron's attention divides by it
     for key in ("pad_token_id", "padding_idx"):
-        if isinstance(getattr(d, key, None), int) and getattr(d, key) >= SMALL_INTS["vocab_size"]:
+        if isinstance(_get(d, key), int) and _get(d, key) >= SMALL_INTS["vocab_size"]:
             kw[key] = 0  # an embedding of 128 rows needs its padding row inside
     for key, value in vars(d).items():
         if isinstance(value, bool) or not isinstance(value, int):
@@ -96,14 +105,19 @@ def tiny_kwargs(config_cls) -> dict[str, Any]:
             kw[key] = SMALL_INTS[key]
     # A MoE whose default leaves the routing size None (DeepSeek-V2's num_experts_per_tok): its router calls
     # topk(k=None). Filled only where the other size is set, so a None that means "dense" stays None.
-    experts = [k for k in _EXPERT_COUNTS if isinstance(kw.get(k, getattr(d, k, None)), int)]
-    if experts and "num_experts_per_tok" in vars(d) and d.num_experts_per_tok is None:
+    experts = [k for k in _EXPERT_COUNTS if isinstance(kw.get(k, _get(d, k)), int)]
+    if experts and "num_experts_per_tok" in vars(d) and _get(d, "num_experts_per_tok") is None:
         kw["num_experts_per_tok"] = SMALL_INTS["num_experts_per_tok"]
     # Hybrid models whose default has no attention layer at all (Bamba's attn_layer_indices=None: every layer is
     # Mamba) run no RoPE: the odd layers become attention layers, the layer pattern of the published ones.
     for key, value in vars(d).items():
         if value is None and key.endswith("layer_indices") and "attn" in key and "num_hidden_layers" in kw:
             kw[key] = list(range(1, kw["num_hidden_layers"], 2))
+    # The same for a default of linear-attention layers only (GraniteMoeHybrid's layer_types): odd layers attend.
+    types = vars(d).get("layer_types")
+    if (isinstance(types, list) and types and set(types) == {"linear_attention"}
+            and isinstance(kw.get("num_hidden_layers"), int)):
+        kw["layer_types"] = ["full_attention" if i % 2 else "linear_attention" for i in range(kw["num_hidden_layers"])]
     # transformers rebuilds per-layer lists (layer_types, no_rope_layers, ...) from num_hidden_layers when they
     # are not given: drop the defaults' lists so the class derives them for the tiny depth, as it would.
     return kw
@@ -115,6 +129,14 @@ def _main_rope_dict(params: dict) -> tuple[dict, str | None]:
         return params, None
     key = "full_attention" if "full_attention" in params else sorted(params)[0]
     return params[key], key
+
+
+def _builds(config_cls, kw: dict) -> bool:
+    try:
+        config_cls(**json.loads(json.dumps(kw)))
+    except Exception:  # noqa: BLE001 - a config the class refuses: another variant is tried
+        return False
+    return True
 
 
 def variants(config_cls, kw: dict) -> dict[str, dict]:
@@ -140,8 +162,35 @@ def variants(config_cls, kw: dict) -> dict[str, dict]:
         else:
             new[key] = {**keep, **scaling}
         out[name] = {**kw, "rope_parameters": new}
+    if not _builds(config_cls, out["linear"]) and not _builds(config_cls, out["yarn"]):
+        # A class that accepts no linear or yarn scaling (Phi-3's validate_rope: only 'longrope'): its own
+        # scaling, per-pair factors over the rotary half (short ones 1, long ones rising), the long ones in use
+        # past a quarter of the context.
+        head = base.head_dim if isinstance(getattr(base, "head_dim", None), int) else \
+            base.hidden_size // base.num_attention_heads
+        half = int(head * float(main.get("partial_rotary_factor") or 1.0)) // 2
+        longrope = {"rope_type": "longrope", "short_factor": [1.0] * half,
+                    "long_factor": [1.0 + 3.0 * i / max(half - 1, 1) for i in range(half)],
+                    "original_max_position_embeddings": max(max_pos // 4, 16)}
+        new = json.loads(json.dumps(params))
+        if key is None:
+            new = {**keep, **longrope}
+        else:
+            new[key] = {**keep, **longrope}
+        cand = {**kw, "rope_parameters": new}
+        if "original_max_position_embeddings" in vars(base):  # Phi-3 reads its top-level key, not the dict's
+            cand["original_max_position_embeddings"] = longrope["original_max_position_embeddings"]
+        if _builds(config_cls, cand):
+            del out["linear"], out["yarn"]
+            out["longrope"] = cand
     v4 = {**kw, "rope_theta": main.get("rope_theta"), "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
     if "partial_rotary_factor" in main:
         v4["partial_rotary_factor"] = main["partial_rotary_factor"]
+    if "longrope" in out:
+        v4["rope_scaling"] = {k: v for k, v in out["longrope"]["rope_parameters"].items() if k not in keep}
+        if "original_max_position_embeddings" in out["longrope"]:
+            v4["original_max_position_embeddings"] = out["longrope"]["original_max_position_embeddings"]
+        out["longrope (v4 schema)"] = v4
+        return out
     out["linear (v4 schema)"] = v4
     return out

@@ -25,14 +25,21 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
 
     row: dict[str, Any] = {"module": info["module"]}
     config_cls = CONFIG_MAPPING[model_type]
-    subs = getattr(config_cls, "sub_configs", None) or {}
-    if subs:
+    subs = _sub_config_types(config_cls)
+    if any(t in CONFIG_MAPPING for t in subs.values()) or _has_sub_model(config_cls):
         row["status"] = "not covered"
-        row["reason"] = ("composite config (sub-configs " + ", ".join(sorted(subs)) + "): its RoPE lives in a "
-                         "sub-config, whose model type is swept on its own")
+        row["sub_config_types"] = subs
+        named = ", ".join(f"{k}: {t or '-'}" for k, t in sorted(subs.items()))
+        row["reason"] = (f"composite config (sub-configs {named}): its RoPE lives in a sub-config, whose model type "
+                         "is swept on its own" if any(t in CONFIG_MAPPING for t in subs.values()) else
+                         f"composite config (sub-configs {named}): a sub-config is a network of its own (an int "
+                         "hidden_size or num_hidden_layers) that the tiny sizes do not shrink, and none is a model "
+                         "type of its own; not run")
         return row
+    # No sub-config is a model type of its own (DBRX's attn_config, ESM's esmfold_config): the RoPE is read from
+    # this config, so the model type is run as it is.
     try:
-        module = importlib.import_module(f"transformers.models.{info['module']}.modeling_{info['module']}")
+        module = modeling_module(model_type, info["module"])
     except Exception as e:  # noqa: BLE001 - the reason goes into the table
         return {**row, "status": "not covered", "reason": f"modeling module does not import: {error_text(e)}"}
     try:
@@ -40,14 +47,25 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
         runs = variants(config_cls, kw)
     except Exception as e:  # noqa: BLE001
         return {**row, "status": "not covered", "reason": f"tiny config cannot be built: {error_text(e)}"}
-    if only_default:
-        runs = {"default": runs["default"]}
-    row["variants"] = {}
-    measured = config_conventions(config_cls, kw)
-    for name, kwargs in runs.items():
-        row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs,
-                                               measured if name == "default" else None,
-                                               probe=diagnose and "v4" not in name)
+    for attempt in range(2):
+        if only_default:
+            runs = {"default": runs["default"]}
+        row["variants"] = {}
+        measured = config_conventions(config_cls, kw)
+        for name, kwargs in runs.items():
+            row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs,
+                                                   measured if name == "default" else None,
+                                                   probe=diagnose and "v4" not in name)
+            if name == "default" and row["variants"][name].get("reason", "").startswith(_NO_ROPE):
+                break
+        switch = _rope_switch(config_cls, module) if attempt == 0 else None
+        if not row["variants"]["default"].get("reason", "").startswith(_NO_ROPE) or switch is None:
+            break
+        # The default config opts out of RoPE (GraniteMoeHybrid's position_embedding_type=None): the model's own
+        # switch, read from its modeling code, turns it on, and every variant runs with it.
+        kw = {**kw, "position_embedding_type": switch}
+        row["position_embedding_type"] = switch
+        runs = variants(config_cls, kw)
     default = row["variants"]["default"]
     for v in list(row["variants"].values())[1:]:
         v.pop("convention", None)
@@ -76,6 +94,66 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
 
 
 
+def _sub_config_types(config_cls) -> dict[str, str | None]:
+    """{sub-config key: its model type} of a composite config class, read from its default instance (an
+    AutoConfig sub-config, Mistral3's text_config, has its model type only there); {} for a plain config."""
+    subs = getattr(config_cls, "sub_configs", None) or {}
+    if not subs:
+        return {}
+    try:
+        inst = config_cls()
+    except Exception:  # noqa: BLE001 - the class's own model types then
+        inst = None
+    out = {}
+    for key, cls in subs.items():
+        sub = getattr(inst, key, None) if inst is not None else None
+        out[key] = getattr(sub, "model_type", None) or getattr(cls, "model_type", None) or None
+    return out
+
+
+_NO_ROPE = "the model applies no RoPE on this config"
+
+
+def _rope_switch(config_cls, module) -> str | None:
+    """The value of ``position_embedding_type`` that the modeling code compares with a rotary name
+    (``config.position_embedding_type == "rope"``), where the config class has that key; else None."""
+    import inspect
+    import re
+
+    if "position_embedding_type" not in vars(config_cls()):
+        return None
+    values = re.findall(r"position_embedding_type\s*==\s*[\"'](\w+)[\"']", inspect.getsource(module))
+    rotary = sorted({v for v in values if "rot" in v or "rope" in v})
+    return rotary[0] if len(rotary) == 1 else None
+
+
+def _has_sub_model(config_cls) -> bool:
+    """Whether a sub-config of the default instance describes a network of its own (an int hidden_size or
+    num_hidden_layers: Evolla's protein encoder), which the tiny sizes of the top config would not shrink."""
+    try:
+        inst = config_cls()
+    except Exception:  # noqa: BLE001
+        return True
+    subs = [getattr(inst, k, None) for k in (getattr(config_cls, "sub_configs", None) or {})]
+    return any(isinstance(getattr(c, a, None), int) for c in subs for a in ("hidden_size", "num_hidden_layers"))
+
+
+def modeling_module(model_type: str, folder: str):
+    """The modeling module of ``model_type``: its folder's ``modeling_<folder>``, else (a config-only folder,
+    EXAONE's, whose model is Llama's) the module of the class transformers' AutoModel maps it to."""
+    try:
+        return importlib.import_module(f"transformers.models.{folder}.modeling_{folder}")
+    except ModuleNotFoundError as e:
+        import transformers
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+        name = MODEL_MAPPING_NAMES.get(model_type)
+        cls = getattr(transformers, name, None) if isinstance(name, str) else None
+        if cls is None:
+            raise e
+        return importlib.import_module(cls.__module__)
+
+
 def _config_dict(config_cls, kwargs: dict, v4: bool) -> tuple[Any, dict]:
     """(the transformers config, the dict ropelab reads): ``to_dict()``, or for the v4 variant the v4 keys as an
     old config.json holds them (transformers converts them itself)."""
@@ -95,16 +173,22 @@ def _ignores_partial_factor(config_cls, module, kwargs: dict, d: dict, rotating:
     """Whether the default rope type's code reads no ``partial_rotary_factor`` (measured): the type's default
     config run again with the factor set to half its rotating share (in its rope dict, where transformers moves a
     top-level one) still rotates the same dims. LlamaRotaryEmbedding's ``compute_default_rope_parameters``
-    rotates the whole head whatever the factor; Phi's reads it. False where it cannot be measured (a nested or
-    scaled rope dict, a slice too small to halve, a run that fails)."""
+    rotates the whole head whatever the factor; Phi's reads it. A rope dict per layer type has the factor set in
+    each. False where it cannot be measured (a scaled rope dict, a slice too small to halve, a run that fails)."""
     params = d.get("rope_parameters")
-    if not isinstance(params, dict) or params.get("rope_type", "default") != "default" or any(
-            isinstance(v, dict) for v in params.values()):
+    if not isinstance(params, dict) or not params:
+        return False
+    nested = all(isinstance(v, dict) for v in params.values())  # one dict per layer type (dots.3's MLA layers)
+    if any(isinstance(v, dict) for v in params.values()) and not nested:
+        return False
+    if any(p.get("rope_type", "default") != "default" for p in (params.values() if nested else [params])):
         return False
     probe_dims = (rotating // 2) // 2 * 2
     if probe_dims < 2 or rotating > head_dim:
         return False
-    rope = {**params, "partial_rotary_factor": probe_dims / head_dim}
+    factor = probe_dims / head_dim
+    rope = ({k: {**v, "partial_rotary_factor": factor} for k, v in params.items()} if nested
+            else {**params, "partial_rotary_factor": factor})
     try:
         config = config_cls(**json.loads(json.dumps({**kwargs, "rope_parameters": rope})))
         run = run_transformers(config, module)
@@ -131,6 +215,9 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
         run = run_transformers(config, module)
     except Exception as e:  # noqa: BLE001
         return {"status": "not covered", "reason": f"transformers' model cannot run on tokens: {error_text(e)}"}
+    if not run["calls"] and not run["rotary"]:
+        return {"status": "not covered", "reason": "the model applies no RoPE on this config: no rotary module ran "
+                f"and no rotation function was called (functions wrapped: apply_* in {module.__name__})"}
     if not run["calls"]:
         return {"status": "not covered", "reason": "the forward made no call to a rotation function: RoPE is "
                 f"applied elsewhere (functions wrapped: apply_* in {module.__name__})"}

@@ -7,13 +7,18 @@ import torch
 
 from .convention import conventions_of
 
-__all__ = ["REASON_CLASSES", "reason_class", "summarise", "readme_paragraph", "plot_convention_classes"]
+__all__ = ["REASON_CLASSES", "COMPOSITE", "COMPOSITE_UNCOMPARED", "reason_class", "row_class",
+           "summarise", "readme_paragraph", "plot_convention_classes"]
 
+
+COMPOSITE = "composite config: the RoPE lives in a sub-config, compared as its own model type"
+COMPOSITE_UNCOMPARED = "composite config: none of its sub-configs' model types is compared either"
 
 # The classes of not-covered reasons the counts use: (a phrase of the reason, the class), first match wins.
 REASON_CLASSES = (
-    ("composite config", "composite config: the RoPE lives in a sub-config, swept as its own model type"),
+    ("composite config", COMPOSITE),
     ("no module-level rotation function", "rotation inlined in the attention (no module-level apply function)"),
+    ("applies no RoPE on this config", "the model applies no RoPE on the config (no rotary module, no rotation call)"),
     ("made no call to a rotation function", "rotation inlined in the attention (no module-level apply function)"),
     ("no AutoModel and no *Model class", "no model class runs on this config class alone (a component)"),
     ("pair dims differently", "ropelab refuses: two pairings in one layer (a sparse-attention indexer)"),
@@ -35,13 +40,32 @@ def reason_class(reason: str) -> str:
     return next((c for phrase, c in REASON_CLASSES if phrase in reason), reason.split(":")[0])
 
 
+def row_class(row: dict, rows: dict) -> str:
+    """The class of a not-covered row: :func:`reason_class`, except that a composite config is ``COMPOSITE`` only
+    where one of its sub-configs' model types (``row["sub_config_types"]``) was itself compared in ``rows``."""
+    c = reason_class(row["reason"])
+    if c != COMPOSITE:
+        return c
+    compared = [t for t in (row.get("sub_config_types") or {}).values()
+                if rows.get(t, {}).get("status") in ("agree", "disagree")]
+    return COMPOSITE if compared else COMPOSITE_UNCOMPARED
+
+
 def summarise(rows: dict, found: dict, version: str, *, seconds: float, cpu_seconds: float) -> dict:
     """The JSON table: counts (status, not-covered reasons, convention table check, diagnose), and the rows."""
     counts = {k: sum(r["status"] == k for r in rows.values()) for k in ("agree", "disagree", "not covered")}
     reasons: dict[str, int] = {}
     for r in rows.values():
         if r["status"] == "not covered":
-            reasons[reason_class(r["reason"])] = reasons.get(reason_class(r["reason"]), 0) + 1
+            reasons[row_class(r, rows)] = reasons.get(row_class(r, rows), 0) + 1
+    # The variants (linear, yarn, v4) of the compared model types: each compared, or its reason's class
+    variants: dict[str, int] = {}
+    for r in rows.values():
+        if r["status"] == "not covered":
+            continue
+        for v in r.get("variants", {}).values():
+            key = v["status"] if v["status"] != "not covered" else reason_class(v.get("reason", ""))
+            variants[key] = variants.get(key, 0) + 1
     table = {k: sorted(mt for mt, r in rows.items() if r.get("table") == k) for k in ("differs", "absent")}
     diag = {"match": 0, "mismatch": 0, "not probed": 0}
     fields: dict[str, int] = {}
@@ -58,6 +82,7 @@ def summarise(rows: dict, found: dict, version: str, *, seconds: float, cpu_seco
             "cpu_seconds": round(cpu_seconds, 1),
             "tolerance": "per element: a*rho*(|m w|(ln b + 9) + 4)*2**-24 on rotated pairs, 16*2**-53*|x| elsewhere",
             "counts": counts, "not_covered_by_reason": dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+            "variants_of_compared_types": dict(sorted(variants.items(), key=lambda kv: -kv[1])),
             "convention_table": {"measured_differs_from_committed": table["differs"],
                                  "absent_from_committed": table["absent"]},
             "diagnose": {"model_types": diag, "mismatched_fields": dict(sorted(fields.items()))},
@@ -73,7 +98,8 @@ def readme_paragraph(table: dict, load: str = "about 7") -> str:
         f"`make conformance` (`python -m ropelab.conformance`) runs transformers' own modeling code for every model "
         f"type of the installed transformers that uses rotary embeddings, found by reading the library "
         f"({table['discovered']} in transformers {table['transformers']}), on a tiny config of its own config class "
-        "(default; linear and yarn in the v5 schema; linear in the v4 schema), and compares each layer's rotated "
+        "(default; linear and yarn in the v5 schema, longrope where the class accepts no other; the same in the v4 "
+        "schema), and compares each layer's rotated "
         "queries and keys with `apply_rope(x, spec=RopeSpec.per_layer(config)[layer])` in float64, element by "
         "element within a float32 rounding bound. `per_layer` takes what the config does not say (pairing, a fixed "
         "rotary fraction, NoPE layer types, aliases, ignored keys, v4 rules) from the convention table "
@@ -83,6 +109,10 @@ def readme_paragraph(table: dict, load: str = "about 7") -> str:
         ""]
     for reason, n in table["not_covered_by_reason"].items():
         lines.append(f"- {reason}: {n}")
+    variants = table.get("variants_of_compared_types")
+    if variants:
+        lines += ["", "The scaling variants of the compared model types, each compared or with its reason: "
+                  + "; ".join(f"{k}: {n}" for k, n in variants.items()) + "."]
     lines += ["",
               f"`diagnose`, probing each covered family's real rotary as a black box, reads the spec's style, base, "
               f"rotary_dim, scaling type and scaling parameters (the same, or different only where float32 outputs "

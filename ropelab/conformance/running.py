@@ -58,10 +58,17 @@ def _base_model(config, module):
         return AutoModel.from_config(config)
     except ValueError:
         pass
-    for name, cls in sorted(vars(module).items()):
-        if (inspect.isclass(cls) and issubclass(cls, PreTrainedModel) and getattr(cls, "config_class", None)
-                is type(config) and name.endswith("Model") and not name.endswith("PreTrainedModel")):
+    own = [(name, cls) for name, cls in sorted(vars(module).items())
+           if inspect.isclass(cls) and issubclass(cls, PreTrainedModel) and getattr(cls, "config_class", None)
+           is type(config) and not name.endswith("PreTrainedModel")]
+    for name, cls in own:
+        if name.endswith("Model"):
             return cls(config)
+    # A component's own network (T5Gemma's encoder and decoder on T5GemmaModuleConfig, BLT's local encoder):
+    # the one class built on exactly this config class, where there is one without a task head.
+    bare = [cls for name, cls in own if not re.search(r"For[A-Z]", name)]
+    if len(bare) == 1:
+        return bare[0](config)
     raise LookupError(f"no AutoModel and no *Model class for {type(config).__name__} in {module.__name__}")
 
 
