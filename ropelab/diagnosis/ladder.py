@@ -11,7 +11,7 @@ from ..scaling import default_inv_freq, frequencies
 from .probes import STRUCT_TOL
 
 __all__ = ["Ladder", "fit_ladder", "head_base", "tail_base", "rel_err", "LADDER_RTOL", "LADDER_RESEMBLES", "fmt",
-           "snap"]
+           "snap", "RHO_TOL"]
 
 # A frequency ladder matches within 2**-16 relative (inv_freq held in float32 errs by ~2**-24); it
 # "resembles" one within 2**-5 (inv_freq held in bf16 errs by up to 2**-9 relative).
