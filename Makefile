@@ -29,7 +29,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The nbstripout git filter (ropelab/nbclean.py): notebook outputs never reach a commit. Then apply_rope's C++
-# fast path for small calls (ropelab/kernels/cpu_fast.py: 20-40 s once per torch version, then cached; never on a call).
+# fast path for small calls (ropelab/kernels/cpu_fast.py: about 20 s once per torch version, then cached;
+# never on a call).
 setup: $(VENV)/.installed
 	@if git rev-parse --git-dir >/dev/null 2>&1; then $(PY) -m ropelab.nbclean >/dev/null; fi
 	@$(PY) -m ropelab.kernels.cpu_fast
