@@ -26,6 +26,10 @@ REASON_CLASSES = (
     ("are not read by rope_type", "ropelab refuses: a RoPE variant ropelab does not have (multimodal, llama4 keys)"),
     ("is multi-axis (M-RoPE", "ropelab refuses: a RoPE variant ropelab does not have (multimodal, llama4 keys)"),
     ("ropelab:", "ropelab refuses the config it reads (ValueError)"),
+    ("refuses the inputs the sweep builds", "the model refuses the inputs the sweep builds (pixels, patches and grid, "
+     "audio features or samples)"),
+    ("positions the model rotated by could not be read", "the model's positions are not read from its rotary module's "
+     "call (it computes them inside)"),
     ("missing", "the model needs inputs other than tokens"),
     ("pixel_values", "the model needs inputs other than tokens"),
     ("input_features", "the model needs inputs other than tokens"),
