@@ -134,10 +134,17 @@ def measure_axes(call) -> dict:
     # Each pair fitted by one axis at a time, theta = p_k w: the axis that fits within the float32 tables' rounding
     # (cos/sin rounded once, the angle in float32: far below 2^-21 (1 + |theta|)) drives it; a pair that another
     # axis fits too (an axis all of whose positions are 0) or that none fits is no single-axis pair.
-    num = pos @ theta  # [A, r/2]
-    den = (pos * pos).sum(1, keepdim=True).clamp_min(1e-300)
-    W = num / den
-    resid = (pos.T[:, None, :] * W.T[None, :, :] - theta[:, :, None]).abs().amax(0)  # [r/2, A]
+    # Axis k's frequency of each pair is read at the token with k's least positive position (1 on these grids,
+    # so |angle| < pi there), the fit checked modulo 2 pi on every token (MuseSpark's grid is numbered from 1:
+    # its fastest pairs turn past pi).
+    W = torch.zeros(pos.shape[0], theta.shape[1], dtype=torch.float64)
+    for k in range(pos.shape[0]):
+        pk = torch.where(pos[k] > 0, pos[k], torch.inf)
+        if bool(torch.isfinite(pk).any()):
+            n1 = int(pk.argmin())
+            W[k] = theta[n1] / pos[k, n1]
+    diff = pos.T[:, None, :] * W.T[None, :, :] - theta[:, :, None]  # [s, r/2, A]
+    resid = (torch.remainder(diff + math.pi, 2 * math.pi) - math.pi).abs().amax(0)  # [r/2, A]
     tol = 2.0**-21 * (1 + theta.abs().amax(0))  # [r/2]
     fits = resid <= tol[:, None]
     if not bool((fits.sum(1) == 1).all()):

@@ -17,6 +17,8 @@ COMPOSITE_UNCOMPARED = "composite config: none of its sub-configs' model types i
 # The classes of not-covered reasons the counts use: (a phrase of the reason, the class), first match wins.
 REASON_CLASSES = (
     ("composite config", COMPOSITE),
+    ("no rotary class, no rotation function and no cos/sin", "the model's code applies no RoPE (no rotary class, "
+     "rotation function or cos/sin in its modeling module)"),
     ("no module-level rotation function", "rotation inlined in the attention (no module-level apply function)"),
     ("applies no RoPE on this config", "the model applies no RoPE on the config (no rotary module, no rotation call)"),
     ("made no call to a rotation function", "rotation inlined in the attention (no module-level apply function)"),

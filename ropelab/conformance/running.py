@@ -131,14 +131,22 @@ def model_inputs(model, config, dtype) -> list[dict]:
                     out.append({key: rand(n, ch * tps * patch * patch), grid_key: grid, **extra})
                 out += [{key: rand(n, ch, patch, patch), grid_key: grid, **extra},
                         {key: rand(n, ch, tps_all[0], patch, patch), grid_key: grid, **extra},
+                        {key: rand(1, n, ch, patch, patch), grid_key: grid, **extra},
                         {key: rand(1, n, ch * patch * patch), grid_key: grid, **extra}]
         return out
+    if "pixel_position_ids" in req and "pixel_values" in params:
+        # Gemma 4's vision tower takes each patch's (column, row) as an input: the grid's, row-major
+        grid = torch.stack(torch.meshgrid(torch.arange(w), torch.arange(h), indexing="xy"), -1).reshape(1, n, 2)
+        return [{"pixel_values": rand(1, n, ch * patch * patch), "pixel_position_ids": grid},
+                {"pixel_values": rand(1, n, ch * patch * patch), "pixel_position_ids": grid.flip(-1)}]
     if "pixel_values" in params:
         sizes = [h * patch]
         image = _first_int(config, "image_size")
         if image is not None and image != h * patch and image <= 1024:
             sizes.append(image)  # a ViT with learned absolute positions takes exactly its image size
-        return [{"pixel_values": rand(1, ch, s, s)} for s in sizes] + [{"pixel_values": rand(1, n, ch * patch * patch)}]
+        flat = [n] + ([(image // patch) ** 2] if image is not None and image <= 1024 else [])
+        return ([{"pixel_values": rand(1, ch, s, s)} for s in sizes]
+                + [{"pixel_values": rand(1, m, ch * patch * patch)} for m in flat])
     mel = _first_int(config, "num_mel_bins", "feature_size", "input_feat_size", "n_mels", default=80)
     if "input_features" in params and ("input_features" in req or "inputs_embeds" in params):
         frames = [N_FRAMES]
@@ -173,6 +181,12 @@ def _run(config, module, dtype) -> dict:
     rec = _Recorder()
     names = [n for n, f in vars(module).items()
              if inspect.isfunction(f) and re.search(r"rotary|rope", n) and n.startswith("apply")]
+    source = inspect.getsource(module)
+    if not names and not any("Rotary" in n for n, c in vars(module).items() if inspect.isclass(c)) \
+            and not re.search(r"\.(cos|sin)\(|torch\.(cos|sin)\(", source):
+        raise LookupError(f"no rotary class, no rotation function and no cos/sin anywhere in {module.__name__}: "
+                          "the model's code applies no RoPE (it was found because its configuration file mentions "
+                          "rope keys)")
     if not names:
         raise LookupError(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in {module.__name__}; "
                           "the rotation is inlined")
@@ -288,12 +302,16 @@ def _positions_from_rotary(run: dict) -> None:
         return
     table = out[0].reshape(-1, out[0].shape[-1]).double()  # [s, d]: each token's cos row
     s = table.shape[0]
+    if p.dim() == 3 and p.shape[0] == 1:
+        p = p[0]  # one image: [1, s, A] (Gemma 4's pixel_position_ids) -> [s, A]
     if p.dim() == 2 and p.shape[0] == s and p.shape[1] <= 4:
         p = p.T  # [s, A] (Qwen2-VL's vision rotary: one (row, column) per token) -> [A, s]
     if p.dim() != 2 or p.shape[0] > 4 or p.shape[1] != s:
         return
     for c in run["calls"]:
-        cos = next((a for a in c["args"][2:] if isinstance(a, torch.Tensor)), None)
+        tensors = [a for a in c["args"] if isinstance(a, torch.Tensor)]
+        n_rot = len(rotated_pairs(c))  # (q, k, cos, sin, ...) or Gemma 4's (x, cos, sin, position_ids)
+        cos = tensors[n_rot] if len(tensors) > n_rot else None
         if cos is None or cos.numel() != table.numel():
             continue
         rows = cos.reshape(s, -1).double()
