@@ -356,7 +356,10 @@ def test_models_that_take_no_tokens_run_on_built_inputs_and_agree(model_type):
     assert default["inputs"] and "input_ids" not in default["inputs"]
     assert all(lay["status"] == "agree" and lay["error_over_bound"] <= 1 for lay in default["layers"])
     if model_type.endswith("_vision"):
-        assert CONVENTIONS[model_type]["axes"]["axial"] and default["inputs"]["grid_thw"] == [[1, 4, 4]]
+        from ropelab.conformance.running import GRID_THW
+
+        assert CONVENTIONS[model_type]["axes"]["axial"] and default["inputs"]["grid_thw"] == [list(GRID_THW)]
+        assert CONVENTIONS["minimax_m3_vl_vision"]["axes"]["sections"][0] > 0  # a frame axis, seen on two frames
 
 
 def test_vision_reading_matches_transformers_rotary_at_the_published_size():

@@ -33,7 +33,7 @@ For each model type:
    positions compared are those the model's ``*Rotary*`` module was called with (CSM's depth decoder ignores
    the ``position_ids`` it is given).
    A model whose forward takes no tokens gets tiny seeded float64 inputs built from its signature and config
-   (``running.model_inputs``): a vision tower taking patches and ``grid_thw`` one image of 1 x 4 x 4 patches;
+   (``running.model_inputs``): a vision tower taking patches and ``grid_thw`` two frames of 4 x 4 patches;
    a pixel-only ViT an image of 4 x 4 patches, or its ``image_size``; an audio encoder 100 frames of features
    (either axis order) or samples; the first candidate the model accepts is run. Its positions are read from
    its rotary module's call too: ``position_ids`` of one axis, or one row per axis (each patch's (row, column)),
@@ -77,18 +77,19 @@ passes through not at all (float64 copies: :math:`16 u_{64}|x|`). The bound is f
 ropelab's own spec; a layer agrees when every element is within it. A wrong pairing, base, scaling or
 rotary slice moves elements by a fraction of their size, many orders above the bound.
 
-Stated limits. Where the attention hands the rotation function only the rotary slice of the head (GPT-J,
-CodeGen: ``q[..., :rotary_dim]`` before the call), only the slice width is compared, not where the slice sits
-or that the rest passes through unchanged. Rotations inlined in the attention (no module-level ``apply_*``
-function), composite configs (their sub-configs' model types are swept on their own; a composite counts as such
-only where one of those was compared), models that need inputs the sweep does not build (or refuse the tiny ones
-it builds), and models whose positions are computed inside the rotary module (never passed to it, so not read)
-are not covered, each row saying why. A vision tower's rotation is compared on one 4 x 4 grid of patches
-(positions 0 .. 3 on each axis): its ladder and pairing are checked there, not at large positions; the
+Stated limits. Where the attention hands the rotation function only the rotary slice of the head (GPT-J, CodeGen:
+``q[..., :rotary_dim]`` before the call), only the slice width is compared, not where the slice sits or that the
+rest passes through unchanged. Rotations inlined in the attention (no module-level ``apply_*`` function), composite
+configs (their sub-configs' model types are swept on their own; a composite counts as such only where one of those
+was compared), models that need inputs the sweep does not build (or refuse the tiny ones it builds), and models
+whose positions are computed inside the rotary module (never passed to it, so not read) are not covered, each row
+saying why; so are rotations called with their tensors as keyword arguments only (Gemma 4's vision tower) and
+rotations inlined in a method of the attention (the conformer encoders' ``_apply_rotary_embedding``, whose rotary
+module takes no positions either). A vision tower's rotation is compared on two frames of a 4 x 4 grid of patches
+(positions up to 4 on each axis): its ladder and pairing are checked there, not at large positions; the
 ``diagnose`` probe is not run on multi-axis rotations. Multi-axis rotations ropelab's ``MultiAxis`` cannot hold
-(Pixtral's: the column axis takes the odd frequencies of one ladder, so its ladder is not its own; an axis
-order that starts with the column; a rotary slice that is not the leading dims) are refused with the measured
-layout named.
+(Pixtral's: the column axis takes the odd frequencies of one ladder, so its ladder is not its own; an axis order
+that starts with the column) are refused with the measured layout named.
 """
 
 __all__: list[str] = []  # the names live in the submodules: ``sweep`` (heavy) and ``hf_table`` (data)

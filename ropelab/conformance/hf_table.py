@@ -114,7 +114,7 @@ CONVENTIONS: dict[str, dict] = {
     'minimax': {'rotating_dims': 128, 'direction': 1, 'measured_base': 1000000.0, 'style': 'half', 'nope_layer_types': ['linear_attention'], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'minimax_m2': {'rotating_dims': 128, 'direction': 1, 'measured_base': 5000000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'minimax_m3_vl_text': {'rotating_dims': 128, 'direction': 1, 'measured_base': 5000000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0, 'ignored_keys': ['rotary_dim']},
-    'minimax_m3_vl_vision': {'rotating_dims': 52, 'style': 'other: rotating dims [13, 14, 15, 16]... of 80', 'rotary_fraction': 0.65},
+    'minimax_m3_vl_vision': {'rotating_dims': 78, 'direction': 1, 'axes': {'sections': [13, 13, 13], 'axial': True, 'interleaved': False}, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 0.975},
     'ministral': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'ministral3': {'rotating_dims': 128, 'direction': 1, 'measured_base': 58710000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'mistral': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},

@@ -227,6 +227,13 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     if any(c["layer"] is None for c in run["calls"]):
         return {"status": "not covered", "reason": "a rotation call outside the decoder layers (e.g. a vision "
                 "tower or an encoder); the sweep attributes calls to decoder layers only"}
+    # Gemma 4's vision tower: apply_multidimensional_rope calls apply_rotary_pos_emb(x=..., cos=..., sin=...) once
+    # per axis, on a slice of the head
+    keyword_only = sorted({c["fn"].__name__ for c in run["calls"] if not rotated_pairs(c)})
+    if keyword_only:
+        return {"status": "not covered", "inputs": run.get("inputs"), "reason": f"a rotation function was called "
+                f"with its tensors as keyword arguments only ({', '.join(keyword_only)}); the sweep reads the tensors "
+                "of positional arguments"}
     if any(c.get("positions") is not None for c in run["calls"]):
         return _sweep_axes_variant(model_type, config, d, run, measure)
     if run["positions"] is None:

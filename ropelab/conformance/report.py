@@ -32,6 +32,8 @@ REASON_CLASSES = (
      "audio features or samples)"),
     ("positions the model rotated by could not be read", "the model's positions are not read from its rotary module's "
      "call (it computes them inside)"),
+    ("called with its tensors as keyword arguments only", "a rotation called with keyword arguments only (the "
+     "sweep reads positional ones)"),
     ("missing", "the model needs inputs other than tokens"),
     ("pixel_values", "the model needs inputs other than tokens"),
     ("input_features", "the model needs inputs other than tokens"),
