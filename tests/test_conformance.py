@@ -409,7 +409,7 @@ def test_vision_reading_gives_measured_nope_layer_types_and_refuses_what_multiax
 
 @pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
                     reason="the committed table is for another transformers; rerun make conformance")
-@pytest.mark.parametrize("model_type", ["phi4_multimodal_vision", "mlcd_vision_model", "inkling2_vision",
+@pytest.mark.parametrize("model_type", ["cosmos3_edge_vision", "mlcd_vision_model", "inkling2_vision",
                                         "voxtral_encoder"])
 def test_reasons_of_models_that_take_no_tokens_are_what_the_code_gives(model_type):
     """One row of each not-covered class of the models built inputs for: a vision tower whose code calls no
