@@ -261,6 +261,12 @@ class RopeSpec:
         whole, LongRoPE factor lists of the wrong length); ``tests/test_spec_strict.py`` drives transformers on the
         same dicts."""
         config, conv = _with_conventions(text_part(config), style)
+        if "axes" in conv:
+            raise ValueError(f"model type {_get(config, 'model_type')!r} rotates each pair by one of several position "
+                             f"axes (measured on transformers' code: sections {conv['axes']['sections']}, "
+                             f"{'axial' if conv['axes'].get('axial') else 'M-RoPE'}), and a RopeSpec has one position "
+                             "axis; read it with ropelab.multiaxis.per_layer_axes (a RopeSpec and a MultiAxis per "
+                             "layer).")
         _check_keys(config, set(conv.get("ignored_keys", ())))
         n_layers = _need(config, "num_hidden_layers")
         head_dim = head_dim_of(config)

@@ -405,6 +405,8 @@ def test_vision_reading_gives_measured_nope_layer_types_and_refuses_what_multiax
         assert rows[mt]["reason"] == f"ropelab: {error_text(e.value)}", mt
     with pytest.raises(ValueError, match="one position axis"):
         per_layer_axes({"model_type": "llama", "num_hidden_layers": 2})
+    with pytest.raises(ValueError, match="'lfm3_vl_vision'.*per_layer_axes"):
+        RopeSpec.per_layer(cfg)
 
 
 @pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
