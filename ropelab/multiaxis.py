@@ -131,9 +131,18 @@ def per_layer_axes(config: Mapping[str, Any] | Any) -> tuple[tuple[RopeSpec, Mul
     ropelab.conformance``: its ``axes``), its sections scaled from the measured head to this one, and its layer
     types without RoPE (``nope_layer_types``: those layers get ``(RopeSpec.nope(), None)``). A model type
     measured as 1D RoPE, or not in the table, raises ValueError."""
-    from .spec import _get, _need, _with_conventions
+    from .spec import measured_conventions
 
-    config, conv = _with_conventions(config, None)
+    config, conv = measured_conventions(config)
+
+    def _get(c, key):
+        return c.get(key) if isinstance(c, Mapping) else getattr(c, key, None)
+
+    def _need(c, key):
+        if _get(c, key) is None:
+            raise ValueError(f"the vision config has no {key!r}; a vision tower's config states it.")
+        return _get(c, key)
+
     axes = conv.get("axes")
     if axes is None:
         raise ValueError(f"model type {_get(config, 'model_type')!r} rotates by one position axis in transformers' "

@@ -45,7 +45,8 @@ from .core import check_style
 from .scaling import ROPE_TYPES, SCALING_KEYS, check_base, check_rotary_dim, check_scaling, frequencies, parse_scaling
 from .scaling.checks import is_real
 
-__all__ = ["RopeSpec", "SCALING_KEYS", "HF_KEYS", "head_dim_of", "hf_config_notes", "text_part", "MAX_LAYERS",
+__all__ = ["RopeSpec", "SCALING_KEYS", "HF_KEYS", "head_dim_of", "hf_config_notes", "text_part", "measured_conventions",
+           "MAX_LAYERS",
            "MAX_HEAD_DIM"]
 
 # Bounds on the sizes a config may give (transformers has none: its config classes take any int, and
@@ -420,6 +421,13 @@ def _check_keys(config: Any, ignored: frozenset | set = frozenset()) -> None:
         if bad is not ...:
             what = "a layer type name such as 'full_attention'" if kind is str else "true or false"
             raise ValueError(f"{key} entries must each be {what}, got {bad!r}; transformers refuses it too.")
+
+
+def measured_conventions(config: Any) -> tuple[Any, Mapping[str, Any]]:
+    """(``config`` with its class's key aliases resolved, the conventions of its ``model_type`` measured on
+    transformers' code: its entry of ``ropelab.conformance.hf_table``). ValueError, naming the model type and why,
+    where the table has no entry or measured a rotation ``RopeSpec`` cannot represent."""
+    return _with_conventions(config, None)
 
 
 def _with_conventions(config: Any, style: str | None) -> tuple[Any, Mapping[str, Any]]:

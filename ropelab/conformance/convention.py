@@ -94,7 +94,7 @@ def measure_axes(call) -> dict:
     each pair's angle, fitted over the tokens as :math:`\sum_k p_k W_{k,i}`, must move with one axis only; the
     axis of each pair and its frequencies give a :class:`~ropelab.multiaxis.MultiAxis` (contiguous, interleaved
     or axial, as ``ropelab.diagnosis.axes`` tells them apart) and its base."""
-    from ..diagnosis.axes import _ladder_check
+    from ..diagnosis.axes import ladder_check
     from ..multiaxis import MultiAxis
 
     pos = call["positions"].to(torch.float64)  # [A, s]
@@ -162,7 +162,7 @@ def measure_axes(call) -> dict:
             continue
         if cand.axis_of_pair().tolist() != axis.tolist():
             continue
-        base, _why = _ladder_check(cand, w.abs())
+        base, _why = ladder_check(cand, w.abs())
         if base is not None:
             out["axes"] = {"sections": list(counts), "axial": cand.axial, "interleaved": cand.interleaved}
             out["measured_base"] = float(f"{base:.5g}")
