@@ -32,8 +32,8 @@ from .core import Layout, check_positions, parse_layout, rotate, tables_for
 from .scaling import frequencies
 from .spec import RopeSpec
 
-__all__ = ["MultiAxis", "apply_multiaxis_rope", "multiaxis_rope", "axis_angles", "grid_positions", "flat_positions",
-           "mrope_positions", "plot_axis_of_pair", "plot_positions"]
+__all__ = ["MultiAxis", "per_layer_axes", "apply_multiaxis_rope", "multiaxis_rope", "axis_angles", "grid_positions",
+           "flat_positions", "mrope_positions", "plot_axis_of_pair", "plot_positions"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,79 @@ class MultiAxis:
         if not self.axial:
             raise ValueError("only an axial spec has its own ladders; M-RoPE uses the head's one ladder.")
         return torch.cat([frequencies(2 * s, base)[0].to(torch.float64) for s in self.sections if s])
+
+
+def per_layer_axes(config: Mapping[str, Any] | Any) -> tuple[tuple[RopeSpec, MultiAxis], ...]:
+    """One ``(RopeSpec, MultiAxis)`` per layer of a vision tower's config (a ``PretrainedConfig`` or its
+    ``to_dict()``) whose RoPE is multi-axis: ``apply_rope(x, positions [A, s], spec=spec, sections=sections)``
+    rotates as transformers' code does, at each patch's (row, column) or (frame, row, column).
+
+    Read: ``rope_parameters``' ``rope_theta`` (the base; its ``rope_type`` must be ``axial``, the vision towers'
+    own, or ``default``), the layers (``num_hidden_layers``, else ``depth``), the head
+    (``head_dim``, else ``embed_dim`` or ``hidden_size`` over ``num_heads`` or ``num_attention_heads``). What the
+    config does not say, the pairing and which pairs each axis drives, is the convention table's entry of its
+    ``model_type`` (``ropelab.conformance.hf_table``, measured on transformers' code by ``python -m
+    ropelab.conformance``: its ``axes``), its sections scaled from the measured head to this one, and its layer
+    types without RoPE (``nope_layer_types``: those layers get ``(RopeSpec.nope(), None)``). A model type
+    measured as 1D RoPE, or not in the table, raises ValueError."""
+    from .spec import measured_conventions
+
+    config, conv = measured_conventions(config)
+
+    def _get(c, key):
+        return c.get(key) if isinstance(c, Mapping) else getattr(c, key, None)
+
+    def _need(c, key):
+        if _get(c, key) is None:
+            raise ValueError(f"the vision config has no {key!r}; a vision tower's config states it.")
+        return _get(c, key)
+
+    axes = conv.get("axes")
+    if axes is None:
+        raise ValueError(f"model type {_get(config, 'model_type')!r} rotates by one position axis in transformers' "
+                         "code (measured): read it with RopeSpec.per_layer.")
+    params = _get(config, "rope_parameters") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"rope_parameters must be a dict such as {{'rope_type': 'axial', 'rope_theta': 1e4}}, got "
+                         f"{type(params).__name__}.")
+    kind = params.get("rope_type", "default")
+    if kind not in ("axial", "default"):
+        raise ValueError(f"rope_type {kind!r}: a vision tower's multi-axis RoPE is read for 'axial' (or 'default') "
+                         "only; transformers' vision rotaries refuse a scaling too.")
+    base = params.get("rope_theta", _get(config, "rope_theta"))
+    if base is None:
+        base = conv.get("fixed_base", conv.get("measured_base"))
+    n_layers = _get(config, "num_hidden_layers") or _need(config, "depth")
+    head_dim = _get(config, "head_dim")
+    if head_dim is None:
+        width = _get(config, "embed_dim") or _need(config, "hidden_size")
+        heads = _get(config, "num_heads") or _need(config, "num_attention_heads")
+        for key, v in (("width", width), ("heads", heads), ("layers", n_layers)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"the vision config's {key} must be an int >= 1, got {v!r}.")
+        if width % heads:
+            raise ValueError(f"the vision width {width} is not a multiple of its {heads} heads; give head_dim.")
+        head_dim = width // heads
+    for key, v in (("head_dim", head_dim), ("layers", n_layers)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"the vision config's {key} must be an int >= 1, got {v!r}.")
+    measured = list(axes["sections"])
+    pairs = int(head_dim * conv.get("rotary_fraction", 1.0)) // 2
+    scaled = [k * pairs / sum(measured) for k in measured]
+    if any(v != int(v) for v in scaled):
+        raise ValueError(f"the measured sections {measured} of model type {_get(config, 'model_type')!r} do not "
+                         f"scale to {pairs} pairs (head_dim {head_dim}).")
+    sections = MultiAxis(tuple(int(v) for v in scaled), interleaved=bool(axes.get("interleaved")),
+                         axial=bool(axes.get("axial")))
+    spec = RopeSpec(style=conv["style"], base=float(base), rotary_dim=None if 2 * pairs == head_dim else 2 * pairs)
+    # Layer types without RoPE (LFM3-VL's vision "conv" layers: measured, no rotation call there)
+    types = _get(config, "layer_types")
+    nope_types = set(conv.get("nope_layer_types", ()))
+    if types is not None and (isinstance(types, (str, bytes, Mapping)) or not isinstance(types, Sequence)
+                              or len(types) != n_layers):
+        raise ValueError(f"layer_types must be a list of {n_layers} layer type names, got {types!r}.")
+    return tuple((RopeSpec.nope(), None) if types is not None and types[i] in nope_types else (spec, sections)
+                 for i in range(n_layers))
 
 
 def _positions(positions: Any, sections: MultiAxis, sizes: dict[str, int]) -> torch.Tensor:

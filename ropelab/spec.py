@@ -45,7 +45,8 @@ from .core import check_style
 from .scaling import ROPE_TYPES, SCALING_KEYS, check_base, check_rotary_dim, check_scaling, frequencies, parse_scaling
 from .scaling.checks import is_real
 
-__all__ = ["RopeSpec", "SCALING_KEYS", "HF_KEYS", "head_dim_of", "hf_config_notes", "text_part", "MAX_LAYERS",
+__all__ = ["RopeSpec", "SCALING_KEYS", "HF_KEYS", "head_dim_of", "hf_config_notes", "text_part", "measured_conventions",
+           "MAX_LAYERS",
            "MAX_HEAD_DIM"]
 
 # Bounds on the sizes a config may give (transformers has none: its config classes take any int, and
@@ -261,6 +262,12 @@ class RopeSpec:
         whole, LongRoPE factor lists of the wrong length); ``tests/test_spec_strict.py`` drives transformers on the
         same dicts."""
         config, conv = _with_conventions(text_part(config), style)
+        if "axes" in conv:
+            raise ValueError(f"model type {_get(config, 'model_type')!r} rotates each pair by one of several position "
+                             f"axes (measured on transformers' code: sections {conv['axes']['sections']}, "
+                             f"{'axial' if conv['axes'].get('axial') else 'M-RoPE'}), and a RopeSpec has one position "
+                             "axis; read it with ropelab.multiaxis.per_layer_axes (a RopeSpec and a MultiAxis per "
+                             "layer).")
         _check_keys(config, set(conv.get("ignored_keys", ())))
         n_layers = _need(config, "num_hidden_layers")
         head_dim = head_dim_of(config)
@@ -414,6 +421,13 @@ def _check_keys(config: Any, ignored: frozenset | set = frozenset()) -> None:
         if bad is not ...:
             what = "a layer type name such as 'full_attention'" if kind is str else "true or false"
             raise ValueError(f"{key} entries must each be {what}, got {bad!r}; transformers refuses it too.")
+
+
+def measured_conventions(config: Any) -> tuple[Any, Mapping[str, Any]]:
+    """(``config`` with its class's key aliases resolved, the conventions of its ``model_type`` measured on
+    transformers' code: its entry of ``ropelab.conformance.hf_table``). ValueError, naming the model type and why,
+    where the table has no entry or measured a rotation ``RopeSpec`` cannot represent."""
+    return _with_conventions(config, None)
 
 
 def _with_conventions(config: Any, style: str | None) -> tuple[Any, Mapping[str, Any]]:

@@ -110,7 +110,8 @@ def _convention_class(conv: dict) -> tuple:
     v4 = conv.get("v4", {})
     return (conv["style"], conv.get("rotary_fraction", 1.0) < 1, bool(conv.get("nope_layer_types")),
             "output_permutation" in conv, "aliases" in conv, "scaled_layer_types" in v4, "ignored_keys" in v4,
-            "fixed_base" in conv, "ignored_keys" in conv, "rotations" in conv, conv.get("direction", 1))
+            "fixed_base" in conv, "ignored_keys" in conv, "rotations" in conv, conv.get("direction", 1),
+            "axes" in conv)
 
 
 def _subset() -> list[str]:
@@ -333,3 +334,91 @@ def test_notebook_09_classes_claim_only_what_the_rows_show():
     assert got["own_rope_keys"]["csm"] == ["rope_parameters"]
     exaone = next(k for k, v in got["classes"].items() if v == ["exaone"])
     assert "package" not in exaone and "modeling module" in exaone
+
+
+# --------------------------------------------------------------------------------------------------
+# Models that take no tokens: vision towers (multi-axis RoPE) and audio encoders
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
+                    reason="the committed table is for another transformers; rerun make conformance")
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl_vision", "lasr_encoder"])
+def test_models_that_take_no_tokens_run_on_built_inputs_and_agree(model_type):
+    """Qwen2.5-VL's vision tower (patches and grid_thw; it reorders the tokens into windows after its rotary module,
+    so each token's (row, column) is matched by its cos row) and an audio encoder (features): compared, and the
+    fresh measurement is the committed table's (for the tower: its axes)."""
+    torch.set_num_threads(1)
+    row = conformance.sweep_model_type(model_type, _discovered()[model_type], diagnose=False)
+    assert row["status"] == "agree", row.get("reason") or row["variants"]["default"]["layers"][:1]
+    assert row["table"] == "matches"
+    default = row["variants"]["default"]
+    assert default["inputs"] and "input_ids" not in default["inputs"]
+    assert all(lay["status"] == "agree" and lay["error_over_bound"] <= 1 for lay in default["layers"])
+    if model_type.endswith("_vision"):
+        from ropelab.conformance.running import GRID_THW
+
+        assert CONVENTIONS[model_type]["axes"]["axial"] and default["inputs"]["grid_thw"] == [list(GRID_THW)]
+        assert CONVENTIONS["minimax_m3_vl_vision"]["axes"]["sections"][0] > 0  # a frame axis, seen on two frames
+
+
+def test_vision_reading_matches_transformers_rotary_at_the_published_size():
+    """per_layer_axes on Qwen2-VL's published vision sizes (head 1280 / 16 = 80, not the sweep's tiny head) against
+    transformers' own rotary module and rotation function, on a 64 x 64 grid: the measured sections scale to the
+    real head, within the sweep's bound."""
+    from transformers.models.qwen2_vl import modeling_qwen2_vl as m
+
+    from ropelab.conformance.compare import bound
+    from ropelab.multiaxis import MultiAxis, grid_positions, per_layer_axes
+
+    cfg = transformers.Qwen2VLConfig().vision_config
+    layers = per_layer_axes(cfg.to_dict())
+    assert len(layers) == cfg.depth and len(set(layers)) == 1
+    spec, sections = layers[0]
+    assert sections == MultiAxis((20, 20), axial=True) and spec.style == "half" and spec.base == 1e4
+    pos = grid_positions(64, 64)[:, ::37]  # [2, s]: rows and columns up to 63
+    cos, sin = m.Qwen2VLVisionRotaryEmbedding(cfg)(torch.zeros(1), pos.T)
+    q = torch.randn(pos.shape[1], 2, 80, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    hf, _ = m.apply_rotary_pos_emb_vision(q, q, cos.double(), sin.double())
+    ours = apply_rope(q, pos, layout="s h d", spec=spec, sections=sections)
+    assert float(((ours - hf).abs() / bound(q, "s h d", pos, spec, sections)).max()) <= 1
+
+
+def test_vision_reading_gives_measured_nope_layer_types_and_refuses_what_multiaxis_cannot_hold():
+    """LFM3-VL's vision "conv" layers (measured: no rotation call) read as NoPE; a multi-axis layout MultiAxis
+    cannot hold (Pixtral: the column axis takes the odd frequencies of one ladder) is refused with the layout the
+    sweep measured, and the committed row's reason is exactly that error."""
+    from ropelab.conformance.running import error_text
+    from ropelab.multiaxis import per_layer_axes
+
+    cfg = {"model_type": "lfm3_vl_vision", "num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 2,
+           "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+           "rope_parameters": {"rope_type": "axial", "rope_theta": 1e6}}
+    assert CONVENTIONS["lfm3_vl_vision"]["nope_layer_types"] == ["conv"]
+    assert [s.is_nope for s, _ in per_layer_axes(cfg)] == [True, False, True, False]
+    rows = _table()["models"]
+    refused = [mt for mt, c in CONVENTIONS.items() if str(c.get("style")).startswith("other: pair")]
+    assert "pixtral" in refused
+    for mt in refused:
+        with pytest.raises(ValueError, match=repr(mt)) as e:
+            per_layer_axes({"model_type": mt})
+        assert rows[mt]["reason"] == f"ropelab: {error_text(e.value)}", mt
+    with pytest.raises(ValueError, match="one position axis"):
+        per_layer_axes({"model_type": "llama", "num_hidden_layers": 2})
+    with pytest.raises(ValueError, match="'lfm3_vl_vision'.*per_layer_axes"):
+        RopeSpec.per_layer(cfg)
+
+
+@pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
+                    reason="the committed table is for another transformers; rerun make conformance")
+@pytest.mark.parametrize("model_type", ["cosmos3_edge_vision", "mlcd_vision_model", "inkling2_vision",
+                                        "voxtral_encoder"])
+def test_reasons_of_models_that_take_no_tokens_are_what_the_code_gives(model_type):
+    """One row of each not-covered class of the models built inputs for: a vision tower whose code calls no
+    rotation (its module's RoPE is the text model's), positions computed inside the rotary module, inputs the
+    model refuses, a module with no RoPE code at all: rerun, the reason is the committed one."""
+    torch.set_num_threads(1)
+    row = conformance.sweep_model_type(model_type, _discovered()[model_type], diagnose=False)
+    committed = _table()["models"][model_type]
+    assert row["status"] == committed["status"] == "not covered"
+    assert row["reason"] == committed["reason"]

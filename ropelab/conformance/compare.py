@@ -8,6 +8,7 @@ import math
 import torch
 
 from ..core import pair_indices
+from ..multiaxis import MultiAxis, axis_angles
 from ..rope import apply_rope
 from ..spec import RopeSpec
 from .running import layout_of, rotated_pairs
@@ -17,8 +18,9 @@ __all__ = ["U32", "U64", "bound", "compare_call"]
 U32, U64 = 2.0**-24, 2.0**-53
 
 
-def bound(x: torch.Tensor, layout: str, positions: list[int], spec: RopeSpec) -> torch.Tensor:
-    """The per-element bound of the module docstring, for ropelab's ``spec`` on input ``x``."""
+def bound(x: torch.Tensor, layout: str, positions, spec: RopeSpec, sections: MultiAxis | None = None) -> torch.Tensor:
+    r"""The per-element bound of the module docstring, for ropelab's ``spec`` on input ``x``; with ``sections`` the
+    positions are [A, s] (one row per axis) and pair i's angle is :math:`p_{a(i)}\omega_i`."""
     d_axis = layout.split().index("d")
     s_axis = layout.split().index("s")
     xd = x.movedim(d_axis, -1).movedim(s_axis if s_axis < d_axis else s_axis - 1, -2)  # [..., s, d]
@@ -27,8 +29,13 @@ def bound(x: torch.Tensor, layout: str, positions: list[int], spec: RopeSpec) ->
     if not spec.is_nope:
         d = xd.shape[-1]
         r = spec.rotary_dim or d
-        inv, af = spec.frequencies(d, seq_len=max(positions) + 1)
-        theta = torch.tensor(positions, dtype=torch.float64)[:, None] * inv[None, :]
+        if sections is None:
+            inv, af = spec.frequencies(d, seq_len=max(positions) + 1)
+            theta = torch.tensor(positions, dtype=torch.float64)[:, None] * inv[None, :]
+        else:
+            inv, af = (sections.inv_freq(spec.base), 1.0) if sections.axial else spec.frequencies(d)
+            theta = axis_angles(torch.as_tensor(positions), sections, inv)  # [s, r/2]
+            r = 2 * sections.n_pairs
         a, b = pair_indices(r, spec.style)
         rho = torch.hypot(xd[..., a], xd[..., b])
         const = 4 if x.dtype == torch.float64 else 12  # float32 models round the products and the sum too
@@ -38,19 +45,25 @@ def bound(x: torch.Tensor, layout: str, positions: list[int], spec: RopeSpec) ->
     return tol.movedim(-2, s_axis if s_axis < d_axis else s_axis - 1).movedim(-1, d_axis)
 
 
-def compare_call(call, positions, spec: RopeSpec, perm: list[int] | None = None) -> dict:
+def compare_call(call, positions, spec: RopeSpec, perm: list[int] | None = None,
+                 sections: MultiAxis | None = None) -> dict:
     """Worst error and worst error / bound of ropelab's ``spec`` against one recorded call; ``perm`` is the
-    measured output permutation of transformers' function (undone before comparing)."""
+    measured output permutation of transformers' function (undone before comparing). With ``sections`` (a
+    vision tower's axial RoPE) the positions are the call's own, [A, s], read from the rotary module
+    (``running``)."""
     worst_err, worst_ratio = 0.0, 0.0
+    if sections is not None:
+        positions = call["positions"]
+    n = positions.shape[-1] if isinstance(positions, torch.Tensor) else len(positions)
     for x, y in rotated_pairs(call):
         if perm is not None and len(perm) == y.shape[-1]:
             y = y[..., torch.tensor(perm)]  # undo transformers' output order: (R x)[a] = y[perm[a]]
-        layout = layout_of(tuple(x.shape), len(positions))
-        pos = torch.tensor(positions)
+        layout = layout_of(tuple(x.shape), n)
+        pos = torch.as_tensor(positions)
         x64 = x.double()
-        ours = x64.clone() if spec.is_nope else apply_rope(x64, pos, layout=layout, spec=spec)
+        ours = x64.clone() if spec.is_nope else apply_rope(x64, pos, layout=layout, spec=spec, sections=sections)
         err = (ours - y.double()).abs()
-        tol = bound(x, layout, positions, spec)
+        tol = bound(x, layout, positions, spec, sections)
         worst_err = max(worst_err, float(err.max()))
         worst_ratio = max(worst_ratio, float((err / tol.clamp_min(1e-300)).max()))
     return {"max_error": worst_err, "error_over_bound": worst_ratio}

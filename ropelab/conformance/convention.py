@@ -13,8 +13,8 @@ from ..core import pair_indices
 from ..spec import HF_KEYS
 from .running import layout_of, rotated_pairs
 
-__all__ = ["TABLE_PATH", "measure_convention", "measure_calls", "config_conventions", "ignored_slice_keys",
-           "table_entry", "conventions_of", "write_conventions"]
+__all__ = ["TABLE_PATH", "measure_convention", "measure_axes", "measure_calls", "config_conventions",
+           "ignored_slice_keys", "table_entry", "conventions_of", "write_conventions"]
 
 TABLE_PATH = pathlib.Path(__file__).with_name("hf_table.py")
 
@@ -88,6 +88,91 @@ def measure_convention(call, positions) -> dict:
 
 
 
+def measure_axes(call) -> dict:
+    r"""Pairing, rotary slice, direction and the position axes of a multi-axis rotation (a vision tower's), from its
+    matrices at the recorded tables and each token's positions ``call["positions"]`` [A, s] (its rotary module's):
+    each pair's angle, fitted over the tokens as :math:`\sum_k p_k W_{k,i}`, must move with one axis only; the
+    axis of each pair and its frequencies give a :class:`~ropelab.multiaxis.MultiAxis` (contiguous, interleaved
+    or axial, as ``ropelab.diagnosis.axes`` tells them apart) and its base."""
+    from ..diagnosis.axes import ladder_check
+    from ..multiaxis import MultiAxis
+
+    pos = call["positions"].to(torch.float64)  # [A, s]
+    s = pos.shape[1]
+    M = _matrices(call, list(range(s)))
+    d = M.shape[-1]
+    out: dict[str, Any] = {"call_dim": d}
+    zero = [n for n in range(s) if float(pos[:, n].abs().max()) == 0]
+    # The output order is read at angle 0; a grid numbered from 1 (MuseSpark's) has no such token, and its
+    # permutation, if any, shows as pairs no pairing explains.
+    perm = M[zero[0]].abs().argmax(dim=0) if zero else torch.arange(d)
+    if sorted(perm.tolist()) == list(range(d)) and perm.tolist() != list(range(d)):
+        out["output_permutation"] = perm.tolist()
+        M = M[:, perm, :]
+    eye = torch.eye(d, dtype=M.dtype)
+    moving = [a for a in range(d) if float((M[..., a] - eye[a]).abs().max()) > 1e-9]
+    r = len(moving)
+    out["rotating_dims"] = r
+    if r == 0:
+        return {**out, "style": None}
+    if moving != list(range(r)):
+        return {**out, "style": f"other: rotating dims {moving[:4]}... of {d}"}
+    last = int(pos.sum(0).argmax())  # the token furthest along every axis: every pair turns there
+    partner = {}
+    for a in moving:
+        col = M[last, :, a].abs().clone()
+        col[a] = 0
+        partner[a] = int(col.argmax())
+    if all(partner[a] == (a + r // 2) % r for a in moving):
+        style = "half"
+    elif all(partner[a] == a ^ 1 for a in moving):
+        style = "interleaved"
+    else:
+        return {**out, "style": "other: pairs " + str([(a, partner[a]) for a in moving[:4]])}
+    pa, pb = pair_indices(r, style)
+    theta = torch.atan2(M[:, pb, pa] - M[:, pa, pb], M[:, pa, pa] + M[:, pb, pb])  # [s, r/2]
+    # Each pair fitted by one axis at a time, theta = p_k w: the axis that fits within the float32 tables' rounding
+    # (cos/sin rounded once, the angle in float32: far below 2^-21 (1 + |theta|)) drives it; a pair that another
+    # axis fits too (an axis all of whose positions are 0) or that none fits is no single-axis pair.
+    # Axis k's frequency of each pair is read at the token with k's least positive position (1 on these grids,
+    # so |angle| < pi there), the fit checked modulo 2 pi on every token (MuseSpark's grid is numbered from 1:
+    # its fastest pairs turn past pi).
+    W = torch.zeros(pos.shape[0], theta.shape[1], dtype=torch.float64)
+    for k in range(pos.shape[0]):
+        pk = torch.where(pos[k] > 0, pos[k], torch.inf)
+        if bool(torch.isfinite(pk).any()):
+            n1 = int(pk.argmin())
+            W[k] = theta[n1] / pos[k, n1]
+    diff = pos.T[:, None, :] * W.T[None, :, :] - theta[:, :, None]  # [s, r/2, A]
+    resid = (torch.remainder(diff + math.pi, 2 * math.pi) - math.pi).abs().amax(0)  # [r/2, A]
+    tol = 2.0**-21 * (1 + theta.abs().amax(0))  # [r/2]
+    fits = resid <= tol[:, None]
+    if not bool((fits.sum(1) == 1).all()):
+        bad = int((fits.sum(1) != 1).nonzero()[0])
+        return {**out, "style": f"other: pair {bad}'s angles are not one axis's position times a frequency "
+                f"(residuals {resid[bad].tolist()})"}
+    axis = fits.float().argmax(1)
+    w = W.T.gather(1, axis[:, None])[:, 0]
+    out["direction"] = 1 if bool((w > 0).all()) else -1 if bool((w < 0).all()) else 0
+    counts = tuple(int((axis == k).sum()) for k in range(pos.shape[0]))
+    for kw in ({"axial": True}, {}, {"interleaved": True}):
+        try:
+            cand = MultiAxis(counts, **kw)
+        except ValueError:
+            continue
+        if cand.axis_of_pair().tolist() != axis.tolist():
+            continue
+        base, _why = ladder_check(cand, w.abs())
+        if base is not None:
+            out["axes"] = {"sections": list(counts), "axial": cand.axial, "interleaved": cand.interleaved}
+            out["measured_base"] = float(f"{base:.5g}")
+            break
+    else:
+        return {**out, "style": f"other: pair axes {axis.tolist()[:8]}... fit no contiguous, interleaved or axial "
+                "sections with one ladder"}
+    return {**out, "style": style}
+
+
 def table_entry(conv: dict | None) -> dict | None:
     """The convention-table entry of a measured convention (None where nothing was measured)."""
     if not conv or "style" not in conv:
@@ -133,7 +218,7 @@ def measure_calls(calls, positions) -> dict:
     for c in calls:
         name = c["fn"].__name__
         if name not in by_fn:
-            by_fn[name] = measure_convention(c, positions)
+            by_fn[name] = measure_axes(c) if c.get("positions") is not None else measure_convention(c, positions)
     first = dict(next(iter(by_fn.values())))
     kinds = {(m.get("style"), m.get("rotating_dims"), tuple(m.get("output_permutation") or ())) for m in by_fn.values()}
     if len(kinds) > 1:

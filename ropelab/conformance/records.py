@@ -13,7 +13,7 @@ from .compare import compare_call
 from .convention import config_conventions, ignored_slice_keys, measure_calls, table_entry
 from .discovery import tiny_kwargs, variants
 from .probe import diagnose_probe
-from .running import error_text, rotated_pairs, run_transformers
+from .running import InputsRefused, error_text, rotated_pairs, run_transformers
 
 __all__ = ["sweep_model_type", "compare_layers"]
 
@@ -213,6 +213,9 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
         return {"status": "not covered", "reason": f"transformers rejects the config: {error_text(e)}"}
     try:
         run = run_transformers(config, module)
+    except InputsRefused as e:
+        return {"status": "not covered", "reason": f"transformers' model refuses the inputs the sweep builds for it "
+                f"(tiny pixels, patches and grid, features or samples: {e})"}
     except Exception as e:  # noqa: BLE001
         return {"status": "not covered", "reason": f"transformers' model cannot run on tokens: {error_text(e)}"}
     if not run["calls"] and not run["rotary"]:
@@ -224,7 +227,22 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     if any(c["layer"] is None for c in run["calls"]):
         return {"status": "not covered", "reason": "a rotation call outside the decoder layers (e.g. a vision "
                 "tower or an encoder); the sweep attributes calls to decoder layers only"}
+    # Gemma 4's vision tower: apply_multidimensional_rope calls apply_rotary_pos_emb(x=..., cos=..., sin=...) once
+    # per axis, on a slice of the head
+    keyword_only = sorted({c["fn"].__name__ for c in run["calls"] if not rotated_pairs(c)})
+    if keyword_only:
+        return {"status": "not covered", "inputs": run.get("inputs"), "reason": f"a rotation function was called "
+                f"with its tensors as keyword arguments only ({', '.join(keyword_only)}); the sweep reads the tensors "
+                "of positional arguments"}
+    if any(c.get("positions") is not None for c in run["calls"]):
+        return _sweep_axes_variant(model_type, config, d, run, measure)
+    if run["positions"] is None:
+        return {"status": "not covered", "inputs": run.get("inputs"), "reason": "the positions the model rotated by "
+                "could not be read: its rotary module was not called with one position_ids tensor of one or several "
+                "axes (the sweep reads positions from that call, never re-derives them)"}
     out: dict[str, Any] = {"positions": run["positions"], "dtype": run["dtype"]}
+    if "inputs" in run:
+        out["inputs"] = run["inputs"]
     try:
         head_dim = head_dim_of({**d, **{k: d[v] for k, v in getattr(config_cls, "attribute_map", {}).items()
                                         if v in d and k not in d}})
@@ -239,7 +257,7 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
             conv = {"error": error_text(e)}
         types = list(getattr(config, "layer_types", None) or [])
         called = {c["layer"] for c in run["calls"]}
-        if len(types) == config.num_hidden_layers:
+        if len(types) == run["n_layers"]:
             silent = [i in run["ran"] and i not in called for i in range(len(types))]
             conv["nope_layer_types"] = sorted(t for t in set(types)
                                               if all(s for s, u in zip(silent, types) if u == t))
@@ -264,7 +282,7 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     except Exception as e:  # noqa: BLE001
         out.update(status="not covered", reason=f"ropelab: {error_text(e)}")
         return out
-    layers = compare_layers(run, specs, config.num_hidden_layers, head_dim, call_dim, perm)
+    layers = compare_layers(run, specs, run["n_layers"], head_dim, call_dim, perm)
     out["layers"] = layers
     st = [e["status"] for e in layers]
     out["status"] = "disagree" if "disagree" in st else ("agree" if "agree" in st else "not covered")
@@ -275,7 +293,57 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     return out
 
 
-def compare_layers(run: dict, specs, n_layers: int, head_dim: int, call_dim: int, perm) -> list[dict]:
+def _nope_layer_types(config, run: dict) -> list[str] | None:
+    """The layer types whose layers all ran and made no rotation call (measured), where the config has layer_types."""
+    types = list(getattr(config, "layer_types", None) or [])
+    if len(types) != run["n_layers"]:
+        return None
+    called = {c["layer"] for c in run["calls"]}
+    silent = [i in run["ran"] and i not in called for i in range(len(types))]
+    return sorted(t for t in set(types) if all(s for s, u in zip(silent, types) if u == t))
+
+
+def _sweep_axes_variant(model_type, config, d: dict, run: dict, measure: dict | None) -> dict:
+    """A vision tower's variant: each call's positions [A, s] (``running``: read from its rotary module), against
+    ``ropelab.multiaxis.per_layer_axes`` of the config dict (the committed table's measured ``axes``); this run's
+    measurement (``measure_axes``) is only recorded."""
+    from ..multiaxis import per_layer_axes
+    from .hf_table import CONVENTIONS
+
+    out: dict[str, Any] = {"positions": "each call's (row, column) per patch, from the rotary module",
+                           "inputs": run.get("inputs"), "dtype": run["dtype"]}
+    if measure is not None:
+        try:
+            conv = measure_calls(run["calls"], None)
+        except Exception as e:  # noqa: BLE001
+            conv = {"error": error_text(e)}
+        if "style" in conv:
+            conv.update(measure)
+            if "rotating_dims" in conv:
+                conv["rotary_fraction"] = conv["rotating_dims"] / conv["call_dim"]
+        nope = _nope_layer_types(config, run)
+        if nope is not None:
+            conv["nope_layer_types"] = nope
+        out["convention"] = conv
+    perm = (CONVENTIONS.get(model_type) or {}).get("output_permutation")
+    try:
+        read = per_layer_axes(d)
+    except Exception as e:  # noqa: BLE001
+        out.update(status="not covered", reason=f"ropelab: {error_text(e)}")
+        return out
+    call_dim = rotated_pairs(run["calls"][0])[0][0].shape[-1]
+    layers = compare_layers(run, [s for s, _ in read], run["n_layers"], call_dim, call_dim, perm,
+                            sections=[a for _, a in read])
+    out["layers"] = layers
+    st = [e["status"] for e in layers]
+    out["status"] = "disagree" if "disagree" in st else ("agree" if "agree" in st else "not covered")
+    if out["status"] == "not covered":
+        out["reason"] = layers[0].get("reason", "no layer compared")
+    return out
+
+
+def compare_layers(run: dict, specs, n_layers: int, head_dim: int, call_dim: int, perm,
+                   sections=None) -> list[dict]:
     """Per decoder layer: transformers' recorded calls (``run_transformers``) against ropelab's ``specs``
     (``RopeSpec.per_layer``), each call element by element within the bound (``compare_call``). ``call_dim`` is the
     width transformers' rotation function was handed (less than ``head_dim`` where the attention slices the rotary
@@ -285,7 +353,10 @@ def compare_layers(run: dict, specs, n_layers: int, head_dim: int, call_dim: int
     for i in range(n_layers):
         spec = specs[i] if i < len(specs) else None
         calls = [c for c in run["calls"] if c["layer"] == i]
+        axes = sections[i] if sections is not None and i < len(sections) else None
         entry: dict[str, Any] = {"layer": i, "spec": None if spec is None else spec.to_dict()}
+        if axes is not None:
+            entry["sections"] = dataclasses.asdict(axes)
         if spec is None:
             entry.update(status="disagree", reason=f"ropelab gave {len(specs)} specs for {len(run['ran'])} layers")
         elif i not in run["ran"]:
@@ -301,7 +372,7 @@ def compare_layers(run: dict, specs, n_layers: int, head_dim: int, call_dim: int
                 continue
             use = dataclasses.replace(spec, rotary_dim=None) if sliced else spec
             try:
-                res = [compare_call(c, run["positions"], use, perm) for c in calls]
+                res = [compare_call(c, run["positions"], use, perm, axes) for c in calls]
             except Exception as e:  # noqa: BLE001
                 entry.update(status="not covered", reason=f"cannot compare: {error_text(e)}")
             else:

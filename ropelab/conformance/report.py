@@ -17,6 +17,8 @@ COMPOSITE_UNCOMPARED = "composite config: none of its sub-configs' model types i
 # The classes of not-covered reasons the counts use: (a phrase of the reason, the class), first match wins.
 REASON_CLASSES = (
     ("composite config", COMPOSITE),
+    ("no rotary class, no rotation function and no cos/sin", "the model's code applies no RoPE (no rotary class, "
+     "rotation function or cos/sin in its modeling module)"),
     ("no module-level rotation function", "rotation inlined in the attention (no module-level apply function)"),
     ("applies no RoPE on this config", "the model applies no RoPE on the config (no rotary module, no rotation call)"),
     ("made no call to a rotation function", "rotation inlined in the attention (no module-level apply function)"),
@@ -26,6 +28,12 @@ REASON_CLASSES = (
     ("are not read by rope_type", "ropelab refuses: a RoPE variant ropelab does not have (multimodal, llama4 keys)"),
     ("is multi-axis (M-RoPE", "ropelab refuses: a RoPE variant ropelab does not have (multimodal, llama4 keys)"),
     ("ropelab:", "ropelab refuses the config it reads (ValueError)"),
+    ("refuses the inputs the sweep builds", "the model refuses the inputs the sweep builds (pixels, patches and grid, "
+     "audio features or samples)"),
+    ("positions the model rotated by could not be read", "the model's positions are not read from its rotary module's "
+     "call (it computes them inside)"),
+    ("called with its tensors as keyword arguments only", "a rotation called with keyword arguments only (the "
+     "sweep reads positional ones)"),
     ("missing", "the model needs inputs other than tokens"),
     ("pixel_values", "the model needs inputs other than tokens"),
     ("input_features", "the model needs inputs other than tokens"),

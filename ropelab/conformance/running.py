@@ -8,7 +8,8 @@ import re
 
 import torch
 
-__all__ = ["error_text", "positions_for", "run_transformers", "rotated_pairs", "layout_of"]
+__all__ = ["error_text", "positions_for", "run_transformers", "rotated_pairs", "layout_of", "model_inputs",
+           "n_layers_of", "InputsRefused", "GRID_THW"]
 
 
 def error_text(e: BaseException) -> str:
@@ -72,6 +73,101 @@ def _base_model(config, module):
     raise LookupError(f"no AutoModel and no *Model class for {type(config).__name__} in {module.__name__}")
 
 
+# Two frames of 4 x 4 patches: each spatial merge (2 x 2) has whole blocks, rows differ from columns, and a tower
+# that rotates by the frame too (MiniMax-M3-VL's) sees it change (with one frame its frame pairs never turn).
+GRID_THW = (2, 4, 4)
+# Audio feature frames: a few tokens left after the encoders' subsampling (50 after 2x: never the head size, so
+# the sequence axis of q and k is told apart).
+N_FRAMES = 100
+
+
+def _first_int(config, *keys, default=None):
+    for k in keys:
+        v = getattr(config, k, None)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+        if isinstance(v, (list, tuple)) and v and isinstance(v[0], int):
+            return v[0]
+    return default
+
+
+def _required(model) -> list[str]:
+    """The forward's parameters without a default (what a call must give)."""
+    sig = inspect.signature(model.forward)
+    return [n for n, p in sig.parameters.items() if p.default is p.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def model_inputs(model, config, dtype) -> list[dict]:
+    """Candidate inputs (seeded, in ``dtype``) for a model whose forward needs more than tokens, first one that runs
+    wins; [] for a model that takes tokens. Vision towers taking flattened patches and ``grid_thw`` get one image of
+    ``GRID_THW`` patches; pixel-only ViTs an image of 4 x 4 patches (or the config's image_size); audio encoders
+    ``N_FRAMES`` frames of features (both (mel, time) orders) or samples; time series a window of values."""
+    params = inspect.signature(model.forward).parameters
+    req = set(_required(model))
+    if "input_ids" in req or "input_ids" in params or not ({"pixel_values", "input_features", "input_values",
+                                                             "past_values", "inputs_embeds", "hidden_states"}
+                                                            & (req | set(params))):
+        return []
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+    ch = _first_int(config, "in_channels", "num_channels", default=3)
+    patch = _first_int(config, "patch_size", default=14)
+    t, h, w = GRID_THW
+    n = h * w  # one image's patches (the pixel-only towers)
+    merge = _first_int(config, "spatial_merge_size", default=1)
+    extra = {"merge_sizes": torch.tensor([merge])} if "merge_sizes" in req else {}
+    grid_key = next((k for k in ("grid_thw", "image_grid_thw") if k in params), None)
+    if grid_key is not None:
+        out = []
+        tps_all = [_first_int(config, "temporal_patch_size", default=1)]
+        tps_all += [v for v in (1, 2) if v not in tps_all]
+        for frames in (t, 1):  # one frame where a tower refuses two (GLM-4V's temporal merge)
+            grid, n = torch.tensor([[frames, h, w]]), frames * h * w
+            for key in ("hidden_states", "pixel_values"):
+                if key in params:
+                    for tps in tps_all:
+                        out.append({key: rand(n, ch * tps * patch * patch), grid_key: grid, **extra})
+                    out += [{key: rand(n, ch, patch, patch), grid_key: grid, **extra},
+                            {key: rand(n, ch, tps_all[0], patch, patch), grid_key: grid, **extra},
+                            {key: rand(1, n, ch, patch, patch), grid_key: grid, **extra},
+                            {key: rand(1, n, ch * patch * patch), grid_key: grid, **extra}]
+        return out
+    if "pixel_position_ids" in req and "pixel_values" in params:
+        # Gemma 4's vision tower takes each patch's (column, row) as an input: the grid's, row-major
+        grid = torch.stack(torch.meshgrid(torch.arange(w), torch.arange(h), indexing="xy"), -1).reshape(1, n, 2)
+        return [{"pixel_values": rand(1, n, ch * patch * patch), "pixel_position_ids": grid},
+                {"pixel_values": rand(1, n, ch * patch * patch), "pixel_position_ids": grid.flip(-1)}]
+    if "pixel_values" in params:
+        sizes = [h * patch]
+        image = _first_int(config, "image_size")
+        if image is not None and image != h * patch and image <= 1024:
+            sizes.append(image)  # a ViT with learned absolute positions takes exactly its image size
+        flat = [n] + ([(image // patch) ** 2] if image is not None and image <= 1024 else [])
+        return ([{"pixel_values": rand(1, ch, s, s)} for s in sizes]
+                + [{"pixel_values": rand(1, m, ch * patch * patch)} for m in flat])
+    mel = _first_int(config, "num_mel_bins", "feature_size", "input_feat_size", "n_mels", default=80)
+    if "input_features" in params and ("input_features" in req or "inputs_embeds" in params):
+        frames = [N_FRAMES]
+        src = _first_int(config, "max_source_positions")
+        if src is not None and 2 * src <= 4096:
+            frames.append(2 * src)  # Whisper-like encoders take exactly twice their positions
+        mels = [mel] + ([128] if mel != 128 else [])  # a class that states no mel bins (Gemma 4's audio): 128
+        return [{"input_features": rand(1, *shape)} for m in mels for f in frames for shape in ((m, f), (f, m))]
+    if "input_values" in req:
+        samples = N_FRAMES * 192  # a multiple of the usual hop lengths (160, 320, 480, 1920 samples)
+        return [{"input_values": rand(1, samples)}, {"input_values": rand(1, 1, samples)}]
+    if "past_values" in req:
+        return [{"past_values": rand(1, 128)}]  # a multiple of the time-series models' patch lengths (32)
+    if "inputs_embeds" in req:
+        hidden = _first_int(config, "hidden_size", default=64)
+        return [{"inputs_embeds": rand(1, 9, hidden)}]
+    return []
+
+
 def run_transformers(config, module) -> dict:
     """:func:`_run` in float64, or in float32 where the model's kernels refuse float64 (grouped MoE matmuls)."""
     try:
@@ -88,15 +184,21 @@ def _run(config, module, dtype) -> dict:
     rec = _Recorder()
     names = [n for n, f in vars(module).items()
              if inspect.isfunction(f) and re.search(r"rotary|rope", n) and n.startswith("apply")]
+    source = inspect.getsource(module)
+    if not names and not any("Rotary" in n for n, c in vars(module).items() if inspect.isclass(c)) \
+            and not re.search(r"\.(cos|sin)\(|torch\.(cos|sin)\(", source):
+        raise LookupError(f"no rotary class, no rotation function and no cos/sin anywhere in {module.__name__}: "
+                          "the model's code applies no RoPE (it was found because its configuration file mentions "
+                          "rope keys)")
     if not names:
         raise LookupError(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in {module.__name__}; "
                           "the rotation is inlined")
     torch.manual_seed(0)
     model = _base_model(config, module).to(dtype).eval()
-    layers = _layer_list(model, config.num_hidden_layers)
+    n_layers = n_layers_of(config)
+    layers = _layer_list(model, n_layers)
     if layers is None:
-        raise LookupError(f"no ModuleList of num_hidden_layers={config.num_hidden_layers} layers in "
-                          f"{type(model).__name__}")
+        raise LookupError(f"no ModuleList of num_hidden_layers={n_layers} layers in {type(model).__name__}")
     hooks = []
     for i, layer in enumerate(layers):
         def pre(_m, _a, i=i):
@@ -116,31 +218,111 @@ def _run(config, module, dtype) -> dict:
     positions = positions_for(getattr(config, "max_position_embeddings", None))
     ids = torch.randint(0, min(getattr(config, "vocab_size", 128) or 128, 100), (1, len(positions)))
     pos = torch.tensor([positions])
+    inputs = model_inputs(model, config, dtype)
+    used_inputs = None
     try:
         for n in names:
             setattr(module, n, rec.wrap(saved[n]))
         with torch.no_grad():
-            try:
-                model(input_ids=ids, position_ids=pos, use_cache=False)
-            except TypeError as e:
-                if "position_ids" not in str(e) and "use_cache" not in str(e):
-                    raise
-                positions = list(range(len(positions)))
-                pos = torch.tensor([positions])
-                model(input_ids=ids)
+            if inputs:
+                used_inputs = _run_inputs(model, inputs, rec, rotary)
+            else:
+                try:
+                    model(input_ids=ids, position_ids=pos, use_cache=False)
+                except TypeError as e:
+                    if "position_ids" not in str(e) and "use_cache" not in str(e):
+                        raise
+                    positions = list(range(len(positions)))
+                    pos = torch.tensor([positions])
+                    model(input_ids=ids)
     finally:
         for n in names:
             setattr(module, n, saved[n])
         for h in hooks:
             h.remove()
+    run = {"calls": rec.calls, "ran": sorted(set(rec.ran)), "positions": positions, "dtype": str(dtype),
+           "rotary": rotary, "n_layers": n_layers}
+    if used_inputs is not None:
+        run["inputs"] = {k: list(v.shape) if isinstance(v, torch.Tensor) else v for k, v in used_inputs.items()}
+        if "grid_thw" in used_inputs:
+            run["inputs"]["grid_thw"] = used_inputs["grid_thw"].tolist()
+        _positions_from_rotary(run)
+        return run
     # A model may replace the positions it is given (CSM's depth decoder numbers its codebooks 0, 1, 2, ... and
     # ignores position_ids): compare at the positions its rotary module was called with.
     used = {tuple(p.reshape(-1, p.shape[-1])[0].tolist()) for *_, p in rotary
             if isinstance(p, torch.Tensor) and p.dim() in (1, 2) and p.shape[-1] == len(positions)}
     if len(used) == 1 and list(next(iter(used))) != positions:
-        positions = list(next(iter(used)))
-    return {"calls": rec.calls, "ran": sorted(set(rec.ran)), "positions": positions, "dtype": str(dtype),
-            "rotary": rotary}
+        run["positions"] = list(next(iter(used)))
+    return run
+
+
+def n_layers_of(config) -> int:
+    """The layer count: ``num_hidden_layers``, else a vision tower's ``depth``."""
+    n = getattr(config, "num_hidden_layers", None)
+    n = n if isinstance(n, int) else getattr(config, "depth", None)
+    if not isinstance(n, int):
+        raise LookupError(f"{type(config).__name__} has no int num_hidden_layers or depth")
+    return n
+
+
+class InputsRefused(RuntimeError):
+    """The model raised on every candidate of ``model_inputs``."""
+
+
+def _run_inputs(model, inputs: list[dict], rec, rotary) -> dict:
+    """Run the first candidate of ``model_inputs`` that the model accepts; the error of the last one else."""
+    err = None
+    for kw in inputs:
+        rec.calls.clear()
+        rec.ran.clear()
+        rotary.clear()
+        try:
+            model(**kw)
+        except Exception as e:  # noqa: BLE001 - the next candidate; the last error is the reason
+            err = e
+            continue
+        return kw
+    if isinstance(err, TypeError) and "required positional argument" in str(err):
+        raise err  # an input the sweep does not build (MLlama's aspect_ratio_ids): that is the reason
+    raise InputsRefused(f"{', '.join(sorted(inputs[-1]))}; the last one: {error_text(err)}") from err
+
+
+def _positions_from_rotary(run: dict) -> None:
+    """The positions of each recorded call, read from the rotary module's call: its ``position_ids`` ([s] or [b, s]:
+    1D; [A, s]: one row per axis, a vision tower's (row, column) or (frame, row, column)), each token's
+    matched to the call by its cos row (Qwen2.5-VL reorders the tokens into windows after the rotary module).
+    Sets ``run["positions"]`` (1D list, or None) and ``call["positions"]`` ([A, s] tensor) where multi-axis."""
+    run["positions"] = None
+    recs = [(out, p) for _m, _a, _k, out, p in run["rotary"] if isinstance(p, torch.Tensor)
+            and isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], torch.Tensor)]
+    if not recs:
+        return
+    ps = {tuple(p.shape) for _, p in recs}
+    if len(ps) != 1:
+        return
+    out, p = recs[0]
+    if p.dim() == 1 or (p.dim() == 2 and p.shape[0] == 1):
+        run["positions"] = p.reshape(-1).tolist()
+        return
+    table = out[0].reshape(-1, out[0].shape[-1]).double()  # [s, d]: each token's cos row
+    s = table.shape[0]
+    if p.dim() == 3 and p.shape[0] == 1:
+        p = p[0]  # one image: [1, s, A] (Gemma 4's pixel_position_ids) -> [s, A]
+    if p.dim() == 2 and p.shape[0] == s and p.shape[1] <= 4:
+        p = p.T  # [s, A] (Qwen2-VL's vision rotary: one (row, column) per token) -> [A, s]
+    if p.dim() != 2 or p.shape[0] > 4 or p.shape[1] != s:
+        return
+    for c in run["calls"]:
+        tensors = [a for a in c["args"] if isinstance(a, torch.Tensor)]
+        n_rot = len(rotated_pairs(c))  # (q, k, cos, sin, ...) or Gemma 4's (x, cos, sin, position_ids)
+        cos = tensors[n_rot] if len(tensors) > n_rot else None
+        if cos is None or cos.numel() != table.numel():
+            continue
+        rows = cos.reshape(s, -1).double()
+        eq = (rows[:, None, :] == table[None, :, :]).all(-1)  # [s call, s rotary]
+        if bool((eq.sum(1) >= 1).all()):
+            c["positions"] = p[:, eq.float().argmax(1)]
 
 
 def rotated_pairs(call) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -75,6 +75,7 @@ __all__ = [
     "SINGLE_AXIS_LENGTH",
     "NOT_SINGLE_AXIS",
     "SPREAD_TOL",
+    "ladder_check",
 ]
 
 SINGLE_AXIS_LENGTH = 64  # long enough that a flattened grid of width <= 32 wraps at least once
@@ -277,7 +278,7 @@ def diagnose_axes(fn: Callable, *, n_axes: int, head_dim: int, seq: int = 8) -> 
             # M-RoPE shares one ladder: strictly decreasing across all pairs; axial restarts per axis
             if not cand.axial and not bool((inv_freq[1:] < inv_freq[:-1]).all()):
                 continue
-            got, why = _ladder_check(cand, inv_freq)
+            got, why = ladder_check(cand, inv_freq)
             if got is None:
                 refused.append(why)
                 continue
@@ -302,7 +303,7 @@ def _axis_rtol(base: float) -> float:
     return 2 * (math.log(base) + 11) * UNIT_ROUNDOFF[torch.float32]
 
 
-def _ladder_check(cand: MultiAxis, inv_freq: torch.Tensor) -> tuple[float | None, str]:
+def ladder_check(cand: MultiAxis, inv_freq: torch.Tensor) -> tuple[float | None, str]:
     r"""(the base, "") when the measured ``inv_freq`` is the candidate's ladder within :func:`_axis_rtol`, else
     (None, what differs). Axial: each axis's own default ladder :math:`b^{-2j/(2 s_k)}`, one base b for all
     (``MultiAxis.inv_freq``); M-RoPE: one known ladder across the head (``ropelab.diagnosis.ladder``, any
