@@ -333,3 +333,67 @@ def test_notebook_09_classes_claim_only_what_the_rows_show():
     assert got["own_rope_keys"]["csm"] == ["rope_parameters"]
     exaone = next(k for k, v in got["classes"].items() if v == ["exaone"])
     assert "package" not in exaone and "modeling module" in exaone
+
+
+def test_tiny_kwargs_fill_sizes_the_default_leaves_unusable_and_keep_rope_keys():
+    """Sizes that stop a default from running at the tiny depth are filled, RoPE keys untouched: a size stored
+    under an attribute_map name (BailingHybrid's n_group is num_expert_group), MoE sizes left None by a class whose
+    layers build experts anyway (Dots1) but not by one with a switch (Gemma 4's enable_moe_block), a None vocabulary
+    (ESM), a count of layers the tiny depth cannot hold (Gemma 3n's KV-sharing layers), a per-layer list the model
+    indexes (LFM2-MoE's layer_types, the other type named by its modeling code)."""
+    from transformers import CONFIG_MAPPING
+
+    kws = {mt: conformance.tiny_kwargs(CONFIG_MAPPING[mt])
+           for mt in ("bailing_hybrid", "dots1", "gemma4_text", "esm", "gemma3n_text", "lfm2_moe")}
+    assert kws["bailing_hybrid"]["num_expert_group"] == 1 and kws["bailing_hybrid"]["num_experts_per_token"] == 2
+    assert kws["dots1"]["n_routed_experts"] == 4 and kws["dots1"]["num_experts_per_tok"] == 2
+    assert "num_experts" not in kws["gemma4_text"]
+    assert kws["esm"]["vocab_size"] == 128
+    assert 0 < kws["gemma3n_text"]["num_kv_shared_layers"] < kws["gemma3n_text"]["num_hidden_layers"]
+    assert set(kws["lfm2_moe"]["layer_types"]) == {"conv", "full_attention"}
+    for mt, kw in kws.items():
+        cls = CONFIG_MAPPING[mt]
+        assert not [k for k in kw if "rope" in k or "theta" in k or "rotary" in k], mt
+        assert getattr(cls(**kw), "rope_parameters", None) == getattr(cls(), "rope_parameters", None), mt
+
+
+def test_repairs_name_values_the_model_needs_and_no_rope_key():
+    """A tiny config the model cannot run gets what the failure names, never a RoPE key: the attribute the
+    composite config of its module sets on it (T5Gemma 2's dropout_rate), an MLP size its class never defines
+    (Qwen3-Omni's talker), a sliding window the masks require (Step-3.5)."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.records import _repair
+
+    t5 = CONFIG_MAPPING["t5gemma2_text"]
+    assert _repair(t5, {}, "transformers' model cannot run on tokens: AttributeError: 'T5Gemma2TextConfig' object "
+                   "has no attribute 'dropout_rate'") == {"dropout_rate": 0.0}
+    talker = CONFIG_MAPPING["qwen3_omni_moe_talker_text"]
+    assert _repair(talker, {}, "AttributeError: 'Qwen3OmniMoeTalkerTextConfig' object has no attribute "
+                   "'shared_expert_intermediate_size'") == {"shared_expert_intermediate_size": 32}
+    assert _repair(CONFIG_MAPPING["step3p5"], {}, "ValueError: Could not find a `sliding_window` argument in the "
+                   "config, or it is not set") == {"sliding_window": 4096}
+    assert _repair(t5, {}, "AttributeError: 'T5Gemma2TextConfig' object has no attribute 'rope_whatever'") is None
+
+
+@pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
+                    reason="the committed table is for another transformers; rerun make conformance")
+def test_a_rotary_that_fails_on_its_own_default_config_is_transformers_reason():
+    """GLM-4.1V's text rotary splits its cos/sin by the default M-RoPE sections [8, 12, 12] (32 pairs) while the
+    default head has 64; Cohere Compass's default has no rope dict for its layer types: both fail on the class's
+    own default config, before any tiny size, and their rows say so with the error the code gives now. Llama's and
+    Gemma 3's (one call per layer type) run."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.records import _DEFAULT_FAILS, default_rotary_failure, modeling_module
+    from ropelab.conformance.report import reason_class
+
+    found = _discovered()
+    for mt in ("glm4v_text", "cohere_compass_text"):
+        failure = default_rotary_failure(CONFIG_MAPPING[mt], modeling_module(mt, found[mt]["module"]))
+        assert failure is not None
+        reason = _table()["models"][mt]["reason"]
+        assert reason.startswith(_DEFAULT_FAILS) and failure in reason
+        assert reason_class(reason).startswith("transformers' rotary fails on its config class's own default")
+    for mt in ("llama", "gemma3_text"):
+        assert default_rotary_failure(CONFIG_MAPPING[mt], modeling_module(mt, found[mt]["module"])) is None

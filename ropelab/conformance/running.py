@@ -72,6 +72,11 @@ def _base_model(config, module):
     raise LookupError(f"no AutoModel and no *Model class for {type(config).__name__} in {module.__name__}")
 
 
+def _embedded(model, ids):
+    emb = model.get_input_embeddings()
+    return (emb[0] if isinstance(emb, torch.nn.ModuleList) else emb)(ids)
+
+
 def run_transformers(config, module) -> dict:
     """:func:`_run` in float64, or in float32 where the model's kernels refuse float64 (grouped MoE matmuls)."""
     try:
@@ -91,6 +96,9 @@ def _run(config, module, dtype) -> dict:
     if not names:
         raise LookupError(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in {module.__name__}; "
                           "the rotation is inlined")
+    if not isinstance(getattr(config, "num_hidden_layers", None), int):
+        raise LookupError(f"{type(config).__name__} has no num_hidden_layers: a component without decoder layers "
+                          "(an image tokenizer, a vocoder, an audio encoder) to attribute rotation calls to")
     torch.manual_seed(0)
     model = _base_model(config, module).to(dtype).eval()
     layers = _layer_list(model, config.num_hidden_layers)
@@ -122,6 +130,12 @@ def _run(config, module, dtype) -> dict:
         with torch.no_grad():
             try:
                 model(input_ids=ids, position_ids=pos, use_cache=False)
+            except (ValueError, AttributeError) as e:
+                if "input_ids` is expected to be `None`" not in str(e) and "'embed_tokens'" not in str(e):
+                    raise
+                # A model fed embeddings, not tokens (Qwen3-Omni's talker and its code predictor): the tokens'
+                # rows of its own input embedding (the first codebook's where it has one per codebook).
+                model(inputs_embeds=_embedded(model, ids), position_ids=pos, use_cache=False)
             except TypeError as e:
                 if "position_ids" not in str(e) and "use_cache" not in str(e):
                     raise
