@@ -397,3 +397,61 @@ def test_a_rotary_that_fails_on_its_own_default_config_is_transformers_reason():
         assert reason_class(reason).startswith("transformers' rotary fails on its config class's own default")
     for mt in ("llama", "gemma3_text"):
         assert default_rotary_failure(CONFIG_MAPPING[mt], modeling_module(mt, found[mt]["module"])) is None
+
+
+def test_tiny_kwargs_a_class_refuses_are_tied_as_its_validators_require():
+    """A class whose validators tie sizes together accepts the tiny config once the ties are kept: Zamba2's default
+    block list (54 layers) cut to the tiny depth with its hybrid layer ids, dots.3's audio adapter input at the tiny
+    hidden size, a CTC blank id inside the tiny vocabulary; no RoPE key among them."""
+    from transformers import CONFIG_MAPPING
+
+    for mt in ("zamba2", "dots3_note_audio_encoder", "nemotron3_5_transcribe_word_timestamp"):
+        cls = CONFIG_MAPPING[mt]
+        kw = conformance.tiny_kwargs(cls)
+        config = cls(**kw)  # accepted
+        assert not [k for k in kw if "rope" in k or "theta" in k or "rotary" in k], mt
+        assert getattr(config, "rope_parameters", None) == getattr(cls(), "rope_parameters", None), mt
+    kw = conformance.tiny_kwargs(CONFIG_MAPPING["zamba2"])
+    assert len(kw["layers_block_type"]) == kw["num_hidden_layers"] and kw["hybrid_layer_ids"] == \
+        [i for i, t in enumerate(kw["layers_block_type"]) if t == "hybrid"]
+
+
+@pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
+                    reason="the committed table is for another transformers; rerun make conformance")
+@pytest.mark.parametrize("model_type", ["esm", "lfm2_moe", "qwen3_omni_moe_talker_text",
+                                        "qwen3_omni_moe_talker_code_predictor"])
+def test_types_the_tiny_config_once_broke_run_and_agree(model_type):
+    """Model types that failed on the sweep's tiny config now run and agree, as their committed rows say: ESM's
+    None vocabulary (and its rotary switch), LFM2-MoE's layer types, Qwen3-Omni's talker (an MLP size its config
+    class never defines, and embeddings where it has no token embedding) and code predictor (embeddings only)."""
+    torch.set_num_threads(1)
+    row = conformance.sweep_model_type(model_type, _discovered()[model_type], only_default=True, diagnose=False)
+    assert row["status"] == "agree" == _table()["models"][model_type]["status"], row.get("reason")
+    assert row["table"] == "matches"
+    if model_type == "qwen3_omni_moe_talker_text":
+        assert row["added_to_config"] == {"shared_expert_intermediate_size": 32}
+
+
+def test_a_scaled_rope_whose_factor_is_the_rotated_slices_share_is_read():
+    """dots.3's config class sets each layer type's partial_rotary_factor to qk_rope_head_dim / head_dim: a linear
+    or yarn scaling's frequencies then cover exactly the rotated slice (ropelab's head), and transformers runs it;
+    ropelab reads it rather than refusing it. A factor that is not that share is still refused."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.discovery import variants
+
+    cls = CONFIG_MAPPING["dots3_note_text"]
+    runs = variants(cls, conformance.tiny_kwargs(cls))
+    d = cls(**json.loads(json.dumps(runs["linear"]))).to_dict()
+    specs = RopeSpec.per_layer(d)
+    assert {s.rope_type for s in specs} >= {"linear"} and all(s.rotary_dim is None for s in specs)
+    bad = json.loads(json.dumps(d))
+    for params in bad["rope_parameters"].values():
+        params["partial_rotary_factor"] = 0.5 * params["partial_rotary_factor"]
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        RopeSpec.per_layer(bad)
+    rows = _table()["models"]
+    assert all(v["status"] == "agree" for v in rows["dots3_note_text"]["variants"].values())
+    # The probe compares with the layer's own head: Gemma 4's global layers (512 wide) read as the spec says.
+    assert all(rows[mt]["diagnose"] == "match" for mt in ("gemma4_text", "gemma4_unified_text",
+                                                           "embedding_gemma2_text"))

@@ -161,7 +161,37 @@ def tiny_kwargs(config_cls) -> dict[str, Any]:
             kw["mlp_layer_types"] = ["dense" if i < k else "sparse" for i in range(n)]
     # transformers rebuilds per-layer lists (layer_types, no_rope_layers, ...) from num_hidden_layers when they
     # are not given: drop the defaults' lists so the class derives them for the tiny depth, as it would.
+    if _built(config_cls, kw) is None:
+        kw = _accepted(config_cls, d, kw)
     return kw
+
+
+def _accepted(config_cls, d, kw: dict) -> dict:
+    """``kw`` adjusted where the class refuses it for a tie between sizes (the class's validators): a default
+    per-layer list the class keeps at the default depth (Zamba2's 54 layers_block_type) cut to the tiny depth's
+    first layers, with its lists of layer indices; a size that the default ties to hidden_size (dots.3's
+    adapter_input_size) set to the tiny one; a token id outside the tiny vocabulary (a CTC blank) moved inside
+    it. Each only if the class then accepts."""
+    n_default, hidden = _get(d, "num_hidden_layers"), _get(d, "hidden_size")
+    fixes: list[dict] = []
+    if isinstance(kw.get("num_hidden_layers"), int) and isinstance(n_default, int):
+        n = kw["num_hidden_layers"]
+        lists = {k: v for k, v in vars(d).items() if isinstance(v, list) and "layer" in k and k not in kw}
+        fixes.append({**{k: v[:n] for k, v in lists.items() if len(v) == n_default},
+                      **{k: [i for i in v if i < n] for k, v in lists.items()  # Zamba2's hybrid_layer_ids
+                         if len(v) != n_default and v and all(isinstance(i, int) for i in v)}})
+    if isinstance(hidden, int) and "hidden_size" in kw:
+        fixes.append({k: kw["hidden_size"] for k, v in vars(d).items()
+                      if k.endswith("_size") and k != "hidden_size" and v == hidden and not isinstance(v, bool)})
+    vocab = kw.get("vocab_size")
+    if isinstance(vocab, int):
+        fixes.append({k: vocab - 1 for k, v in vars(d).items()
+                      if k.endswith("_token_id") and isinstance(v, int) and not isinstance(v, bool) and v >= vocab})
+    out = dict(kw)
+    for fix in fixes:
+        if fix and _built(config_cls, out) is None:
+            out.update(fix)
+    return out if _built(config_cls, out) is not None else kw
 
 
 def _built(config_cls, kw: dict):

@@ -67,13 +67,19 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
             runs = variants(config_cls, kw)
             continue
         switch = _rope_switch(config_cls, module) if not switched else None
-        if not reason.startswith(_NO_ROPE) or switch is None:
+        flag = _rope_flag(config_cls) if not switched else None
+        if not reason.startswith(_NO_ROPE) or (switch is None and flag is None):
             break
         switched = True
-        # The default config opts out of RoPE (GraniteMoeHybrid's position_embedding_type=None): the model's own
-        # switch, read from its modeling code, turns it on, and every variant runs with it.
-        kw = {**kw, "position_embedding_type": switch}
-        row["position_embedding_type"] = switch
+        # The default config opts out of RoPE (GraniteMoeHybrid's position_embedding_type=None, Zamba2's
+        # use_mem_rope=False): the model's own switch, read from its modeling code or its config class, turns it
+        # on, and every variant runs with it.
+        if switch is not None:
+            kw = {**kw, "position_embedding_type": switch}
+            row["position_embedding_type"] = switch
+        else:
+            kw = {**kw, flag: True}
+            row["rope_switch"] = flag
         runs = variants(config_cls, kw)
     default = row["variants"]["default"]
     if default.get("reason", "").startswith(_CANNOT_RUN):
@@ -215,6 +221,13 @@ def _rope_switch(config_cls, module) -> str | None:
     return rotary[0] if len(rotary) == 1 else None
 
 
+def _rope_flag(config_cls) -> str | None:
+    """The boolean key of the config class that turns RoPE on (``use_mem_rope``: a name with ``use_`` and
+    ``rope``), where there is exactly one and the default leaves it False; else None."""
+    flags = [k for k, v in vars(config_cls()).items() if v is False and k.startswith("use_") and "rope" in k]
+    return flags[0] if len(flags) == 1 else None
+
+
 def _has_sub_model(config_cls) -> bool:
     """Whether a sub-config of the default instance describes a network of its own (an int hidden_size or
     num_hidden_layers: Evolla's protein encoder), which the tiny sizes of the top config would not shrink."""
@@ -279,12 +292,6 @@ def _ignores_partial_factor(config_cls, module, kwargs: dict, d: dict, rotating:
             else {**params, "partial_rotary_factor": factor})
     try:
         config = config_cls(**json.loads(json.dumps({**kwargs, "rope_parameters": rope})))
-        held = config.rope_parameters
-        if any(not isinstance(p, dict) or p.get("partial_rotary_factor") != factor
-               for p in (held.values() if nested else [held])):
-            # The class recomputes the factor (dots.3 sets it to qk_rope_head_dim / head_dim per layer type): the
-            # probe factor never reached the code, so nothing is measured.
-            return False
         run = run_transformers(config, module)
         conv = measure_calls(run["calls"], run["positions"])
     except Exception:  # noqa: BLE001 - nothing measured: say nothing
