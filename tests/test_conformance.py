@@ -399,6 +399,21 @@ def test_a_rotary_that_fails_on_its_own_default_config_is_transformers_reason():
         assert default_rotary_failure(CONFIG_MAPPING[mt], modeling_module(mt, found[mt]["module"])) is None
 
 
+def test_a_model_that_cannot_be_built_on_its_own_default_config_is_transformers_reason():
+    """A model built on the meta device (no weights) from its class's untouched default: Llama's builds; a row
+    whose model fails so (Qwen4-Exp's QSA indexer sizes left None) says so, with that error."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.records import _DEFAULT_BUILD_FAILS, default_build_failure, modeling_module
+    from ropelab.conformance.report import reason_class
+
+    assert default_build_failure(CONFIG_MAPPING["llama"], modeling_module("llama", "llama")) is None
+    reason = _table()["models"]["qwen4_exp_text"]["reason"]
+    assert reason == f"{_DEFAULT_BUILD_FAILS}, before any tiny size: TypeError: unsupported operand type(s) for //: " \
+        "'NoneType' and 'NoneType'"
+    assert reason_class(reason).startswith("transformers' model cannot be built on its config class's own default")
+
+
 def test_tiny_kwargs_a_class_refuses_are_tied_as_its_validators_require():
     """A class whose validators tie sizes together accepts the tiny config once the ties are kept: Zamba2's default
     block list (54 layers) cut to the tiny depth with its hybrid layer ids, dots.3's audio adapter input at the tiny

@@ -166,5 +166,6 @@ CONVENTIONS: dict[str, dict] = {
     'unlimited_ocr_text': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'vaultgemma': {'rotating_dims': 256, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'youtu': {'output_permutation': [0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39, 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63], 'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
+    'zamba2': {'rotating_dims': 320, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': ['linear_attention'], 'aliases': {'head_dim': 'attention_head_dim', 'layer_types': 'layers_block_type'}, 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'zaya': {'rotating_dims': 64, 'direction': 1, 'measured_base': 5000000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 0.5},
 }

@@ -84,9 +84,12 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
     default = row["variants"]["default"]
     if default.get("reason", "").startswith(_CANNOT_RUN):
         failure = default_rotary_failure(config_cls, module)
+        built = default_build_failure(config_cls, module) if failure is None else None
         if failure is not None:
             default["reason"] = f"{_DEFAULT_FAILS}, before any tiny size ({failure}); on the tiny config: " + \
                 default["reason"][len(_CANNOT_RUN) + 2:]
+        elif built is not None and built == default["reason"][len(_CANNOT_RUN) + 2:]:
+            default["reason"] = f"{_DEFAULT_BUILD_FAILS}, before any tiny size: {built}"
     for v in list(row["variants"].values())[1:]:
         v.pop("convention", None)
     if "convention" in default:
@@ -169,6 +172,29 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
 
 
 _DEFAULT_FAILS = "transformers' rotary module fails on its config class's own default config"
+
+
+_DEFAULT_BUILD_FAILS = "transformers' model cannot be built on its config class's own default config"
+
+
+def default_build_failure(config_cls, module) -> str | None:
+    """The error of building the model on ``config_cls()`` untouched, on the meta device (no weights are
+    allocated, so the full default sizes cost nothing), where it raises; else None. Qwen4-Exp's default leaves its
+    QSA indexer sizes None while its attention builds the indexer: ``None // None`` at the default sizes too."""
+    import torch
+
+    from .running import _base_model
+
+    try:
+        config = config_cls()
+    except Exception:  # noqa: BLE001 - nothing to say about the default then
+        return None
+    try:
+        with torch.device("meta"):
+            _base_model(config, module)
+    except Exception as e:  # noqa: BLE001
+        return error_text(e)
+    return None
 
 
 def default_rotary_failure(config_cls, module) -> str | None:

@@ -35,6 +35,9 @@ REASON_CLASSES = (
     ("input_features", "the model needs inputs other than tokens"),
     ("fails on its config class's own default", "transformers' rotary fails on its config class's own default "
      "config (before any tiny size)"),
+    ("cannot be built on its config class's own default", "transformers' model cannot be built on its config "
+     "class's own default config (before any tiny size)"),
+    ("but it was not found in your environment", "the modeling module needs a package not installed"),
     ("cannot run on tokens", "transformers' model fails on the sweep's tiny config"),
     ("tiny config cannot be built", "the config class rejects the sweep's tiny sizes"),
     ("does not import", "the modeling module needs a package not installed"),
