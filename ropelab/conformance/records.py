@@ -90,6 +90,14 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
                 default["reason"][len(_CANNOT_RUN) + 2:]
         elif built is not None and built == default["reason"][len(_CANNOT_RUN) + 2:]:
             default["reason"] = f"{_DEFAULT_BUILD_FAILS}, before any tiny size: {built}"
+    for name, v in row["variants"].items():
+        v5 = row["variants"].get(name.replace(" (v4 schema)", ""))
+        if (name.endswith("(v4 schema)") and v.get("reason", "").startswith(_CANNOT_RUN) and v5 is not None
+                and v5["status"] in ("agree", "disagree")):
+            # The same scaling ran in the v5 schema: the class does not carry the v4 keys (rope_theta and
+            # rope_scaling at the top) into the rope dicts its code reads (one per layer type: KeyError).
+            v["reason"] = (f"{_V4_FAILS} (the same scaling in rope_parameters runs): "
+                           + v["reason"][len(_CANNOT_RUN) + 2:])
     for v in list(row["variants"].values())[1:]:
         v.pop("convention", None)
     if "convention" in default:
@@ -174,6 +182,7 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
 _DEFAULT_FAILS = "transformers' rotary module fails on its config class's own default config"
 
 
+_V4_FAILS = "transformers' model does not run this config class in the v4 schema"
 _DEFAULT_BUILD_FAILS = "transformers' model cannot be built on its config class's own default config"
 
 

@@ -35,6 +35,9 @@ REASON_CLASSES = (
     ("input_features", "the model needs inputs other than tokens"),
     ("fails on its config class's own default", "transformers' rotary fails on its config class's own default "
      "config (before any tiny size)"),
+    ("does not run this config class in the v4 schema", "transformers' model does not run the v4 schema on this "
+     "config class (the v5 one runs)"),
+    ("requires the `default` rope type", "transformers' model accepts only its default rope type"),
     ("cannot be built on its config class's own default", "transformers' model cannot be built on its config "
      "class's own default config (before any tiny size)"),
     ("but it was not found in your environment", "the modeling module needs a package not installed"),
