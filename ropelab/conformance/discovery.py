@@ -110,9 +110,11 @@ def tiny_kwargs(config_cls) -> dict[str, Any]:
             kw[key] = small[key]
         elif key.startswith("vocab_size_") and value > SMALL_INTS["vocab_size"]:
             kw[key] = SMALL_INTS["vocab_size"]  # Gemma 3n's per-layer embedding table (262144 rows per layer)
-        elif (key == "embedding_size" or key.endswith("_groups")) and value == hidden and "hidden_size" in kw:
+        elif (key in ("embedding_size", "projection_dim") or key.endswith("_groups")) and value == hidden \
+                and "hidden_size" in kw:
             # The embedding's width is the model's (Qwen2.5-Omni's talker adds them); a depthwise convolution's
-            # groups are its channels (Mimi's upsample_groups): both follow the tiny width.
+            # groups are its channels (Mimi's upsample_groups); CLVP sizes its rotary from projection_dim / heads:
+            # each follows the tiny width.
             kw[key] = kw["hidden_size"]
         elif (key.startswith("num_") and key.endswith("_layers") and key != "num_hidden_layers"
               and isinstance(kw.get("num_hidden_layers"), int) and value >= kw["num_hidden_layers"]
