@@ -470,3 +470,15 @@ def test_a_scaled_rope_whose_factor_is_the_rotated_slices_share_is_read():
     # The probe compares with the layer's own head: Gemma 4's global layers (512 wide) read as the spec says.
     assert all(rows[mt]["diagnose"] == "match" for mt in ("gemma4_text", "gemma4_unified_text",
                                                            "embedding_gemma2_text"))
+
+
+def test_a_v4_variant_said_not_to_run_in_the_v4_schema_ran_in_the_v5_one():
+    """A v4-schema variant is said to fail for the schema only where the same scaling in rope_parameters ran."""
+    from ropelab.conformance.records import _V4_FAILS
+
+    said = [(mt, n) for mt, r in _table()["models"].items() for n, v in r.get("variants", {}).items()
+            if v.get("reason", "").startswith(_V4_FAILS)]
+    assert said
+    for mt, name in said:
+        assert name.endswith("(v4 schema)")
+        assert _table()["models"][mt]["variants"][name.replace(" (v4 schema)", "")]["status"] == "agree", mt
