@@ -14,7 +14,7 @@ __all__ = ["error_text", "positions_for", "run_transformers", "rotated_pairs", "
 def error_text(e: BaseException) -> str:
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     msg = lines[0] if lines else ""
-    if msg.endswith(":") and len(lines) > 1 and "validator" in msg:  # a strict config's validator: what it says
+    if msg.endswith(":") and len(lines) > 1 and "alidat" in msg:  # a strict config's validation: what it says
         msg = f"{msg} {lines[1]}"
     return f"{type(e).__name__}: {msg}"[:300]
 
