@@ -663,6 +663,12 @@ def _with_partial(config: Any, params: Mapping[str, Any], head_dim: int, conv: M
         kind = params.get("rope_type", params.get("type", "default"))
         if kind == "default":
             params.pop("partial_rotary_factor", None)
+        elif (is_real(factor) and _get(config, "qk_rope_head_dim") == head_dim and is_real(_get(config, "head_dim"))
+              and int(_get(config, "head_dim") * float(factor)) == head_dim):
+            # The factor is the rotated slice's share of the full head (dots.3: qk_rope_head_dim / head_dim, which
+            # its config class sets per layer type): a scaling's inv_freq over head_dim * factor dims covers exactly
+            # the slice the attention hands the rotation, the head here, so transformers runs it as it is.
+            params.pop("partial_rotary_factor", None)
         elif is_real(factor) and float(factor) != 1.0:
             # A scaling's inv_freq (modeling_rope_utils) does read it: tables for part of the head meet the
             # whole head in the model's apply_rotary_pos_emb, and transformers' forward fails on the shapes.

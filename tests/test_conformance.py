@@ -336,6 +336,47 @@ def test_notebook_09_classes_claim_only_what_the_rows_show():
     assert "package" not in exaone and "modeling module" in exaone
 
 
+def test_tiny_kwargs_fill_sizes_the_default_leaves_unusable_and_keep_rope_keys():
+    """Sizes that stop a default from running at the tiny depth are filled, RoPE keys untouched: a size stored
+    under an attribute_map name (BailingHybrid's n_group is num_expert_group), MoE sizes left None by a class whose
+    layers build experts anyway (Dots1) but not by one with a switch (Gemma 4's enable_moe_block), a None vocabulary
+    (ESM), a count of layers the tiny depth cannot hold (Gemma 3n's KV-sharing layers), a per-layer list the model
+    indexes (LFM2-MoE's layer_types, the other type named by its modeling code)."""
+    from transformers import CONFIG_MAPPING
+
+    kws = {mt: conformance.tiny_kwargs(CONFIG_MAPPING[mt])
+           for mt in ("bailing_hybrid", "dots1", "gemma4_text", "esm", "gemma3n_text", "lfm2_moe")}
+    assert kws["bailing_hybrid"]["num_expert_group"] == 1 and kws["bailing_hybrid"]["num_experts_per_token"] == 2
+    assert kws["dots1"]["n_routed_experts"] == 4 and kws["dots1"]["num_experts_per_tok"] == 2
+    assert "num_experts" not in kws["gemma4_text"]
+    assert kws["esm"]["vocab_size"] == 128
+    assert 0 < kws["gemma3n_text"]["num_kv_shared_layers"] < kws["gemma3n_text"]["num_hidden_layers"]
+    assert set(kws["lfm2_moe"]["layer_types"]) == {"conv", "full_attention"}
+    for mt, kw in kws.items():
+        cls = CONFIG_MAPPING[mt]
+        assert not [k for k in kw if "rope" in k or "theta" in k or "rotary" in k], mt
+        assert getattr(cls(**kw), "rope_parameters", None) == getattr(cls(), "rope_parameters", None), mt
+
+
+def test_repairs_name_values_the_model_needs_and_no_rope_key():
+    """A tiny config the model cannot run gets what the failure names, never a RoPE key: the attribute the
+    composite config of its module sets on it (T5Gemma 2's dropout_rate), an MLP size its class never defines
+    (Qwen3-Omni's talker), a sliding window the masks require (Step-3.5)."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.records import _repair
+
+    t5 = CONFIG_MAPPING["t5gemma2_text"]
+    assert _repair(t5, {}, "transformers' model cannot run on tokens: AttributeError: 'T5Gemma2TextConfig' object "
+                   "has no attribute 'dropout_rate'") == {"dropout_rate": 0.0}
+    talker = CONFIG_MAPPING["qwen3_omni_moe_talker_text"]
+    assert _repair(talker, {}, "AttributeError: 'Qwen3OmniMoeTalkerTextConfig' object has no attribute "
+                   "'shared_expert_intermediate_size'") == {"shared_expert_intermediate_size": 32}
+    assert _repair(CONFIG_MAPPING["step3p5"], {}, "ValueError: Could not find a `sliding_window` argument in the "
+                   "config, or it is not set") == {"sliding_window": 4096}
+    assert _repair(t5, {}, "AttributeError: 'T5Gemma2TextConfig' object has no attribute 'rope_whatever'") is None
+
+
 # --------------------------------------------------------------------------------------------------
 # Models that take no tokens: vision towers (multi-axis RoPE) and audio encoders
 # --------------------------------------------------------------------------------------------------
@@ -422,3 +463,111 @@ def test_reasons_of_models_that_take_no_tokens_are_what_the_code_gives(model_typ
     committed = _table()["models"][model_type]
     assert row["status"] == committed["status"] == "not covered"
     assert row["reason"] == committed["reason"]
+
+
+@pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
+                    reason="the committed table is for another transformers; rerun make conformance")
+def test_a_rotary_that_fails_on_its_own_default_config_is_transformers_reason():
+    """GLM-4.1V's text rotary splits its cos/sin by the default M-RoPE sections [8, 12, 12] (32 pairs) while the
+    default head has 64; Cohere Compass's default has no rope dict for its layer types: both fail on the class's
+    own default config, before any tiny size, and their rows say so with the error the code gives now. Llama's and
+    Gemma 3's (one call per layer type) run."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.records import _DEFAULT_FAILS, default_rotary_failure, modeling_module
+    from ropelab.conformance.report import reason_class
+
+    found = _discovered()
+    for mt in ("glm4v_text", "cohere_compass_text"):
+        failure = default_rotary_failure(CONFIG_MAPPING[mt], modeling_module(mt, found[mt]["module"]))
+        assert failure is not None
+        reason = _table()["models"][mt]["reason"]
+        assert reason.startswith(_DEFAULT_FAILS) and failure in reason
+        assert reason_class(reason).startswith("transformers' rotary fails on its config class's own default")
+    for mt in ("llama", "gemma3_text"):
+        assert default_rotary_failure(CONFIG_MAPPING[mt], modeling_module(mt, found[mt]["module"])) is None
+
+
+def test_a_model_that_cannot_be_built_on_its_own_default_config_is_transformers_reason():
+    """A model built on the meta device (no weights) from its class's untouched default: Llama's builds; a row
+    whose model fails so (Qwen4-Exp's QSA indexer sizes left None) says so, with that error."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.records import _DEFAULT_BUILD_FAILS, default_build_failure, modeling_module
+    from ropelab.conformance.report import reason_class
+
+    assert default_build_failure(CONFIG_MAPPING["llama"], modeling_module("llama", "llama")) is None
+    reason = _table()["models"]["qwen4_exp_text"]["reason"]
+    assert reason == f"{_DEFAULT_BUILD_FAILS}, before any tiny size: TypeError: unsupported operand type(s) for //: " \
+        "'NoneType' and 'NoneType'"
+    assert reason_class(reason).startswith("transformers' model cannot be built on its config class's own default")
+
+
+def test_tiny_kwargs_a_class_refuses_are_tied_as_its_validators_require():
+    """A class whose validators tie sizes together accepts the tiny config once the ties are kept: Zamba2's default
+    block list (54 layers) cut to the tiny depth with its hybrid layer ids, dots.3's audio adapter input at the tiny
+    hidden size, a CTC blank id inside the tiny vocabulary; no RoPE key among them."""
+    from transformers import CONFIG_MAPPING
+
+    for mt in ("zamba2", "dots3_note_audio_encoder", "nemotron3_5_transcribe_word_timestamp"):
+        cls = CONFIG_MAPPING[mt]
+        kw = conformance.tiny_kwargs(cls)
+        config = cls(**kw)  # accepted
+        assert not [k for k in kw if "rope" in k or "theta" in k or "rotary" in k], mt
+        assert getattr(config, "rope_parameters", None) == getattr(cls(), "rope_parameters", None), mt
+    kw = conformance.tiny_kwargs(CONFIG_MAPPING["zamba2"])
+    assert len(kw["layers_block_type"]) == kw["num_hidden_layers"] and kw["hybrid_layer_ids"] == \
+        [i for i, t in enumerate(kw["layers_block_type"]) if t == "hybrid"]
+
+
+@pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
+                    reason="the committed table is for another transformers; rerun make conformance")
+@pytest.mark.parametrize("model_type", ["esm", "lfm2_moe", "qwen3_omni_moe_talker_text",
+                                        "qwen3_omni_moe_talker_code_predictor"])
+def test_types_the_tiny_config_once_broke_run_and_agree(model_type):
+    """Model types that failed on the sweep's tiny config now run and agree, as their committed rows say: ESM's
+    None vocabulary (and its rotary switch), LFM2-MoE's layer types, Qwen3-Omni's talker (an MLP size its config
+    class never defines, and embeddings where it has no token embedding) and code predictor (embeddings only)."""
+    torch.set_num_threads(1)
+    row = conformance.sweep_model_type(model_type, _discovered()[model_type], only_default=True, diagnose=False)
+    assert row["status"] == "agree" == _table()["models"][model_type]["status"], row.get("reason")
+    assert row["table"] == "matches"
+    if model_type == "qwen3_omni_moe_talker_text":
+        assert row["added_to_config"] == {"shared_expert_intermediate_size": 32}
+
+
+def test_a_scaled_rope_whose_factor_is_the_rotated_slices_share_is_read():
+    """dots.3's config class sets each layer type's partial_rotary_factor to qk_rope_head_dim / head_dim: a linear
+    or yarn scaling's frequencies then cover exactly the rotated slice (ropelab's head), and transformers runs it;
+    ropelab reads it rather than refusing it. A factor that is not that share is still refused."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.discovery import variants
+
+    cls = CONFIG_MAPPING["dots3_note_text"]
+    runs = variants(cls, conformance.tiny_kwargs(cls))
+    d = cls(**json.loads(json.dumps(runs["linear"]))).to_dict()
+    specs = RopeSpec.per_layer(d)
+    assert {s.rope_type for s in specs} >= {"linear"} and all(s.rotary_dim is None for s in specs)
+    bad = json.loads(json.dumps(d))
+    for params in bad["rope_parameters"].values():
+        params["partial_rotary_factor"] = 0.5 * params["partial_rotary_factor"]
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        RopeSpec.per_layer(bad)
+    rows = _table()["models"]
+    assert all(v["status"] == "agree" for v in rows["dots3_note_text"]["variants"].values())
+    # The probe compares with the layer's own head: Gemma 4's global layers (512 wide) read as the spec says.
+    assert all(rows[mt]["diagnose"] == "match" for mt in ("gemma4_text", "gemma4_unified_text",
+                                                           "embedding_gemma2_text"))
+
+
+def test_a_v4_variant_said_not_to_run_in_the_v4_schema_ran_in_the_v5_one():
+    """A v4-schema variant is said to fail for the schema only where the same scaling in rope_parameters ran."""
+    from ropelab.conformance.records import _V4_FAILS
+
+    said = [(mt, n) for mt, r in _table()["models"].items() for n, v in r.get("variants", {}).items()
+            if v.get("reason", "").startswith(_V4_FAILS)]
+    assert said
+    for mt, name in said:
+        assert name.endswith("(v4 schema)")
+        assert _table()["models"][mt]["variants"][name.replace(" (v4 schema)", "")]["status"] == "agree", mt

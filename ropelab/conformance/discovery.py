@@ -96,15 +96,45 @@ def tiny_kwargs(config_cls) -> dict[str, Any]:
     for key in ("pad_token_id", "padding_idx"):
         if isinstance(_get(d, key), int) and _get(d, key) >= SMALL_INTS["vocab_size"]:
             kw[key] = 0  # an embedding of 128 rows needs its padding row inside
+    # A size stored under another name than the one SMALL_INTS knows (BailingHybrid stores n_group as
+    # num_expert_group, num_experts_per_tok as num_experts_per_token): the class's attribute_map says which.
+    small = {**SMALL_INTS, **{stored: SMALL_INTS[alias] for alias, stored in
+                              (getattr(config_cls, "attribute_map", None) or {}).items()
+                              if alias in SMALL_INTS and stored not in SMALL_INTS}}
     for key, value in vars(d).items():
         if isinstance(value, bool) or not isinstance(value, int):
             continue
         if "intermediate_size" in key or key in ("ffn_hidden_size", "n_inner", "ffn_dim"):
             kw[key] = 32
-        elif key in SMALL_INTS and value > SMALL_INTS[key]:
-            kw[key] = SMALL_INTS[key]
+        elif key in small and value > small[key]:
+            kw[key] = small[key]
+        elif key.startswith("vocab_size_") and value > SMALL_INTS["vocab_size"]:
+            kw[key] = SMALL_INTS["vocab_size"]  # Gemma 3n's per-layer embedding table (262144 rows per layer)
+        elif (key in ("embedding_size", "projection_dim") or key.endswith("_groups")) and value == hidden \
+                and "hidden_size" in kw:
+            # The embedding's width is the model's (Qwen2.5-Omni's talker adds them); a depthwise convolution's
+            # groups are its channels (Mimi's upsample_groups); CLVP sizes its rotary from projection_dim / heads:
+            # each follows the tiny width.
+            kw[key] = kw["hidden_size"]
+        elif (key.startswith("num_") and key.endswith("_layers") and key != "num_hidden_layers"
+              and isinstance(kw.get("num_hidden_layers"), int) and value >= kw["num_hidden_layers"]
+              and isinstance(_get(d, "num_hidden_layers"), int) and _get(d, "num_hidden_layers") > value):
+            # A count of some of the layers (Gemma 3n's 15 of 35 that share their KV cache) that the tiny depth
+            # cannot hold: the same share of the tiny depth, at least one.
+            kw[key] = max(1, round(value * kw["num_hidden_layers"] / _get(d, "num_hidden_layers")))
+    if "vocab_size" in vars(d) and _get(d, "vocab_size") is None:
+        kw["vocab_size"] = SMALL_INTS["vocab_size"]  # ESM leaves it None and its embedding needs a size
     # A MoE whose default leaves the routing size None (DeepSeek-V2's num_experts_per_tok): its router calls
     # topk(k=None). Filled only where the other size is set, so a None that means "dense" stays None.
+    # A MoE whose default leaves every size None but whose layers build their experts whatever the config says
+    # (Dots1, DiffusionGemma's router: no boolean switch such as Gemma 4's enable_moe_block): a small MoE.
+    switch = any(isinstance(v, bool) and ("moe" in k or "expert" in k) for k, v in vars(d).items())
+    none_sizes = [k for k in (*_EXPERT_COUNTS, "top_k_experts", "moe_intermediate_size", "n_shared_experts")
+                  if k in vars(d) and _get(d, k) is None]
+    if none_sizes and not switch and not any(isinstance(_get(d, k), int) for k in _EXPERT_COUNTS):
+        for k in none_sizes:
+            kw[k] = {"moe_intermediate_size": 32, "top_k_experts": SMALL_INTS["num_experts_per_tok"],
+                     "n_shared_experts": SMALL_INTS["n_shared_experts"]}.get(k, SMALL_INTS["num_experts"])
     experts = [k for k in _EXPERT_COUNTS if isinstance(kw.get(k, _get(d, k)), int)]
     if experts and "num_experts_per_tok" in vars(d) and _get(d, "num_experts_per_tok") is None:
         kw["num_experts_per_tok"] = SMALL_INTS["num_experts_per_tok"]
@@ -118,9 +148,73 @@ def tiny_kwargs(config_cls) -> dict[str, Any]:
     if (isinstance(types, list) and types and set(types) == {"linear_attention"}
             and isinstance(kw.get("num_hidden_layers"), int)):
         kw["layer_types"] = ["full_attention" if i % 2 else "linear_attention" for i in range(kw["num_hidden_layers"])]
+    # A per-layer list the class leaves None and its model indexes (LFM2-MoE's layer_types, DeepSeek-OCR-2's
+    # mlp_layer_types): odd layers attend (the rule above), even ones take the other type the modeling code names
+    # (``layer_types[i] != "conv"``); MLP types as DeepSeek's first_k_dense_replace lays them out.
+    if isinstance(kw.get("num_hidden_layers"), int):
+        n = kw["num_hidden_layers"]
+        built = _built(config_cls, kw)
+        if "layer_types" in vars(d) and built is not None and getattr(built, "layer_types", 0) is None:
+            names = re.findall(r"layer_types\[\w+\]\s*[!=]=\s*[\"'](\w+)[\"']", _modeling_source(config_cls))
+            other = sorted({x for x in names if "attention" not in x})
+            if len(other) == 1:
+                kw["layer_types"] = ["full_attention" if i % 2 else other[0] for i in range(n)]
+        if "mlp_layer_types" in vars(d) and built is not None and getattr(built, "mlp_layer_types", 0) is None:
+            k = kw.get("first_k_dense_replace", _get(d, "first_k_dense_replace"))
+            k = k if isinstance(k, int) else 1
+            kw["mlp_layer_types"] = ["dense" if i < k else "sparse" for i in range(n)]
     # transformers rebuilds per-layer lists (layer_types, no_rope_layers, ...) from num_hidden_layers when they
     # are not given: drop the defaults' lists so the class derives them for the tiny depth, as it would.
+    if _built(config_cls, kw) is None:
+        kw = _accepted(config_cls, d, kw)
     return kw
+
+
+def _accepted(config_cls, d, kw: dict) -> dict:
+    """``kw`` adjusted where the class refuses it for a tie between sizes (the class's validators): a default
+    per-layer list the class keeps at the default depth (Zamba2's 54 layers_block_type) cut to the tiny depth's
+    first layers, with its lists of layer indices; a size that the default ties to hidden_size (dots.3's
+    adapter_input_size) set to the tiny one; a token id outside the tiny vocabulary (a CTC blank) moved inside
+    it. Each only if the class then accepts."""
+    n_default, hidden = _get(d, "num_hidden_layers"), _get(d, "hidden_size")
+    fixes: list[dict] = []
+    if isinstance(kw.get("num_hidden_layers"), int) and isinstance(n_default, int):
+        n = kw["num_hidden_layers"]
+        lists = {k: v for k, v in vars(d).items() if isinstance(v, list) and "layer" in k and k not in kw}
+        fixes.append({**{k: v[:n] for k, v in lists.items() if len(v) == n_default},
+                      **{k: [i for i in v if i < n] for k, v in lists.items()  # Zamba2's hybrid_layer_ids
+                         if len(v) != n_default and v and all(isinstance(i, int) for i in v)}})
+    if isinstance(hidden, int) and "hidden_size" in kw:
+        fixes.append({k: kw["hidden_size"] for k, v in vars(d).items()
+                      if k.endswith("_size") and k != "hidden_size" and v == hidden and not isinstance(v, bool)})
+    vocab = kw.get("vocab_size")
+    if isinstance(vocab, int):
+        fixes.append({k: vocab - 1 for k, v in vars(d).items()
+                      if k.endswith("_token_id") and isinstance(v, int) and not isinstance(v, bool) and v >= vocab})
+    out = dict(kw)
+    for fix in fixes:
+        if fix and _built(config_cls, out) is None:
+            out.update(fix)
+    return out if _built(config_cls, out) is not None else kw
+
+
+def _built(config_cls, kw: dict):
+    try:
+        return config_cls(**json.loads(json.dumps(kw)))
+    except Exception:  # noqa: BLE001 - the sweep reports a config the class refuses
+        return None
+
+
+def _modeling_source(config_cls) -> str:
+    """The source of the modeling module next to ``config_cls``'s configuration module ('' where none)."""
+    import importlib
+    import inspect
+
+    name = config_cls.__module__.replace(".configuration_", ".modeling_")
+    try:
+        return inspect.getsource(importlib.import_module(name))
+    except Exception:  # noqa: BLE001 - a config-only folder, a module needing a package not installed
+        return ""
 
 
 def _main_rope_dict(params: dict) -> tuple[dict, str | None]:

@@ -157,7 +157,9 @@ def diagnose_probe(run, specs, layers, sliced: bool, head_dim: int) -> dict:
             continue
         fn, _ = _black_box(call, rotary[0], layout)
         d = x.shape[-1]
-        r = d if sliced else (spec.rotary_dim or head_dim)
+        # The layer's own head: Gemma 4's full-attention layers are wider (global_head_dim 512) than the config's
+        # head_dim (256, the sliding layers'), and a spec without rotary_dim rotates the whole input it is given.
+        r = d if sliced else (spec.rotary_dim or d)
         want = {"style": spec.style, "base": spec.base, "rotary_dim": r, "scaling": spec.rope_type}
         max_position = min(4096, spec.max_position_embeddings or 4096)
         try:

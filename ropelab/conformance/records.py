@@ -47,7 +47,8 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
         runs = variants(config_cls, kw)
     except Exception as e:  # noqa: BLE001
         return {**row, "status": "not covered", "reason": f"tiny config cannot be built: {error_text(e)}"}
-    for attempt in range(2):
+    switched = False
+    for _attempt in range(4):
         if only_default:
             runs = {"default": runs["default"]}
         row["variants"] = {}
@@ -56,17 +57,50 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
             row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs,
                                                    measured if name == "default" else None,
                                                    probe=diagnose and "v4" not in name)
-            if name == "default" and row["variants"][name].get("reason", "").startswith(_NO_ROPE):
+            if name == "default" and row["variants"][name].get("reason", "").startswith((_NO_ROPE, _CANNOT_RUN)):
                 break
-        switch = _rope_switch(config_cls, module) if attempt == 0 else None
-        if not row["variants"]["default"].get("reason", "").startswith(_NO_ROPE) or switch is None:
+        reason = row["variants"]["default"].get("reason", "")
+        fix = _repair(config_cls, kw, reason) if reason.startswith(_CANNOT_RUN) else None
+        if fix:  # the model needs a value its config class does not give (below); every variant runs with it
+            kw = {**kw, **fix}
+            row["added_to_config"] = {**row.get("added_to_config", {}), **fix}
+            runs = variants(config_cls, kw)
+            continue
+        switch = _rope_switch(config_cls, module) if not switched else None
+        flag = _rope_flag(config_cls) if not switched else None
+        if not reason.startswith(_NO_ROPE) or (switch is None and flag is None):
             break
-        # The default config opts out of RoPE (GraniteMoeHybrid's position_embedding_type=None): the model's own
-        # switch, read from its modeling code, turns it on, and every variant runs with it.
-        kw = {**kw, "position_embedding_type": switch}
-        row["position_embedding_type"] = switch
+        switched = True
+        # The default config opts out of RoPE (GraniteMoeHybrid's position_embedding_type=None, Zamba2's
+        # use_mem_rope=False): the model's own switch, read from its modeling code or its config class, turns it
+        # on, and every variant runs with it.
+        if switch is not None:
+            kw = {**kw, "position_embedding_type": switch}
+            row["position_embedding_type"] = switch
+        else:
+            kw = {**kw, flag: True}
+            row["rope_switch"] = flag
         runs = variants(config_cls, kw)
     default = row["variants"]["default"]
+    if default.get("reason", "").startswith(_CANNOT_RUN):
+        tiny = default["reason"][len(_CANNOT_RUN) + 2:]
+        failure = default_rotary_failure(config_cls, module)
+        if failure is not None and failure.split(": ", 1)[-1].split(":")[0] != tiny.split(":")[0]:
+            failure = None  # the default's rotary fails otherwise (another exception): it says nothing of this one
+        built = default_build_failure(config_cls, module) if failure is None else None
+        if failure is not None:
+            default["reason"] = f"{_DEFAULT_FAILS}, before any tiny size ({failure}); on the tiny config: " + \
+                default["reason"][len(_CANNOT_RUN) + 2:]
+        elif built is not None and built == tiny:
+            default["reason"] = f"{_DEFAULT_BUILD_FAILS}, before any tiny size: {built}"
+    for name, v in row["variants"].items():
+        v5 = row["variants"].get(name.replace(" (v4 schema)", ""))
+        if (name.endswith("(v4 schema)") and v.get("reason", "").startswith(_CANNOT_RUN) and v5 is not None
+                and v5["status"] in ("agree", "disagree")):
+            # The same scaling ran in the v5 schema: the class does not carry the v4 keys (rope_theta and
+            # rope_scaling at the top) into the rope dicts its code reads (one per layer type: KeyError).
+            v["reason"] = (f"{_V4_FAILS} (the same scaling in rope_parameters runs): "
+                           + v["reason"][len(_CANNOT_RUN) + 2:])
     for v in list(row["variants"].values())[1:]:
         v.pop("convention", None)
     if "convention" in default:
@@ -112,6 +146,104 @@ def _sub_config_types(config_cls) -> dict[str, str | None]:
 
 
 _NO_ROPE = "the model applies no RoPE on this config"
+_CANNOT_RUN = "transformers' model cannot run on tokens"
+
+
+def _repair(config_cls, kw: dict, reason: str) -> dict | None:
+    """A value the model needs and the tiny config lacks, read from the failure (None: none known). Never a RoPE
+    key: the attribute a composite config of the same module sets on this one (T5Gemma 2's decoder reads the
+    ``dropout_rate`` its ``T5Gemma2Config`` copies into it), a missing MLP size (Qwen3-Omni's talker reads a
+    ``shared_expert_intermediate_size`` its config class never defines: the sweep's MLP size), or a sliding
+    window the masks require though the class leaves it None (Step-3.5): 4096, more than the 9 tokens span."""
+    import re
+    import sys
+
+    m = re.search(r"Config' object has no attribute '(\w+)'", reason)
+    if m and m.group(1) not in kw and "rope" not in m.group(1):
+        key = m.group(1)
+        module = sys.modules.get(config_cls.__module__)
+        for cls in vars(module).values() if module is not None else []:
+            if (isinstance(cls, type) and cls is not config_cls and getattr(cls, "sub_configs", None)
+                    and isinstance(getattr(cls, key, None), (int, float)) and not isinstance(getattr(cls, key), bool)):
+                return {key: getattr(cls, key)}
+        if key.endswith("intermediate_size"):
+            return {key: 32}
+    if "sliding_window" in reason and "not set" in reason and "sliding_window" not in kw:
+        return {"sliding_window": 4096}
+    from .discovery import N_HEADS, _get
+
+    d = config_cls()
+    heads, kv = _get(d, "num_attention_heads"), _get(d, "num_key_value_heads")
+    if (kw.get("num_key_value_heads") == N_HEADS and isinstance(kv, int) and isinstance(heads, int) and kv < heads
+            and "tensor" in reason):
+        # Grouped-query attention whose layers widen the KV heads (MiMo-V2-Flash's sliding layers double them, to
+        # more KV heads than the tiny config's query heads): one KV head, as the default has fewer than queries.
+        return {"num_key_value_heads": 1}
+    return None
+
+
+_DEFAULT_FAILS = "transformers' rotary module fails on its config class's own default config"
+
+
+_V4_FAILS = "transformers' model does not run this config class in the v4 schema"
+_DEFAULT_BUILD_FAILS = "transformers' model cannot be built on its config class's own default config"
+
+
+def default_build_failure(config_cls, module) -> str | None:
+    """The error of building the model on ``config_cls()`` untouched, on the meta device (no weights are
+    allocated, so the full default sizes cost nothing), where it raises; else None. Qwen4-Exp's default leaves its
+    QSA indexer sizes None while its attention builds the indexer: ``None // None`` at the default sizes too."""
+    import torch
+
+    from .running import _base_model
+
+    try:
+        config = config_cls()
+    except Exception:  # noqa: BLE001 - nothing to say about the default then
+        return None
+    try:
+        with torch.device("meta"):
+            _base_model(config, module)
+    except Exception as e:  # noqa: BLE001
+        return error_text(e)
+    return None
+
+
+def default_rotary_failure(config_cls, module) -> str | None:
+    """The error of the modeling module's ``*Rotary*`` class, built on ``config_cls()`` untouched (the class's
+    own default sizes, not the sweep's) and called on 9 positions, where it raises; else None. A model whose
+    rotary fails there fails for transformers' own reason (GLM-4.1V's default M-RoPE sections [8, 12, 12] span 32
+    pairs of a 64-pair head; Cohere Compass's empty default rope_parameters), whatever the tiny sizes."""
+    import inspect
+
+    import torch
+
+    try:
+        config = config_cls()
+    except Exception:  # noqa: BLE001 - nothing to say about the default then
+        return None
+    for name, cls in sorted(vars(module).items()):
+        if not (inspect.isclass(cls) and issubclass(cls, torch.nn.Module) and "Rotary" in name
+                and cls.__module__ == module.__name__):
+            continue
+        annotation = getattr(inspect.signature(cls.__init__).parameters.get("config"), "annotation", None)
+        if getattr(annotation, "__name__", annotation) != config_cls.__name__:
+            continue  # the rotary of another config (a vision tower's on a text config)
+        try:
+            rotary = cls(config)
+        except TypeError:
+            continue  # a rotary built from sizes, not from the config (a vision tower's)
+        except Exception as e:  # noqa: BLE001
+            return f"{name}(config): {error_text(e)}"
+        kinds = [{}]
+        if "layer_type" in inspect.signature(cls.forward).parameters:  # Gemma 3's rotary, one call per layer type
+            kinds = [{"layer_type": t} for t in sorted(set(getattr(config, "layer_types", None) or []))] or kinds
+        for kind in kinds:
+            try:
+                rotary(torch.zeros(1, 9, 8), torch.arange(9)[None], **kind)
+            except Exception as e:  # noqa: BLE001
+                return f"{name}.forward: {error_text(e)}"
+    return None
 
 
 def _rope_switch(config_cls, module) -> str | None:
@@ -125,6 +257,13 @@ def _rope_switch(config_cls, module) -> str | None:
     values = re.findall(r"position_embedding_type\s*==\s*[\"'](\w+)[\"']", inspect.getsource(module))
     rotary = sorted({v for v in values if "rot" in v or "rope" in v})
     return rotary[0] if len(rotary) == 1 else None
+
+
+def _rope_flag(config_cls) -> str | None:
+    """The boolean key of the config class that turns RoPE on (``use_mem_rope``: a name with ``use_`` and
+    ``rope``), where there is exactly one and the default leaves it False; else None."""
+    flags = [k for k, v in vars(config_cls()).items() if v is False and k.startswith("use_") and "rope" in k]
+    return flags[0] if len(flags) == 1 else None
 
 
 def _has_sub_model(config_cls) -> bool:

@@ -22,6 +22,9 @@ REASON_CLASSES = (
     ("no module-level rotation function", "rotation inlined in the attention (no module-level apply function)"),
     ("applies no RoPE on this config", "the model applies no RoPE on the config (no rotary module, no rotation call)"),
     ("made no call to a rotation function", "rotation inlined in the attention (no module-level apply function)"),
+    ("no ModuleList of num_hidden_layers", "the decoder's layers are no ModuleList of num_hidden_layers (calls "
+     "cannot be attributed to layers)"),
+    ("a component without decoder layers", "a component without decoder layers (no num_hidden_layers)"),
     ("no AutoModel and no *Model class", "no model class runs on this config class alone (a component)"),
     ("pair dims differently", "ropelab refuses: two pairings in one layer (a sparse-attention indexer)"),
     ("RopeSpec cannot represent", "ropelab refuses: a rotation RopeSpec cannot represent"),
@@ -36,7 +39,16 @@ REASON_CLASSES = (
      "sweep reads positional ones)"),
     ("missing", "the model needs inputs other than tokens"),
     ("pixel_values", "the model needs inputs other than tokens"),
+    ("` must be given", "the model needs inputs other than tokens"),
     ("input_features", "the model needs inputs other than tokens"),
+    ("fails on its config class's own default", "transformers' rotary fails on its config class's own default "
+     "config (before any tiny size)"),
+    ("does not run this config class in the v4 schema", "transformers' model does not run the v4 schema on this "
+     "config class (the v5 one runs)"),
+    ("requires the `default` rope type", "transformers' model accepts only its default rope type"),
+    ("cannot be built on its config class's own default", "transformers' model cannot be built on its config "
+     "class's own default config (before any tiny size)"),
+    ("but it was not found in your environment", "the modeling module needs a package not installed"),
     ("cannot run on tokens", "transformers' model fails on the sweep's tiny config"),
     ("tiny config cannot be built", "the config class rejects the sweep's tiny sizes"),
     ("does not import", "the modeling module needs a package not installed"),

@@ -13,7 +13,10 @@ __all__ = ["error_text", "positions_for", "run_transformers", "rotated_pairs", "
 
 
 def error_text(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    msg = lines[0] if lines else ""
+    if msg.endswith(":") and len(lines) > 1 and "alidat" in msg:  # a strict config's validation: what it says
+        msg = f"{msg} {lines[1]}"
     return f"{type(e).__name__}: {msg}"[:300]
 
 
@@ -168,6 +171,11 @@ def model_inputs(model, config, dtype) -> list[dict]:
     return []
 
 
+def _embedded(model, ids):
+    emb = model.get_input_embeddings()
+    return (emb[0] if isinstance(emb, torch.nn.ModuleList) else emb)(ids)
+
+
 def run_transformers(config, module) -> dict:
     """:func:`_run` in float64, or in float32 where the model's kernels refuse float64 (grouped MoE matmuls)."""
     try:
@@ -193,6 +201,10 @@ def _run(config, module, dtype) -> dict:
     if not names:
         raise LookupError(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in {module.__name__}; "
                           "the rotation is inlined")
+    if not isinstance(getattr(config, "num_hidden_layers", None), int) and not isinstance(
+            getattr(config, "depth", None), int):
+        raise LookupError(f"{type(config).__name__} has no num_hidden_layers: a component without decoder layers "
+                          "(an image tokenizer, a vocoder, an audio encoder) to attribute rotation calls to")
     torch.manual_seed(0)
     model = _base_model(config, module).to(dtype).eval()
     n_layers = n_layers_of(config)
@@ -229,9 +241,21 @@ def _run(config, module, dtype) -> dict:
             else:
                 try:
                     model(input_ids=ids, position_ids=pos, use_cache=False)
-                except TypeError as e:
-                    if "position_ids" not in str(e) and "use_cache" not in str(e):
+                except (ValueError, AttributeError) as e:
+                    if "input_ids` is expected to be `None`" not in str(e) and "'embed_tokens'" not in str(e):
                         raise
+                    # A model fed embeddings, not tokens (Qwen3-Omni's talker and its code predictor): the tokens'
+                    # rows of its own input embedding (the first codebook's where it has one per codebook).
+                    model(inputs_embeds=_embedded(model, ids), position_ids=pos, use_cache=False)
+                except (TypeError, IndexError) as e:
+                    # A model that takes no position_ids, or whose rotary numbers the tokens 0 .. s-1 itself while its
+                    # attention indexes that table with the given positions (CLVP): the tokens at 0 .. s-1.
+                    if "position_ids" not in str(e) and "use_cache" not in str(e) and not (
+                            isinstance(e, IndexError) and f"with size {len(positions)}" in str(e)):
+                        raise
+                    rec.calls.clear()
+                    rec.ran.clear()
+                    rotary.clear()
                     positions = list(range(len(positions)))
                     pos = torch.tensor([positions])
                     model(input_ids=ids)
