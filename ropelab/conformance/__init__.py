@@ -64,12 +64,24 @@ passes through not at all (float64 copies: :math:`16 u_{64}|x|`). The bound is f
 ropelab's own spec; a layer agrees when every element is within it. A wrong pairing, base, scaling or
 rotary slice moves elements by a fraction of their size, many orders above the bound.
 
+Composite configs (``composite``). A config class with sub-configs (a vision-language model's ``text_config``
+and towers) is run whole: each sub-config shrunk as step 2 shrinks a plain config (the text one by the same
+sizes, every RoPE key kept; a tower also to two layers, where its class accepts it), the variants applied to the
+text sub-config, and the whole model (AutoModel, else its ``*Model`` class) runs on token ids only, its text path.
+The rotation functions of its modeling module and of every module its text sub-model's classes come from are
+recorded, each call attributed to the layers of the sub-model built on ``text_config`` (a call elsewhere, from an
+encoder or a tower, leaves the row not covered). An M-RoPE model (Qwen2-VL) numbers text tokens with every axis
+equal: the positions compared are those its rotary module saw. ``per_layer`` reads the composite's whole dict, as
+it reads a composite ``config.json`` (its ``text_config``, with the text model type's committed conventions). A
+composite whose decoder is the top config (Chameleon, DBRX) runs as a plain model type with its sub-configs
+shrunk; one with neither (a speech or vision model whose RoPE lives in an encoder) is run on token ids to record
+what it needs instead.
+
 Stated limits. Where the attention hands the rotation function only the rotary slice of the head (GPT-J,
 CodeGen: ``q[..., :rotary_dim]`` before the call), only the slice width is compared, not where the slice sits
 or that the rest passes through unchanged. Rotations inlined in the attention (no module-level ``apply_*``
-function), composite configs (their sub-configs' model types are swept on their own; a composite counts as such
-only where one of those was compared) and models that need inputs other than tokens are not covered, each row
-saying why.
+function), models that need inputs other than tokens (pixels, audio features, codec frames, decoder inputs of an
+encoder-decoder) and a composite's towers (built, never run) are not covered, each row saying why.
 """
 
 __all__: list[str] = []  # the names live in the submodules: ``sweep`` (heavy) and ``hf_table`` (data)

@@ -14,9 +14,13 @@ __all__ = ["REASON_CLASSES", "COMPOSITE", "COMPOSITE_UNCOMPARED", "reason_class"
 COMPOSITE = "composite config: the RoPE lives in a sub-config, compared as its own model type"
 COMPOSITE_UNCOMPARED = "composite config: none of its sub-configs' model types is compared either"
 
-# The classes of not-covered reasons the counts use: (a phrase of the reason, the class), first match wins.
+# The classes of not-covered reasons the counts use: (a phrase of the reason, the class), first match wins. A
+# composite config is run whole on token ids (``composite``) and its row says what failed, classed as any other;
+# the first entry is the reason of a table written before that (a composite returned unrun).
 REASON_CLASSES = (
-    ("composite config", COMPOSITE),
+    ("its RoPE lives in a sub-config", COMPOSITE),
+    ("no decoder layers to attribute", "a composite without a decoder: no layers to attribute rotation calls to"),
+    ("outside the decoder layers", "a rotation call outside the decoder layers (an encoder or a tower)"),
     ("no module-level rotation function", "rotation inlined in the attention (no module-level apply function)"),
     ("applies no RoPE on this config", "the model applies no RoPE on the config (no rotary module, no rotation call)"),
     ("made no call to a rotation function", "rotation inlined in the attention (no module-level apply function)"),
@@ -29,6 +33,7 @@ REASON_CLASSES = (
     ("missing", "the model needs inputs other than tokens"),
     ("pixel_values", "the model needs inputs other than tokens"),
     ("input_features", "the model needs inputs other than tokens"),
+    ("but it was not found in your environment", "the modeling module needs a package not installed"),
     ("cannot run on tokens", "transformers' model fails on the sweep's tiny config"),
     ("tiny config cannot be built", "the config class rejects the sweep's tiny sizes"),
     ("does not import", "the modeling module needs a package not installed"),
