@@ -369,17 +369,20 @@ def test_composite_rows_say_what_the_code_gives_now_at_config_level():
 
 
 def _composite_subset() -> list[str]:
-    """The quickest agreeing composite of each kind (its text sub-config's key, or none: the decoder is the top
-    config; whether its text RoPE is multi-axis, M-RoPE), from the committed rows."""
+    """The quickest agreeing composite of each kind, from the committed rows: its text sub-config's key (None: the
+    decoder is the top config), whether that sub-config is another model type's config (built through AutoConfig:
+    Mistral 3's ``mistral``), and whether its modeling code numbers positions on several axes (M-RoPE: Qwen2-VL)."""
     from transformers import CONFIG_MAPPING
 
+    models = pathlib.Path(transformers.__file__).parent / "models"
     chosen: dict[tuple, tuple[float, str]] = {}
     for mt, row in sorted(_composites().items()):
         if row["status"] != "agree":
             continue
-        key = row.get("text_config_key")
-        text = getattr(CONFIG_MAPPING[mt](), key) if key else CONFIG_MAPPING[mt]()
-        kind = (key, "mrope_section" in json.dumps(getattr(text, "rope_parameters", None) or {}))
+        key = row["text_config_key"]
+        auto = key is not None and not hasattr(CONFIG_MAPPING[mt].sub_configs[key], "sub_configs")
+        mrope = any("mrope" in p.read_text() for p in (models / row["module"]).glob("modeling_*.py"))
+        kind = (key, auto, mrope)
         if kind not in chosen or row.get("seconds", 1e9) < chosen[kind][0]:
             chosen[kind] = (row.get("seconds", 1e9), mt)
     return sorted(mt for _, mt in chosen.values())
