@@ -120,9 +120,12 @@ def _sweep_composite(model_type: str, row: dict, config_cls, *, only_default: bo
         return {**row, "status": "not covered", "reason": f"tiny config cannot be built: {error_text(e)}"}
     if only_default:
         runs = {"default": runs["default"]}
-    row["variants"] = {name: _sweep_variant(model_type, config_cls, module, kwargs, None,
-                                            probe=diagnose and "v4" not in name, key=key)
-                       for name, kwargs in runs.items()}
+    row["variants"] = {}
+    for name, kwargs in runs.items():
+        row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs, None,
+                                               probe=diagnose and "v4" not in name, key=key)
+        if row["variants"]["default"]["status"] == "not covered":
+            break  # the row is not covered whatever the scalings give: their runs (a big tower built again) spared
     default = row["variants"]["default"]
     statuses = [v["status"] for v in row["variants"].values()]
     if default["status"] == "not covered":

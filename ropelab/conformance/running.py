@@ -136,6 +136,8 @@ def _run(config, module, dtype, text=None) -> dict:
             rec.layer = i
             rec.ran.append(i)
         hooks.append(layer.register_forward_pre_hook(pre))
+        if text is not None:  # a composite: a call after a text layer (an encoder-decoder's other half) is no layer's
+            hooks.append(layer.register_forward_hook(lambda *_: setattr(rec, "layer", None)))
     rotary = []  # (module, position_ids, output) of every call of a *Rotary* module: the positions it really saw
 
     def seen(m, args, kwargs, out):
