@@ -67,7 +67,7 @@ def test_composite_rows_name_sub_config_types_and_count_as_composite_only_where_
     rows = _table()["models"]
     composite = {mt: r for mt, r in rows.items()
                  if r["status"] == "not covered" and r["reason"].startswith("composite")}
-    assert composite
+    # none since composites are run whole (test_composite_rows_say_what_the_code_gives_now_at_config_level)
     compared = 0
     for mt, r in composite.items():
         subs = r["sub_config_types"]
@@ -520,6 +520,59 @@ def test_tiny_kwargs_a_class_refuses_are_tied_as_its_validators_require():
         [i for i, t in enumerate(kw["layers_block_type"]) if t == "hybrid"]
 
 
+def _composites() -> dict:
+    return {mt: r for mt, r in _table()["models"].items() if "sub_config_types" in r}
+
+
+def test_composite_rows_say_what_the_code_gives_now_at_config_level():
+    """Each composite row (a config class with sub-configs) names the installed class's sub-config types and its
+    text sub-config; a row refused at config level ("tiny config cannot be built") has the error the tiny composite
+    raises now, and every other row's tiny composite builds (its reason, if any, comes from running it)."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.composite import composite_variants, text_key, tiny_composite
+    from ropelab.conformance.records import _sub_config_types
+    from ropelab.conformance.report import COMPOSITE, COMPOSITE_UNCOMPARED, row_class
+    from ropelab.conformance.running import error_text
+
+    composites = _composites()
+    assert len(composites) >= 100  # the sweep's composites, each run whole (none returned unrun)
+    for mt, row in composites.items():
+        cls = CONFIG_MAPPING[mt]
+        assert row["sub_config_types"] == _sub_config_types(cls), mt
+        assert row.get("text_config_key") == text_key(cls), mt
+        if row["status"] == "not covered":  # the reason says what failed, never "composite" alone
+            assert row_class(row, _table()["models"]) not in (COMPOSITE, COMPOSITE_UNCOMPARED), mt
+        try:
+            kw, key = tiny_composite(cls)
+            composite_variants(cls, kw, key)
+        except Exception as e:  # noqa: BLE001 - the committed row must say this
+            assert row["status"] == "not covered", mt
+            assert row["reason"] == f"tiny config cannot be built: {error_text(e)}", mt
+        else:
+            assert not row.get("reason", "").startswith("tiny config cannot be built"), mt
+
+
+def _composite_subset() -> list[str]:
+    """The quickest agreeing composite of each kind, from the committed rows: its text sub-config's key (None: the
+    decoder is the top config), whether that sub-config is another model type's config (built through AutoConfig:
+    Mistral 3's ``mistral``), and whether its modeling code numbers positions on several axes (M-RoPE: Qwen2-VL)."""
+    from transformers import CONFIG_MAPPING
+
+    models = pathlib.Path(transformers.__file__).parent / "models"
+    chosen: dict[tuple, tuple[float, str]] = {}
+    for mt, row in sorted(_composites().items()):
+        if row["status"] != "agree":
+            continue
+        key = row["text_config_key"]
+        auto = key is not None and not hasattr(CONFIG_MAPPING[mt].sub_configs[key], "sub_configs")
+        mrope = any("mrope" in p.read_text() for p in (models / row["module"]).glob("modeling_*.py"))
+        kind = (key, auto, mrope)
+        if kind not in chosen or row.get("seconds", 1e9) < chosen[kind][0]:
+            chosen[kind] = (row.get("seconds", 1e9), mt)
+    return sorted(mt for _, mt in chosen.values())
+
+
 @pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
                     reason="the committed table is for another transformers; rerun make conformance")
 @pytest.mark.parametrize("model_type", ["esm", "lfm2_moe", "qwen3_omni_moe_talker_text",
@@ -571,3 +624,20 @@ def test_a_v4_variant_said_not_to_run_in_the_v4_schema_ran_in_the_v5_one():
     for mt, name in said:
         assert name.endswith("(v4 schema)")
         assert _table()["models"][mt]["variants"][name.replace(" (v4 schema)", "")]["status"] == "agree", mt
+
+
+@pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
+                    reason="the committed table is for another transformers; rerun make conformance")
+@pytest.mark.parametrize("model_type", _composite_subset() if TABLE.exists() else [])
+def test_composite_subset_agrees_with_transformers(model_type):
+    """A composite run whole on token ids, the calls of its text sub-model's layers against ``per_layer`` of the
+    composite's dict: every variant as committed, every layer that ran compared."""
+    torch.set_num_threads(1)
+    committed = _table()["models"][model_type]
+    row = conformance.sweep_model_type(model_type, _discovered()[model_type], diagnose=False)
+    bad = {n: [lay for lay in v.get("layers", []) if lay["status"] == "disagree"] for n, v in row["variants"].items()}
+    assert row["status"] == "agree", {n: b[:2] for n, b in bad.items() if b}
+    assert {n: v["status"] for n, v in row["variants"].items()} == \
+        {n: v["status"] for n, v in committed["variants"].items()}
+    default = row["variants"]["default"]
+    assert any("max_error" in lay for lay in default["layers"])  # calls recorded and compared, not vacuous

@@ -77,19 +77,32 @@ passes through not at all (float64 copies: :math:`16 u_{64}|x|`). The bound is f
 ropelab's own spec; a layer agrees when every element is within it. A wrong pairing, base, scaling or
 rotary slice moves elements by a fraction of their size, many orders above the bound.
 
+Composite configs (``composite``). A config class with sub-configs (a vision-language model's ``text_config``
+and towers) is run whole: each sub-config shrunk as step 2 shrinks a plain config (the text one by the same
+sizes, every RoPE key kept; a tower also to two layers, where its class accepts it), the variants applied to the
+text sub-config, and the whole model (AutoModel, else its ``*Model`` class) runs on token ids only, its text path.
+The rotation functions of its modeling module and of every module its text sub-model's classes come from are
+recorded, each call attributed to the layers of the sub-model built on ``text_config`` (a call elsewhere, from an
+encoder or a tower, leaves the row not covered). An M-RoPE model (Qwen2-VL) numbers text tokens with every axis
+equal: the positions compared are those its rotary module saw. ``per_layer`` reads the composite's whole dict, as
+it reads a composite ``config.json`` (its ``text_config``, with the text model type's committed conventions). A
+composite whose decoder is the top config (Chameleon, DBRX) runs as a plain model type with its sub-configs
+shrunk; one with neither (a speech or vision model whose RoPE lives in an encoder) is run on token ids to record
+what it needs instead.
+
 Stated limits. Where the attention hands the rotation function only the rotary slice of the head (GPT-J, CodeGen:
 ``q[..., :rotary_dim]`` before the call), only the slice width is compared, not where the slice sits or that the
-rest passes through unchanged. Rotations inlined in the attention (no module-level ``apply_*`` function), composite
-configs (their sub-configs' model types are swept on their own; a composite counts as such only where one of those
-was compared), models that need inputs the sweep does not build (or refuse the tiny ones it builds), and models
-whose positions are computed inside the rotary module (never passed to it, so not read) are not covered, each row
-saying why; so are rotations called with their tensors as keyword arguments only (Gemma 4's vision tower) and
-rotations inlined in a method of the attention (the conformer encoders' ``_apply_rotary_embedding``, whose rotary
-module takes no positions either). A vision tower's rotation is compared on two frames of a 4 x 4 grid of patches
-(positions up to 4 on each axis): its ladder and pairing are checked there, not at large positions; the
-``diagnose`` probe is not run on multi-axis rotations. Multi-axis rotations ropelab's ``MultiAxis`` cannot hold
-(Pixtral's: the column axis takes the odd frequencies of one ladder, so its ladder is not its own; an axis order
-that starts with the column) are refused with the measured layout named.
+rest passes through unchanged. Rotations inlined in the attention (no module-level ``apply_*`` function), models
+that need inputs the sweep does not build (or refuse the tiny ones it builds), and models whose positions are
+computed inside the rotary module (never passed to it, so not read) are not covered, each row saying why; so are
+rotations called with their tensors as keyword arguments only (Gemma 4's vision tower) and rotations inlined in a
+method of the attention (the conformer encoders' ``_apply_rotary_embedding``, whose rotary module takes no positions
+either). A vision tower's rotation is compared on two frames of a 4 x 4 grid of patches (positions up to 4 on each
+axis): its ladder and pairing are checked there, not at large positions; the ``diagnose`` probe is not run on multi-
+axis rotations. Multi-axis rotations ropelab's ``MultiAxis`` cannot hold (Pixtral's: the column axis takes the odd
+frequencies of one ladder, so its ladder is not its own; an axis order that starts with the column) are refused with
+the measured layout named. A composite's towers are built and never run on its text path (they are compared as their
+own model types where the sweep builds their inputs).
 """
 
 __all__: list[str] = []  # the names live in the submodules: ``sweep`` (heavy) and ``hf_table`` (data)

@@ -11,6 +11,7 @@ __all__ = ["TRANSFORMERS_VERSION", "CONVENTIONS"]
 TRANSFORMERS_VERSION = '5.24.0'
 
 CONVENTIONS: dict[str, dict] = {
+    'EvollaModel': {'rotating_dims': 128, 'direction': 1, 'measured_base': 500000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'afmoe': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': ['full_attention'], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'apertus': {'rotating_dims': 128, 'direction': 1, 'measured_base': 243610000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'apertus1p5_text': {'rotating_dims': 128, 'direction': 1, 'measured_base': 243610000.0, 'style': 'half', 'rotary_fraction': 1.0},
@@ -54,6 +55,7 @@ CONVENTIONS: dict[str, dict] = {
     'esm': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'esmc': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'eurobert': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
+    'evolla': {'rotating_dims': 128, 'direction': 1, 'measured_base': 500000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'exaone': {'rotating_dims': 128, 'direction': 1, 'measured_base': 500000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'exaone4': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': ['full_attention'], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'exaone4_5_vision': {'rotating_dims': 224, 'direction': 1, 'axes': {'sections': [56, 56], 'axial': True, 'interleaved': False}, 'measured_base': 10000.0, 'style': 'half', 'aliases': {'num_attention_heads': 'num_heads', 'num_hidden_layers': 'depth'}, 'rotary_fraction': 1.0},
@@ -134,6 +136,7 @@ CONVENTIONS: dict[str, dict] = {
     'modernbert': {'rotating_dims': 64, 'direction': 1, 'measured_base': 160000.0, 'style': 'half', 'nope_layer_types': [], 'v4': {'scaled_layer_types': ['full_attention', 'sliding_attention'], 'default_theta': {'full_attention': 160000.0, 'sliding_attention': 10000.0}}, 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'modernbert-decoder': {'rotating_dims': 64, 'direction': 1, 'measured_base': 160000.0, 'style': 'half', 'nope_layer_types': [], 'v4': {'scaled_layer_types': ['full_attention', 'sliding_attention'], 'default_theta': {'full_attention': 160000.0, 'sliding_attention': 10000.0}}, 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'molmo2_text': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
+    'moshi': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'muse_glimmer_text': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': ['full_attention'], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'muse_glimmer_vision': {'rotating_dims': 96, 'direction': 1, 'axes': {'sections': [24, 24], 'axial': True, 'interleaved': False}, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'nope_layer_types': []},
     'muse_spark_text': {'rotating_dims': 64, 'direction': 1, 'measured_base': 500000.0, 'style': 'half', 'nope_layer_types': ['full_attention'], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
@@ -155,6 +158,7 @@ CONVENTIONS: dict[str, dict] = {
     'persimmon': {'rotating_dims': 32, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 0.5},
     'phi': {'rotating_dims': 32, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 0.5},
     'phi3': {'rotating_dims': 96, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0},
+    'phi4_multimodal': {'rotating_dims': 96, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0},
     'phimoe': {'rotating_dims': 128, 'direction': 1, 'measured_base': 1000000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'pixtral': {'rotating_dims': 64, 'direction': 1, 'style': 'other: pair axes [0, 0, 0, 0, 0, 0, 0, 0]... fit no contiguous, interleaved or axial sections with one ladder', 'rotary_fraction': 1.0},
     'pocket_tts_audio_tokenizer_encoder': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},

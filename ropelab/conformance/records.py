@@ -26,16 +26,15 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
     row: dict[str, Any] = {"module": info["module"]}
     config_cls = CONFIG_MAPPING[model_type]
     subs = _sub_config_types(config_cls)
-    if any(t in CONFIG_MAPPING for t in subs.values()) or _has_sub_model(config_cls):
-        row["status"] = "not covered"
-        row["sub_config_types"] = subs
-        named = ", ".join(f"{k}: {t or '-'}" for k, t in sorted(subs.items()))
-        row["reason"] = (f"composite config (sub-configs {named}): its RoPE lives in a sub-config, whose model type "
-                         "is swept on its own" if any(t in CONFIG_MAPPING for t in subs.values()) else
-                         f"composite config (sub-configs {named}): a sub-config is a network of its own (an int "
-                         "hidden_size or num_hidden_layers) that the tiny sizes do not shrink, and none is a model "
-                         "type of its own; not run")
-        return row
+    composite = any(t in CONFIG_MAPPING for t in subs.values()) or _has_sub_model(config_cls)
+    if composite:
+        from .composite import text_key
+
+        row["sub_config_types"], row["text_config_key"] = subs, text_key(config_cls)
+        if row["text_config_key"] is not None:
+            return _sweep_composite(model_type, row, config_cls, only_default=only_default, diagnose=diagnose)
+        # The decoder is the top config itself (Chameleon's, DBRX's, an audio encoder's CTC head): run as a plain
+        # model type, its sub-configs shrunk too (``composite.tiny_composite``).
     # No sub-config is a model type of its own (DBRX's attn_config, ESM's esmfold_config): the RoPE is read from
     # this config, so the model type is run as it is.
     try:
@@ -43,10 +42,20 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
     except Exception as e:  # noqa: BLE001 - the reason goes into the table
         return {**row, "status": "not covered", "reason": f"modeling module does not import: {error_text(e)}"}
     try:
-        kw = tiny_kwargs(config_cls)
+        if composite:
+            from .composite import tiny_composite
+
+            kw = tiny_composite(config_cls)[0]
+        else:
+            kw = tiny_kwargs(config_cls)
         runs = variants(config_cls, kw)
     except Exception as e:  # noqa: BLE001
         return {**row, "status": "not covered", "reason": f"tiny config cannot be built: {error_text(e)}"}
+    if composite and not isinstance(getattr(config_cls(**json.loads(json.dumps(kw))), "num_hidden_layers", None), int):
+        from .composite import token_failure
+
+        config = config_cls(**json.loads(json.dumps(kw)))
+        return {**row, "status": "not covered", "reason": token_failure(config, module)}
     switched = False
     for _attempt in range(4):
         if only_default:
@@ -126,6 +135,43 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
         row["diagnose"] = ("not probed" if not probed else "mismatch: " + ", ".join(fields) if fields else "match")
     return row
 
+
+
+def _sweep_composite(model_type: str, row: dict, config_cls, *, only_default: bool, diagnose: bool) -> dict:
+    """A composite config run whole on token ids (``composite``): a tiny config of each sub-config, its variants on
+    the text sub-config, each compared per layer of the text sub-model against ``RopeSpec.per_layer`` of the
+    composite's dict. A composite that cannot be run so is not covered, with the reason."""
+    from .composite import composite_variants, tiny_composite
+
+    try:
+        module = modeling_module(model_type, row["module"])
+    except Exception as e:  # noqa: BLE001 - the reason goes into the table
+        return {**row, "status": "not covered", "reason": f"modeling module does not import: {error_text(e)}"}
+    try:
+        kw, key = tiny_composite(config_cls)
+        runs = composite_variants(config_cls, kw, key)
+    except Exception as e:  # noqa: BLE001
+        return {**row, "status": "not covered", "reason": f"tiny config cannot be built: {error_text(e)}"}
+    if only_default:
+        runs = {"default": runs["default"]}
+    row["variants"] = {}
+    for name, kwargs in runs.items():
+        row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs, None,
+                                               probe=diagnose and "v4" not in name, key=key)
+        if row["variants"]["default"]["status"] == "not covered":
+            break  # the row is not covered whatever the scalings give: their runs (a big tower built again) spared
+    default = row["variants"]["default"]
+    statuses = [v["status"] for v in row["variants"].values()]
+    if default["status"] == "not covered":
+        row["status"], row["reason"] = "not covered", default["reason"]
+    else:
+        row["status"] = "disagree" if "disagree" in statuses else "agree"
+    probes = [pr for v in row["variants"].values() for pr in (v.get("diagnose") or {}).get("probes", [])]
+    if probes:
+        probed = [pr for pr in probes if pr["status"] != "not probed"]
+        fields = sorted({f for pr in probed for f, ok in pr["fields"].items() if not ok})
+        row["diagnose"] = ("not probed" if not probed else "mismatch: " + ", ".join(fields) if fields else "match")
+    return row
 
 
 def _sub_config_types(config_cls) -> dict[str, str | None]:
@@ -338,20 +384,32 @@ def _ignores_partial_factor(config_cls, module, kwargs: dict, d: dict, rotating:
     return got == rotating
 
 
-def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None, probe: bool = True) -> dict:
+def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None, probe: bool = True,
+                   key: str | None = None) -> dict:
     """One config variant: transformers' calls per layer against ``RopeSpec.per_layer`` of its dict.
 
     ``per_layer`` reads the committed convention table (a previous run's measurement); this run's measurement
-    (``measure`` is not None for the default variant) is only recorded, never used in the comparison."""
+    (``measure`` is not None for the default variant) is only recorded, never used in the comparison. ``key``: a
+    composite's text sub-config (``composite``), whose decoder layers are compared; ``per_layer`` still reads the
+    composite's whole dict, as it reads a composite ``config.json``."""
+    from ..spec import text_part
+    from .composite import composite_config
     from .hf_table import CONVENTIONS
 
-    v4 = "rope_scaling" in kwargs
     try:
-        config, d = _config_dict(config_cls, kwargs, v4)
+        if key is None:
+            config, d = _config_dict(config_cls, kwargs, "rope_scaling" in kwargs)
+        else:
+            config, d = composite_config(config_cls, kwargs, key)
     except Exception as e:  # noqa: BLE001
         return {"status": "not covered", "reason": f"transformers rejects the config: {error_text(e)}"}
+    top_d, text = d, None
+    if key is not None:  # the text sub-config's class and dict from here on; per_layer reads the whole dict
+        text = getattr(config, key)
+        config_cls, d = type(text), d[key]
     try:
-        run = run_transformers(config, module)
+        run = run_transformers(config, module) if text is None else run_transformers(config, module, text)
+        config = text if text is not None else config
     except InputsRefused as e:
         return {"status": "not covered", "reason": f"transformers' model refuses the inputs the sweep builds for it "
                 f"(tiny pixels, patches and grid, features or samples: {e})"}
@@ -414,10 +472,11 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
             if ignored:
                 conv["ignored_keys"] = ignored
         out["convention"] = conv
-    committed = CONVENTIONS.get(model_type) or {}
+    read_type = model_type if key is None else (text_part(top_d) or {}).get("model_type")
+    committed = CONVENTIONS.get(read_type) or {}
     perm = committed.get("output_permutation")  # transformers' output order, from the committed table
     try:
-        specs = RopeSpec.per_layer(d)
+        specs = RopeSpec.per_layer(top_d)
     except Exception as e:  # noqa: BLE001
         out.update(status="not covered", reason=f"ropelab: {error_text(e)}")
         return out

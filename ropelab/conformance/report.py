@@ -14,9 +14,13 @@ __all__ = ["REASON_CLASSES", "COMPOSITE", "COMPOSITE_UNCOMPARED", "reason_class"
 COMPOSITE = "composite config: the RoPE lives in a sub-config, compared as its own model type"
 COMPOSITE_UNCOMPARED = "composite config: none of its sub-configs' model types is compared either"
 
-# The classes of not-covered reasons the counts use: (a phrase of the reason, the class), first match wins.
+# The classes of not-covered reasons the counts use: (a phrase of the reason, the class), first match wins. A
+# composite config is run whole on token ids (``composite``) and its row says what failed, classed as any other;
+# the first entry is the reason of a table written before that (a composite returned unrun).
 REASON_CLASSES = (
-    ("composite config", COMPOSITE),
+    ("its RoPE lives in a sub-config", COMPOSITE),
+    ("no decoder layers to attribute", "a composite without a decoder: no layers to attribute rotation calls to"),
+    ("outside the decoder layers", "a rotation call outside the decoder layers (an encoder or a tower)"),
     ("no rotary class, no rotation function and no cos/sin", "the model's code applies no RoPE (no rotary class, "
      "rotation function or cos/sin in its modeling module)"),
     ("no module-level rotation function", "rotation inlined in the attention (no module-level apply function)"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 
 import torch
 
@@ -176,37 +177,71 @@ def _embedded(model, ids):
     return (emb[0] if isinstance(emb, torch.nn.ModuleList) else emb)(ids)
 
 
-def run_transformers(config, module) -> dict:
-    """:func:`_run` in float64, or in float32 where the model's kernels refuse float64 (grouped MoE matmuls)."""
+def run_transformers(config, module, text=None) -> dict:
+    """:func:`_run` in float64, or in float32 where the model's kernels refuse float64 (grouped MoE matmuls).
+    ``text``: the text sub-config of a composite ``config`` (its decoder's layers are the ones attributed)."""
     try:
-        return _run(config, module, torch.float64)
+        return _run(config, module, torch.float64, text)
     except RuntimeError as e:
         if "Float" not in str(e) and "Double" not in str(e) and "dtype" not in str(e):
             raise
-        return _run(config, module, torch.float32)
+        return _run(config, module, torch.float32, text)
 
 
-def _run(config, module, dtype) -> dict:
+def _rotation_names(module) -> list[str]:
+    return [n for n, f in vars(module).items()
+            if inspect.isfunction(f) and re.search(r"rotary|rope", n) and n.startswith("apply")]
+
+
+def _text_model(model, text):
+    """The sub-model of a composite ``model`` built on its text sub-config ``text`` (a config of that class, with a
+    ModuleList of ``text.num_hidden_layers`` layers), the outermost one; None if there is none."""
+    for _, m in model.named_modules():
+        c = getattr(m, "config", None)
+        if type(c) is type(text) and m is not model and _layer_list(m, text.num_hidden_layers) is not None:
+            return m
+    return None
+
+
+def _run(config, module, dtype, text=None) -> dict:
     """One float64 forward of a tiny model of ``config`` with every module-level rotation function of ``module``
-    recorded. Returns {"calls", "ran", "positions"} or raises with the reason."""
+    recorded. Returns {"calls", "ran", "positions"} or raises with the reason.
+
+    A composite (``text`` its text sub-config): the whole model runs on token ids, the rotation functions of its
+    module and of every module its text sub-model's classes come from are recorded, and calls are attributed to the
+    layers of that text sub-model. A model that takes no tokens runs on the inputs :func:`model_inputs` builds."""
     rec = _Recorder()
-    names = [n for n, f in vars(module).items()
-             if inspect.isfunction(f) and re.search(r"rotary|rope", n) and n.startswith("apply")]
-    source = inspect.getsource(module)
-    if not names and not any("Rotary" in n for n, c in vars(module).items() if inspect.isclass(c)) \
-            and not re.search(r"\.(cos|sin)\(|torch\.(cos|sin)\(", source):
-        raise LookupError(f"no rotary class, no rotation function and no cos/sin anywhere in {module.__name__}: "
-                          "the model's code applies no RoPE (it was found because its configuration file mentions "
-                          "rope keys)")
-    if not names:
-        raise LookupError(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in {module.__name__}; "
-                          "the rotation is inlined")
-    if not isinstance(getattr(config, "num_hidden_layers", None), int) and not isinstance(
-            getattr(config, "depth", None), int):
-        raise LookupError(f"{type(config).__name__} has no num_hidden_layers: a component without decoder layers "
-                          "(an image tokenizer, a vocoder, an audio encoder) to attribute rotation calls to")
+    if text is None:
+        names = _rotation_names(module)
+        source = inspect.getsource(module)
+        if not names and not any("Rotary" in n for n, c in vars(module).items() if inspect.isclass(c)) \
+                and not re.search(r"\.(cos|sin)\(|torch\.(cos|sin)\(", source):
+            raise LookupError(f"no rotary class, no rotation function and no cos/sin anywhere in {module.__name__}: "
+                              "the model's code applies no RoPE (it was found because its configuration file "
+                              "mentions rope keys)")
+        if not names:
+            raise LookupError(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in "
+                              f"{module.__name__}; the rotation is inlined")
+        if not isinstance(getattr(config, "num_hidden_layers", None), int) and not isinstance(
+                getattr(config, "depth", None), int):
+            raise LookupError(f"{type(config).__name__} has no num_hidden_layers: a component without decoder layers "
+                              "(an image tokenizer, a vocoder, an audio encoder) to attribute rotation calls to")
     torch.manual_seed(0)
     model = _base_model(config, module).to(dtype).eval()
+    top = model
+    modules = [module]
+    if text is not None:
+        model = _text_model(top, text)
+        if model is None:
+            raise LookupError(f"no sub-model of {type(top).__name__} on its text config {type(text).__name__} with "
+                              f"its {text.num_hidden_layers} layers")
+        config = text
+        modules += [m for m in dict.fromkeys(sys.modules.get(type(s).__module__) for s in model.modules())
+                    if m is not None and m is not module]
+    wrapped = [(m, n) for m in modules for n in _rotation_names(m)]
+    if not wrapped:
+        raise LookupError(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in "
+                          f"{', '.join(m.__name__ for m in modules)}; the rotation is inlined")
     n_layers = n_layers_of(config)
     layers = _layer_list(model, n_layers)
     if layers is None:
@@ -217,6 +252,8 @@ def _run(config, module, dtype) -> dict:
             rec.layer = i
             rec.ran.append(i)
         hooks.append(layer.register_forward_pre_hook(pre))
+        if text is not None:  # a composite: a call after a text layer (an encoder-decoder's other half) is no layer's
+            hooks.append(layer.register_forward_hook(lambda *_: setattr(rec, "layer", None)))
     rotary = []  # (module, position_ids, output) of every call of a *Rotary* module: the positions it really saw
 
     def seen(m, args, kwargs, out):
@@ -226,27 +263,27 @@ def _run(config, module, dtype) -> dict:
     for m in model.modules():
         if "Rotary" in type(m).__name__:
             hooks.append(m.register_forward_hook(seen, with_kwargs=True))
-    saved = {n: getattr(module, n) for n in names}
+    saved = {(m, n): getattr(m, n) for m, n in wrapped}
     positions = positions_for(getattr(config, "max_position_embeddings", None))
     ids = torch.randint(0, min(getattr(config, "vocab_size", 128) or 128, 100), (1, len(positions)))
     pos = torch.tensor([positions])
-    inputs = model_inputs(model, config, dtype)
+    inputs = model_inputs(model, config, dtype) if text is None else []
     used_inputs = None
     try:
-        for n in names:
-            setattr(module, n, rec.wrap(saved[n]))
+        for (m, n), fn in saved.items():
+            setattr(m, n, rec.wrap(fn))
         with torch.no_grad():
             if inputs:
                 used_inputs = _run_inputs(model, inputs, rec, rotary)
             else:
                 try:
-                    model(input_ids=ids, position_ids=pos, use_cache=False)
+                    top(input_ids=ids, position_ids=pos, use_cache=False)
                 except (ValueError, AttributeError) as e:
                     if "input_ids` is expected to be `None`" not in str(e) and "'embed_tokens'" not in str(e):
                         raise
                     # A model fed embeddings, not tokens (Qwen3-Omni's talker and its code predictor): the tokens'
                     # rows of its own input embedding (the first codebook's where it has one per codebook).
-                    model(inputs_embeds=_embedded(model, ids), position_ids=pos, use_cache=False)
+                    top(inputs_embeds=_embedded(top, ids), position_ids=pos, use_cache=False)
                 except (TypeError, IndexError) as e:
                     # A model that takes no position_ids, or whose rotary numbers the tokens 0 .. s-1 itself while its
                     # attention indexes that table with the given positions (CLVP): the tokens at 0 .. s-1.
@@ -258,10 +295,10 @@ def _run(config, module, dtype) -> dict:
                     rotary.clear()
                     positions = list(range(len(positions)))
                     pos = torch.tensor([positions])
-                    model(input_ids=ids)
+                    top(input_ids=ids)
     finally:
-        for n in names:
-            setattr(module, n, saved[n])
+        for (m, n), fn in saved.items():
+            setattr(m, n, fn)
         for h in hooks:
             h.remove()
     run = {"calls": rec.calls, "ran": sorted(set(rec.ran)), "positions": positions, "dtype": str(dtype),
@@ -273,9 +310,11 @@ def _run(config, module, dtype) -> dict:
         _positions_from_rotary(run)
         return run
     # A model may replace the positions it is given (CSM's depth decoder numbers its codebooks 0, 1, 2, ... and
-    # ignores position_ids): compare at the positions its rotary module was called with.
+    # ignores position_ids): compare at the positions its rotary module was called with. An M-RoPE model's text
+    # positions ([axes, batch, s], Qwen2-VL's) count where every axis holds the same positions.
     used = {tuple(p.reshape(-1, p.shape[-1])[0].tolist()) for *_, p in rotary
-            if isinstance(p, torch.Tensor) and p.dim() in (1, 2) and p.shape[-1] == len(positions)}
+            if isinstance(p, torch.Tensor) and p.shape[-1] == len(positions) and (p.dim() in (1, 2) or (
+                p.dim() == 3 and bool((p.reshape(-1, p.shape[-1]) == p.reshape(-1, p.shape[-1])[:1]).all())))}
     if len(used) == 1 and list(next(iter(used))) != positions:
         run["positions"] = list(next(iter(used)))
     return run

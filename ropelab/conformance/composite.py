@@ -1,0 +1,146 @@
+r"""Composite configs (a vision-language model's ``text_config`` and its towers) run whole, on token ids: a tiny
+config of each sub-config, the model's text path recorded per decoder layer of its text sub-model (the design:
+``ropelab.conformance``'s docstring)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .discovery import tiny_kwargs, variants
+
+__all__ = ["TOWER_LAYERS", "text_key", "tiny_composite", "composite_variants", "composite_config"]
+
+TOWER_LAYERS = 2  # the towers (vision, audio) are built, never run on tokens: two layers keep them cheap
+
+
+def _default(config_cls):
+    try:
+        return config_cls()
+    except Exception:  # noqa: BLE001 - a class without a default: nothing to shrink from
+        return None
+
+
+def text_key(config_cls) -> str | None:
+    """The key of the decoder's sub-config in a composite config class: the one ``get_text_config(decoder=True)``
+    of its default instance returns (transformers' own choice: ``text_config``, ``decoder``, ...), where that is a
+    sub-config with a ``num_hidden_layers``; else None."""
+    inst = _default(config_cls)
+    if inst is None:
+        return None
+    try:
+        text = inst.get_text_config(decoder=True)
+    except Exception:  # noqa: BLE001 - ambiguous (several text configs): none chosen
+        return None
+    if text is inst or not isinstance(getattr(text, "num_hidden_layers", None), int):
+        return None
+    return next((k for k in (getattr(config_cls, "sub_configs", None) or {}) if getattr(inst, k, None) is text), None)
+
+
+def _tower_kwargs(sub_cls) -> dict[str, Any]:
+    """A tower's tiny sizes: :func:`tiny_kwargs` (the text sizes, heads of their default width) and at most
+    ``TOWER_LAYERS`` of its layers / blocks (keys holding ``layers`` or ``depth``); a tower with sub-configs of its
+    own (DeepSeek-OCR 2's SAM and encoder) has each shrunk the same way (:func:`_shrunk_subs`)."""
+    kw = tiny_kwargs(sub_cls)
+    d = _default(sub_cls)
+    for key, value in (vars(d).items() if d is not None else ()):
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if (key == "depth" or key.endswith("_layers") or key.endswith("_depth")) and value > TOWER_LAYERS:
+            kw[key] = TOWER_LAYERS
+    if d is not None:
+        kw.update(_shrunk_subs(sub_cls, d))
+    return kw
+
+
+def _shrunk_subs(config_cls, inst, text: str | None = None) -> dict[str, Any]:
+    """{key: tiny kwargs} of each sub-config of ``inst``: ``text`` by :func:`tiny_kwargs`, the others (towers) by
+    :func:`_tower_kwargs`, else by :func:`tiny_kwargs`, else at their default sizes, the first their class
+    accepts; each with its ``model_type`` where it has one (AutoConfig sub-configs are built from it)."""
+    kw: dict[str, Any] = {}
+    for k in getattr(config_cls, "sub_configs", None) or {}:
+        sub = getattr(inst, k, None)
+        if sub is None or not hasattr(sub, "to_dict"):
+            continue
+        if k == text:
+            sub_kw = tiny_kwargs(type(sub))
+        else:
+            sub_kw = next((c for c in (_tower_kwargs(type(sub)), tiny_kwargs(type(sub))) if _builds(type(sub), c)),
+                          {})
+        if sub_kw:  # nothing to shrink (DBRX's attn_config): the class's own default, as it builds it
+            kw[k] = {"model_type": sub.model_type, **sub_kw} if getattr(sub, "model_type", "") else sub_kw
+    return kw
+
+
+def _builds(cls, kw: dict) -> bool:
+    try:
+        cls(**json.loads(json.dumps(kw)))
+    except Exception:  # noqa: BLE001 - sizes the class refuses: a milder shrink is tried
+        return False
+    return True
+
+
+def tiny_composite(config_cls) -> tuple[dict[str, Any], str | None]:
+    """(keyword arguments of a tiny ``config_cls``, the key of its text sub-config, None where the decoder is the
+    top config itself: Chameleon's, DBRX's): each sub-config of the default instance as a dict of its own tiny
+    sizes, with its ``model_type`` where the class builds it through AutoConfig. The text one (or the top config)
+    by :func:`tiny_kwargs`, every RoPE key kept; a tower by :func:`_tower_kwargs`, else by :func:`tiny_kwargs`,
+    else at its default sizes, the first its class accepts."""
+    key = text_key(config_cls)
+    kw: dict[str, Any] = {}
+    if key is None:
+        kw = tiny_kwargs(config_cls)
+        # BLT's hash-n-gram embeddings (encoder_hash_byte_group_vocab=500002 rows): a vocabulary the RoPE never reads
+        for k, v in vars(config_cls()).items():
+            if "vocab" in k and isinstance(v, int) and not isinstance(v, bool) and v > 128 and k not in kw:
+                kw[k] = 128
+    return {**kw, **_shrunk_subs(config_cls, config_cls(), key)}, key
+
+
+def composite_variants(config_cls, kw: dict, key: str) -> dict[str, dict]:
+    """{name: kwargs}: the tiny composite and, where its text sub-config has rope_parameters, the plain types'
+    variants (``discovery.variants``: linear / yarn, or longrope, and the v4 one) applied to the text sub-config
+    (``key``; None: to the top config, as for a plain model type)."""
+    if key is None:
+        return variants(config_cls, kw)
+    text = getattr(config_cls(**json.loads(json.dumps(kw))), key)
+    text_kw = {k: v for k, v in kw[key].items() if k != "model_type"}
+    out = {}
+    for name, v in variants(type(text), text_kw).items():
+        out[name] = {**kw, key: {**({"model_type": kw[key]["model_type"]} if "model_type" in kw[key] else {}), **v}}
+    return out
+
+
+def composite_config(config_cls, kwargs: dict, key: str) -> tuple[Any, dict]:
+    """(the transformers config, the dict ropelab reads): ``to_dict()``; for the v4 variant the text sub-config's
+    dict holds the v4 keys as an old config.json does (transformers converts them itself)."""
+    config = config_cls(**json.loads(json.dumps(kwargs)))
+    d = config.to_dict()
+    sub = kwargs[key]
+    if "rope_scaling" in sub:
+        t = d[key]
+        t.pop("rope_parameters", None)
+        t["rope_theta"], t["rope_scaling"] = sub["rope_theta"], dict(sub["rope_scaling"])
+        if "partial_rotary_factor" in sub:
+            t["partial_rotary_factor"] = sub["partial_rotary_factor"]
+    return config, d
+
+
+def token_failure(config, module) -> str:
+    """Why a composite without a decoder of its own (no text sub-config, no ``num_hidden_layers``: a speech or
+    vision model whose RoPE lives in an encoder sub-config) is not compared: the error its model, built on the tiny
+    config, raises when run on token ids (``missing ... 'input_features'``), or that it ran and has no decoder
+    layers to attribute rotation calls to."""
+    import torch
+
+    from .running import _base_model, error_text
+
+    try:
+        torch.manual_seed(0)
+        model = _base_model(config, module).double().eval()
+        with torch.no_grad():
+            model(input_ids=torch.randint(0, 100, (1, 9)))
+    except Exception as e:  # noqa: BLE001 - the reason goes into the table
+        return f"transformers' model cannot run on tokens: {error_text(e)}"
+    return ("the model runs on token ids, but it has no text sub-config and no num_hidden_layers: no decoder "
+            "layers to attribute rotation calls to")
