@@ -119,7 +119,8 @@ def _check_len(max_model_len: Any) -> int | None:
 
 def run_vllm_cases(cases: Sequence[Mapping[str, Any]], *, timeout: float = 900.0, threads: int = 1) -> list[dict]:
     """Several vLLM builds in one subprocess (vLLM is imported once): each case is a dict with ``model_dir`` and
-    optionally ``max_model_len``, ``prompts`` (token id lists: logits wanted) and ``rope`` (default True). Returns
+    optionally ``max_model_len``, ``prompts`` (token id lists: logits wanted), ``rope`` (default True) and
+    ``record_rope`` (each layer's rotary call on the first prompt: query and key before and after). Returns
     one dict per case as :mod:`ropelab.engines.vllm_runner` prints it: ``{"ok": True, "rope": ..., "logits":
     ...}`` or ``{"ok": False, "error": "..."}`` for a model vLLM refused.
 
@@ -133,7 +134,8 @@ def run_vllm_cases(cases: Sequence[Mapping[str, Any]], *, timeout: float = 900.0
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token id.")
         reqs.append({"model": str(path), "max_model_len": _check_len(case.get("max_model_len")), "dtype": "float32",
-                     "prompts": prompts, "rope": bool(case.get("rope", True))})
+                     "prompts": prompts, "rope": bool(case.get("rope", True)),
+                     "record_rope": bool(case.get("record_rope", False))})
     if not reqs:
         raise ValueError("run_vllm_cases needs at least one case.")
     threads = int(threads)
