@@ -262,6 +262,9 @@ def build_tiny(config: Mapping[str, Any], path: str | Path, *, where: str = "<co
 
     cfg, changed = shrink_config(config, where)
     kind = cfg.pop("model_type")
+    if kind not in transformers.CONFIG_MAPPING:
+        raise RunRefused(f"{where}: transformers {transformers.__version__} has no model_type {_short(kind)}; --run "
+                         "needs transformers' model as the reference.")
     try:
         conf = transformers.AutoConfig.for_model(kind, **cfg)
         tiny.save_random_model(conf, path, seed=seed, bpe_vocab=True)
@@ -271,7 +274,14 @@ def build_tiny(config: Mapping[str, Any], path: str | Path, *, where: str = "<co
             from None
     if kind in tiny._SPECIAL_NAMES:
         tiny._rename_special_tokens(Path(path), tiny._SPECIAL_NAMES[kind])
-    return {"config": json.loads((Path(path) / "config.json").read_text()), "changed": changed}
+    # The config as the user wrote it (shrunk), not as transformers re-saves it: an engine reads the user's schema
+    # (transformers 4's rope_theta / rope_scaling, or 5's rope_parameters), and so does the reference.
+    saved = json.loads((Path(path) / "config.json").read_text())
+    own = {"model_type": kind, **cfg}
+    if "architectures" not in own and saved.get("architectures"):
+        own["architectures"] = saved["architectures"]
+    (Path(path) / "config.json").write_text(json.dumps(own, indent=2))
+    return {"config": own, "changed": changed}
 
 
 def _clip(text: str, n: int = 600) -> str:
