@@ -490,6 +490,9 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
     mismatches, agreements = [], []
     for j, other in enumerate(readings[1:], 1):
         sections_differ = ref.sections != other.sections
+        # An engine that runs text positions only cannot show sections: M-RoPE on text positions is 1D RoPE.
+        text_only = sections_differ and (ref.text_only or other.text_only)
+        sections_differ = sections_differ and not text_only
         for group in groups:
             lo, layers = group[0][0], [list(run) for run in group]
             a, b = ref.effective_specs()[lo], other.effective_specs()[lo]
@@ -507,6 +510,12 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
                 agreements.append({"layers": layers, "sources": [0, j],
                                    "detail": f"declared differently ({_declared_diff(a, b)}), the same rotation "
                                              "within float32 storage"})
+            if text_only and not (a.is_nope and b.is_nope):
+                who = ref if ref.text_only else other
+                agreements.append({"layers": layers, "sources": [0, j],
+                                   "detail": f"sections {_sections_words(ref.sections)} vs "
+                                             f"{_sections_words(other.sections)} not compared: {who.source} runs "
+                                             "token ids only (no multi-axis positions), where M-RoPE is 1D RoPE"})
             if other.qk_permuted != ref.qk_permuted and not a.is_nope:
                 who = other if other.qk_permuted else ref
                 agreements.append({"layers": layers, "sources": [0, j],
