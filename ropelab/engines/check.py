@@ -34,6 +34,14 @@ are not compared.
 reader's ``n_ctx``, :func:`ropelab.engines.gguf.read_gguf`), and no sequence is longer, so the frequencies are
 compared only at lengths up to N and the default position is ``min(max_position_embeddings, N) - 1``.
 
+``--run`` (one PATH, a transformers ``config.json``; ``--engines llamacpp,vllm,mlx``, default all): the engines
+themselves run a tiny random-weight model of the config's architecture (RoPE keys, layer pattern and head geometry
+kept) beside transformers' float64 forward of the same weights, and each engine's verdict is agree / differ /
+unclear (its float32 logits within :func:`ropelab.engines.parity.logit_bound`; per layer, where the engine's q/k
+after RoPE can be seen: mlx-lm and vLLM), refused, failed or not installed (with its make target). Exit 0 when
+every engine that ran agrees, 1 when one differs, is unclear or failed, 2 when none could run. See
+:mod:`ropelab.engines.check_run`.
+
 Exit codes: 0 all sources agree (and none has a problem), 1 a mismatch or a problem, 2 a usage error or a
 source that cannot be read (one line on stderr naming it; never a traceback). ``--json`` prints the result as
 JSON for other tools; ``--write-config OUT`` writes the first source's RoPE as a transformers config, over the
@@ -674,8 +682,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="ropelab-check",
         description="Read a model's RoPE from each source (transformers config.json or model directory, .gguf, "
         "MLX model directory; prefix hf:, gguf: or mlx: to force a reader), per layer, and say where they "
-        "disagree and what it costs. Exit 0: all agree; 1: a mismatch or a problem; 2: a usage error or an "
-        "unreadable source.",
+        "disagree and what it costs; with --run, run the engines themselves on a tiny model of one config's "
+        "architecture against transformers float64. Exit 0: all agree; 1: a mismatch or a problem (--run: an engine "
+        "differs or failed); 2: a usage error or an unreadable source (--run: also no engine could run it).",
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="config.json, model directory, .gguf or MLX dir")
     parser.add_argument("--run", action="store_true",
