@@ -522,8 +522,9 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
                 who = ref if ref.text_only else other
                 agreements.append({"layers": layers, "sources": [0, j],
                                    "detail": f"sections {_sections_words(ref.sections)} vs "
-                                             f"{_sections_words(other.sections)} not compared: {who.source} runs "
-                                             "token ids only (no multi-axis positions), where M-RoPE is 1D RoPE"})
+                                             f"{_sections_words(other.sections)} not compared: the {who.format} engine "
+                                             "runs token ids only (no multi-axis positions), where M-RoPE is 1D "
+                                             "RoPE"})
             if other.qk_permuted != ref.qk_permuted and not a.is_nope:
                 who = other if other.qk_permuted else ref
                 agreements.append({"layers": layers, "sources": [0, j],

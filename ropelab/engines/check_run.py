@@ -222,34 +222,11 @@ def shrink_config(config: Mapping[str, Any], where: str = "<config>") -> tuple[d
         if isinstance(text.get(key), int) and not isinstance(text.get(key), bool) and text[key] > n - 1:
             put(text, key, max(n - 1, 0) if key == "first_k_dense_replace" else n)
     if isinstance(cfg.get("vision_config"), dict):
-        cfg["vision_config"] = _tiny_vision(cfg, text)
+        cfg["vision_config"] = tiny.vision_config(cfg["model_type"], cfg["vision_config"], text["hidden_size"])
         changed["vision_config"] = ["...", "a one-block vision tower"]
     if nested:
         cfg["text_config"] = text
     return cfg, changed
-
-
-def _tiny_vision(cfg: Mapping[str, Any], text: Mapping[str, Any]) -> dict:
-    """A one-block vision tower (the text run never calls it; transformers and the converter need one)."""
-    from . import tiny
-
-    vision = dict(cfg["vision_config"])
-    kind = str(cfg.get("model_type", ""))
-    base = tiny._VISION.get("Qwen3VLConfig" if kind.startswith("qwen3") else "Qwen2VLConfig") \
-        if kind.startswith(("qwen2", "qwen3")) else None
-    if base is not None:
-        vision = {**{k: v for k, v in vision.items() if k in ("model_type",)}, **base}
-        if kind.startswith("qwen2"):
-            vision["hidden_size"] = text["hidden_size"]
-        else:
-            vision["out_hidden_size"] = text["hidden_size"]
-        return vision
-    for key, value in (("depth", 1), ("num_hidden_layers", 1), ("hidden_size", 32), ("embed_dim", 32),
-                       ("intermediate_size", 64), ("num_heads", 2), ("num_attention_heads", 2),
-                       ("out_hidden_size", text["hidden_size"]), ("deepstack_visual_indexes", [])):
-        if key in vision:
-            vision[key] = value
-    return vision
 
 
 def build_tiny(config: Mapping[str, Any], path: str | Path, *, where: str = "<config>", seed: int = 0) -> dict:
@@ -272,8 +249,6 @@ def build_tiny(config: Mapping[str, Any], path: str | Path, *, where: str = "<co
         raise RunRefused(f"{where}: transformers {transformers.__version__} cannot build model_type {kind!r} from "
                          f"this config ({type(e).__name__}: {_clip(str(e))}); --run needs it as the reference.") \
             from None
-    if kind in tiny._SPECIAL_NAMES:
-        tiny._rename_special_tokens(Path(path), tiny._SPECIAL_NAMES[kind])
     # The config as the user wrote it (shrunk), not as transformers re-saves it: an engine reads the user's schema
     # (transformers 4's rope_theta / rope_scaling, or 5's rope_parameters), and so does the reference.
     saved = json.loads((Path(path) / "config.json").read_text())
@@ -528,7 +503,6 @@ def _logit_cell(ref: dict, got: np.ndarray, ids: Sequence[int], *, float16_gelu:
 
 def _run_mlx(model_dir: Path, ids, ref, n_layers, theta_max, base) -> dict:
     from . import mlx_run
-    from .mlx import _version
 
     seen: dict[int, tuple] = {}
     try:
@@ -539,7 +513,7 @@ def _run_mlx(model_dir: Path, ids, ref, n_layers, theta_max, base) -> dict:
         return {"status": "failed", "reason": _clip(str(e))}
     logit = _logit_cell(ref, got, ids, float16_gelu=False, engine="mlx-lm")
     layers = compare_layers(ref["calls"], seen, n_layers, theta_max, base)
-    return {"status": _verdict(logit, layers), "version": f"mlx-lm {_version()}", "dtype": "float32",
+    return {"status": _verdict(logit, layers), "version": f"mlx-lm {_version('mlx-lm')}", "dtype": "float32",
             "logits": logit, "layers": layers,
             "layers_note": "each layer's rope module wrapped (its first call: queries, its second: keys)"}
 

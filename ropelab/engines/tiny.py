@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["FAMILIES", "BPE_VOCAB", "TEXT", "VOCAB_SIZE", "save_tiny_model", "tiny_config", "tokenizer_model",
-           "config_dict", "head_dim_overrides", "save_random_model"]
+           "config_dict", "head_dim_overrides", "save_random_model", "vision_config"]
 
 # The text the tokenizer is trained on: short, and with every lowercase letter so that any ASCII word encodes.
 TEXT = (
@@ -212,10 +212,7 @@ def save_tiny_model(family: str, path: str | Path, *, seed: int = 0, head_dim: i
     if head_dim is not None:
         overrides = {**head_dim_overrides(family, head_dim), **overrides}
     config = tiny_config(family, **overrides)
-    path = save_random_model(config, path, seed=seed, bpe_vocab=family in BPE_VOCAB)
-    if family in _SPECIAL_NAMES:
-        _rename_special_tokens(path, _SPECIAL_NAMES[family])
-    return path
+    return save_random_model(config, path, seed=seed, bpe_vocab=family in BPE_VOCAB)
 
 
 def save_random_model(config, path: str | Path, *, seed: int = 0, bpe_vocab: bool = False) -> Path:
@@ -240,7 +237,29 @@ def save_random_model(config, path: str | Path, *, seed: int = 0, bpe_vocab: boo
          "add_bos_token": True, "add_eos_token": False}, indent=2))
     if bpe_vocab:  # the same tokenizer as transformers' fast one: tokenizer.json with its BPE merges
         transformers.AutoTokenizer.from_pretrained(path).save_pretrained(path)
+    names = _SPECIAL_NAMES.get(getattr(config, "model_type", None))
+    if names:
+        _rename_special_tokens(path, names)
     return path
+
+
+def vision_config(model_type: str, vision: Mapping[str, Any], text_hidden: int) -> dict:
+    """A one-block vision tower for a vision-language ``model_type`` whose text model is ``text_hidden`` wide: the
+    tiny families' (:data:`_VISION`) for Qwen2-VL / Qwen3-VL, else ``vision`` with its depth, widths and heads cut
+    (a text-only run never calls it; transformers and the converter need one)."""
+    kind = str(model_type)
+    if kind.startswith(("qwen2", "qwen3")):
+        out = {**{k: v for k, v in vision.items() if k == "model_type"},
+               **_VISION["Qwen3VLConfig" if kind.startswith("qwen3") else "Qwen2VLConfig"]}
+        out["hidden_size" if kind.startswith("qwen2") else "out_hidden_size"] = text_hidden
+        return out
+    out = dict(vision)
+    for key, value in (("depth", 1), ("num_hidden_layers", 1), ("hidden_size", 32), ("embed_dim", 32),
+                       ("intermediate_size", 64), ("num_heads", 2), ("num_attention_heads", 2),
+                       ("out_hidden_size", text_hidden), ("deepstack_visual_indexes", [])):
+        if key in out:
+            out[key] = value
+    return out
 
 
 # Families whose converter looks up special tokens by their real model's names (GLM-4's: conversion/glm.py:41-44
