@@ -512,10 +512,14 @@ def _run_mlx(model_dir: Path, ids, ref, n_layers, theta_max, base) -> dict:
     except mlx_run.MlxRunError as e:
         return {"status": "failed", "reason": _clip(str(e))}
     logit = _logit_cell(ref, got, ids, float16_gelu=False, engine="mlx-lm")
-    layers = compare_layers(ref["calls"], seen, n_layers, theta_max, base)
+    if seen:
+        layers = compare_layers(ref["calls"], seen, n_layers, theta_max, base)
+        note = "each layer's rope module wrapped (its first call: queries, its second: keys)"
+    else:  # no rope module attribute on any attention: mx.fast.rope called directly, or a layout not seen here
+        layers, note = None, ("not visible: no layer's attention called a rope module attribute (mlx-lm "
+                              f"{_version('mlx-lm')} rotates this model some other way)")
     return {"status": _verdict(logit, layers), "version": f"mlx-lm {_version('mlx-lm')}", "dtype": "float32",
-            "logits": logit, "layers": layers,
-            "layers_note": "each layer's rope module wrapped (its first call: queries, its second: keys)"}
+            "logits": logit, "layers": layers, "layers_note": note}
 
 
 def _run_llamacpp(model_dir: Path, ids, ref, n_ctx: int | None, tmp: Path) -> dict:
