@@ -522,7 +522,15 @@ def _run_mlx(model_dir: Path, ids, ref, n_layers, theta_max, base) -> dict:
             "logits": logit, "layers": layers, "layers_note": note}
 
 
-def _run_llamacpp(model_dir: Path, ids, ref, n_ctx: int | None, tmp: Path) -> dict:
+def _unpermute(a: np.ndarray) -> np.ndarray:
+    """q/k rows back from llama.cpp's converter permutation (``LlamaModel.permute``: dim ``2i + s`` of the stored head
+    is dim ``s d/2 + i`` of the original) to the original model's order."""
+    d = a.shape[-1]
+    return a.reshape(*a.shape[:-1], d // 2, 2).swapaxes(-1, -2).reshape(a.shape)
+
+
+def _run_llamacpp(model_dir: Path, ids, ref, n_ctx: int | None, tmp: Path, n_layers: int, theta_max: float,
+                  base: float) -> dict:
     from . import llamacpp_run
     from .converter import ConversionError, convert_many, llama_cpp_commit
 
@@ -532,19 +540,35 @@ def _run_llamacpp(model_dir: Path, ids, ref, n_ctx: int | None, tmp: Path) -> di
     except ConversionError as e:
         return {"status": "refused", "reason": "llama.cpp's converter: " + _clip(str(e), 1200)}
     try:
-        run = llamacpp_run.run(gguf, ids, n_ctx=0 if n_ctx is None else max(n_ctx, len(ids)))
+        run = llamacpp_run.run(gguf, ids, n_ctx=0 if n_ctx is None else max(n_ctx, len(ids)), record_rope=True)
     except llamacpp_run.LoaderRefusal as e:
         return {"status": "refused", "reason": _clip(str(e))}
     except (llamacpp_run.RunError, ValueError) as e:
         return {"status": "failed", "reason": _clip(str(e), 1200)}
     logit = _logit_cell(ref, run.logits, ids, float16_gelu=True, engine="llama.cpp")
-    return {"status": _verdict(logit, None), "version": f"llama.cpp {llamacpp_run.RUNTIME_TAG} (runtime), converter "
-            f"at {(llama_cpp_commit() or '?')[:10]}", "dtype": "float32", "n_ctx": run.info.get("n_ctx"),
-            "logits": logit, "layers": None,
-            "layers_note": "not hooked: llama.cpp's C API exposes every graph tensor (Qcur-<layer> after "
-                           "ggml_rope_ext) through the cb_eval callback of llama_context_params, which "
-                           "llama-cpp-py-sync's CFFI declares; ropelab does not read ggml_tensor structs through it "
-                           "yet, and the converter permutes q/k rows of NORM architectures"}
+    layers, note = None, ("not visible: the eval callback (cb_eval) saw no Qcur-<layer> / Kcur-<layer> tensor "
+                          "written by a ROPE op")
+    if run.rope:
+        try:
+            from .gguf import read_gguf
+
+            permuted = read_gguf(gguf).qk_permuted
+        except Exception:  # noqa: BLE001 - the run stands; the per-layer view needs the file's own reading
+            permuted = None
+        if permuted is None:
+            note = "not compared: the GGUF file's q/k order could not be read (ropelab.engines.gguf)"
+        else:
+            fix = _unpermute if permuted else (lambda a: a)
+            seen = {i: tuple(fix(np.asarray(a, dtype=np.float64).transpose(1, 0, 2)[None]) for a in t)
+                    for i, t in run.rope.items()}
+            layers = compare_layers(ref["calls"], seen, n_layers, theta_max, base)
+            note = ("ggml's eval callback (cb_eval in llama_context_params, through llama-cpp-py-sync's CFFI): each "
+                    "layer's Qcur / Kcur before and after its ROPE op" + (", q/k rows un-permuted to the original "
+                                                                         "order (the converter permuted them)"
+                                                                         if permuted else ""))
+    return {"status": _verdict(logit, layers), "version": f"llama.cpp {llamacpp_run.RUNTIME_TAG} (runtime), "
+            f"converter at {(llama_cpp_commit() or '?')[:10]}", "dtype": "float32", "n_ctx": run.info.get("n_ctx"),
+            "logits": logit, "layers": layers, "layers_note": note}
 
 
 def _run_vllm(model_dir: Path, ids, ref, n_layers, theta_max, base, n_ctx: int | None) -> dict:
@@ -620,7 +644,7 @@ def run_engines(config: Mapping[str, Any], engines: Sequence[str] = ENGINES, *, 
             elif engine == "mlx":
                 cell = _run_mlx(model_dir, ids, ref, n_layers, theta_max, base)
             elif engine == "llamacpp":
-                cell = _run_llamacpp(model_dir, ids, ref, n_ctx, tmp)
+                cell = _run_llamacpp(model_dir, ids, ref, n_ctx, tmp, n_layers, theta_max, base)
             else:
                 cell = _run_vllm(model_dir, ids, ref, n_layers, theta_max, base, n_ctx)
             cell["seconds"] = time.perf_counter() - t1
