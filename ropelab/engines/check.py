@@ -38,8 +38,8 @@ compared only at lengths up to N and the default position is ``min(max_position_
 themselves run a tiny random-weight model of the config's architecture (RoPE keys, layer pattern and head geometry
 kept) beside transformers' float64 forward of the same weights, and each engine's verdict is agree / differ /
 unclear (its float32 logits within :func:`ropelab.engines.parity.logit_bound`; per layer, where the engine's q/k
-after RoPE can be seen: mlx-lm and vLLM), refused, failed or not installed (with its make target). Exit 0 when
-every engine that ran agrees, 1 when one differs, is unclear or failed, 2 when none could run. See
+after RoPE can be seen: llama.cpp, mlx-lm and vLLM), refused, failed or not installed (with its make target).
+Exit 0 when every engine that ran agrees, 1 when one differs, is unclear or failed, 2 when none could run. See
 :mod:`ropelab.engines.check_run`.
 
 Exit codes: 0 all sources agree (and none has a problem), 1 a mismatch or a problem, 2 a usage error or a

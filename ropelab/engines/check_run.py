@@ -16,7 +16,9 @@ derives its head dim from it gets the same one), the MLP and expert sizes, the n
 - transformers in float64, the reference (:func:`ropelab.engines.parity.hf_forward`), recording each decoder
   layer's call of its modeling module's ``apply_*rotary*`` function (q, k, cos, sin): which layers rotate, and how;
 - llama.cpp (``llamacpp``): the pinned converter writes the GGUF file (:func:`ropelab.engines.converter.convert_many`),
-  the pinned runtime runs it (:func:`ropelab.engines.llamacpp_run.run`, context ``--ctx`` or the file's own);
+  the pinned runtime runs it (:func:`ropelab.engines.llamacpp_run.run`, context ``--ctx`` or the file's own), with
+  ggml's eval callback (``cb_eval`` of ``llama_context_params``, through llama-cpp-py-sync's CFFI) recording each
+  layer's ``Qcur`` / ``Kcur`` before and after its ``ROPE`` op (un-permuted where the converter permuted q/k rows);
 - mlx-lm (``mlx``): :func:`ropelab.engines.mlx_run.logits`, each layer's rope module wrapped to record its input
   and output;
 - vLLM (``vllm``, ``make vllm``): :func:`ropelab.engines.vllm.run_vllm` (``max_model_len`` ``--ctx`` or vLLM's
@@ -26,7 +28,10 @@ derives its head dim from it gets the same one), the MLP and expert sizes, the n
 :func:`ropelab.engines.parity.logit_bound` (the float16 GELU term for llama.cpp only), ``agree`` within it,
 ``differ`` past :data:`~ropelab.engines.parity.DIFFER_FACTOR` bounds, ``unclear`` between. Per layer: transformers'
 own rotation (the recorded function, cos and sin, in float64) applied to the *engine's* q/k before its RoPE,
-against the engine's q/k after it, so the layer's RoPE alone is compared, whatever rounding came before. Bound, per
+against the engine's q/k after it, so the layer's RoPE alone is compared, whatever rounding came before (in
+transformers' dim order; else de-interleaved after RoPE, as transformers' DeepSeek-V3 rotates, or before and after;
+a layer that differs in every order tried while the logits agree is ``not comparable``: a wrong rotation moves the
+logits 100x to 1000x past their bound). Bound, per
 element: the engine rotates in float32 with frequencies :math:`\omega_i` of relative error
 :math:`\epsilon_\omega = 16(\ln b + 4)u_{32}` (as :func:`ropelab.engines.vllm.cache_error`), and so does
 transformers' ``inv_freq`` (float32 before the model is cast), so at angles :math:`\theta \le (n-1)\,\omega_{max}`
