@@ -572,7 +572,11 @@ def _run_llamacpp(model_dir: Path, ids, ref, n_ctx: int | None, tmp: Path, n_lay
     except ConversionError as e:
         return {"status": "refused", "reason": "llama.cpp's converter: " + _clip(str(e), 1200)}
     try:
-        run = llamacpp_run.run(gguf, ids, n_ctx=0 if n_ctx is None else max(n_ctx, len(ids)), record_rope=True)
+        ctx = 0 if n_ctx is None else max(n_ctx, len(ids))  # 0: llama.cpp's own, the file's context_length
+        train = getattr(ref["text_config"], "max_position_embeddings", None)
+        if ctx == 0 and isinstance(train, int) and train > llamacpp_run.MAX_CTX:
+            ctx = llamacpp_run.MAX_CTX  # the run's bound on the K/V cache it allocates
+        run = llamacpp_run.run(gguf, ids, n_ctx=min(ctx, llamacpp_run.MAX_CTX), record_rope=True)
     except llamacpp_run.LoaderRefusal as e:
         return {"status": "refused", "reason": _clip(str(e))}
     except (llamacpp_run.RunError, ValueError) as e:
