@@ -576,7 +576,7 @@ def _run_llamacpp(model_dir: Path, ids, ref, n_ctx: int | None, tmp: Path, n_lay
         train = getattr(ref["text_config"], "max_position_embeddings", None)
         if ctx == 0 and isinstance(train, int) and train > llamacpp_run.MAX_CTX:
             ctx = llamacpp_run.MAX_CTX  # the run's bound on the K/V cache it allocates
-        run = llamacpp_run.run(gguf, ids, n_ctx=min(ctx, llamacpp_run.MAX_CTX), record_rope=True)
+        run = llamacpp_run.run(gguf, ids, n_ctx=ctx, record_rope=True)  # a --ctx past MAX_CTX: its ValueError
     except llamacpp_run.LoaderRefusal as e:
         return {"status": "refused", "reason": _clip(str(e))}
     except (llamacpp_run.RunError, ValueError) as e:
