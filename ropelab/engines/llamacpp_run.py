@@ -266,28 +266,27 @@ def run(gguf_path, tokens: Sequence[int] | None = None, *, n_ctx: int | None = N
 
 
 def _rope_records(path: Path, n: int) -> dict[int, tuple]:
-    """``{layer: (q_pre, k_pre, q_post, k_post)}`` from the worker's ``Qcur-<layer>`` / ``Kcur-<layer>`` records:
-    post is the tensor a ``ROPE`` op wrote, pre the one recorded just before it under the same name."""
+    """``{layer: (q_pre, k_pre, q_post, k_post)}`` from the worker's ``Qcur...-<layer>`` / ``Kcur...-<layer>``
+    records: post is the tensor a ``ROPE`` op wrote, pre the one recorded last before it for the same q or k and
+    layer (``Qcur-3`` after a reshape, ``Qcur_normed-3`` after a q norm)."""
+    import re
+
+    pattern = re.compile(r"^([QK])cur[A-Za-z_]*-(\d+)$")
     if not path.is_file():
         return {}
     with np.load(path) as z:
         items = sorted((int(k.split(":", 1)[0]), k.split(":")[1], k.split(":")[2], z[k]) for k in z.files)
-    pairs: dict[str, tuple] = {}
-    for j, (_, name, op, a) in enumerate(items):
-        if op != "ROPE" or name in pairs:
+    keyed = [(pattern.match(name), op, a) for _, name, op, a in items]
+    pairs: dict[tuple[str, int], tuple] = {}
+    for j, (m, op, a) in enumerate(keyed):
+        if m is None or op != "ROPE":
             continue
-        before = [x for x in items[:j] if x[1] == name]
-        if before:
-            pre, post = before[-1][3], a
-            if pre.size == post.size and post.size % n == 0:
-                pairs[name] = (pre.reshape(n, -1, post.shape[-1]), post.reshape(n, -1, post.shape[-1]))
-    out = {}
-    for name, (q_pre, q_post) in pairs.items():
-        if name.startswith("Qcur-"):
-            k = pairs.get("Kcur-" + name[5:])
-            if k is not None:
-                out[int(name[5:])] = (q_pre, k[0], q_post, k[1])
-    return out
+        key = (m.group(1), int(m.group(2)))
+        before = [x[2] for x in keyed[:j] if x[0] is not None and (x[0].group(1), int(x[0].group(2))) == key]
+        if key not in pairs and before and before[-1].size == a.size and a.size % n == 0:
+            pairs[key] = (before[-1].reshape(n, -1, a.shape[-1]), a.reshape(n, -1, a.shape[-1]))
+    return {i: (q[0], pairs[("K", i)][0], q[1], pairs[("K", i)][1]) for (w, i), q in sorted(pairs.items())
+            if w == "Q" and ("K", i) in pairs}
 
 
 def logits(gguf_path, tokens: Sequence[int], *, n_ctx: int | None = None, n_threads: int = 1,

@@ -134,8 +134,9 @@ void ggml_backend_tensor_get(const void * tensor, void * data, size_t offset, si
 
 
 def _recorder(ffi, lib_dir: Path, records: list):
-    """A ``cb_eval`` (ggml_backend_sched_eval_callback) that asks for every tensor named ``Qcur-<layer>`` or
-    ``Kcur-<layer>`` (llama.cpp's graph names q and k so after each step: projection, reshape, RoPE) and appends
+    """A ``cb_eval`` (ggml_backend_sched_eval_callback) that asks for every tensor named ``Qcur...-<layer>`` or
+    ``Kcur...-<layer>`` (llama.cpp's graph names q and k so after each step: projection, reshape, a q/k norm as
+    ``Qcur_normed``, RoPE) and appends
     ``(name, op, float32 array (ne[3], ne[2], ne[1], ne[0]))`` of each as it is computed."""
     from cffi import FFI
 
@@ -146,7 +147,7 @@ def _recorder(ffi, lib_dir: Path, records: list):
     def cb(tensor, ask, _user):
         t = gffi.cast("void *", int(ffi.cast("uintptr_t", tensor)))
         name = gffi.string(g.ggml_get_name(t)).decode(errors="replace")
-        wanted = name.startswith(("Qcur-", "Kcur-"))
+        wanted = name.startswith(("Qcur", "Kcur"))  # Qcur-<il>, and steps between such as Qcur_normed-<il>
         if ask:
             return wanted
         if wanted:
