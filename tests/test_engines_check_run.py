@@ -104,6 +104,9 @@ def test_shrink_refuses_with_words(config, words):
     ("[1, 2", [], "not a readable JSON"),
     ('{"model_type": "no-such-model", "num_attention_heads": 4, "head_dim": 64, "num_hidden_layers": 2}', [],
      "no model_type"),
+    ("[" * 100000 + "]" * 100000, [], "cannot be read"),
+    ('{"model_type": "llama", "num_attention_heads": 4, "head_dim": 64, "num_hidden_layers": 2, "rope_parameters": '
+     '{"rope_type": "yarn", "factor": "x"}}', [], "cannot build model_type"),
     ("{}", ["--engines", "llamacpp,foo"], "--engines must name"),
     ("{}", ["extra.json"], "one PATH"),
 ])
