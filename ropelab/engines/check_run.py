@@ -731,7 +731,9 @@ def render(result: Mapping[str, Any]) -> str:
             lines.append(f"{head}: {c['reason']}")
             continue
         lg = c["logits"]
-        lines.append(f"{head} ({c['version']}, {c['dtype']}): logits max |err| {_num(lg['max_err'])} vs bound "
+        ctx = (f", n_ctx {c['n_ctx']}" if c.get("n_ctx") else "") + (f", max_model_len {c['max_model_len']}"
+                                                                     if c.get("max_model_len") else "")
+        lines.append(f"{head} ({c['version']}, {c['dtype']}{ctx}): logits max |err| {_num(lg['max_err'])} vs bound "
                      f"{_num(lg['bound'])} (ratio {_num(lg['ratio'])}): {lg['status']}"
                      + (f"; {lg['detail']}" if lg.get("detail") else ""))
         if c.get("layers") is None:
