@@ -48,6 +48,10 @@ Exit codes (:func:`exit_code`): 0 at least one engine ran and every engine that 
 is unclear or failed; 2 a usage error, an unreadable config, a config transformers cannot build, or no engine
 could run it (none installed, or every one refused).
 
+The reference runs n tokens, so a length-dependent type is transformers' at length n (LongRoPE: its short factors);
+llama.cpp picks Phi-3's factor set by the context it allocates (the file's ``context_length`` unless ``--ctx``) and
+vLLM by ``max_model_len`` (its default, unless ``--ctx``), as their users get them: the report names both.
+
 The run shows what positions ``0 .. n-1`` show: a difference only past them (a length-dependent type switching at
 its original length) is what the static ``ropelab-check CONFIG ENGINE-FILE`` comparison reports.
 """
