@@ -34,6 +34,14 @@ are not compared.
 reader's ``n_ctx``, :func:`ropelab.engines.gguf.read_gguf`), and no sequence is longer, so the frequencies are
 compared only at lengths up to N and the default position is ``min(max_position_embeddings, N) - 1``.
 
+``--run`` (one PATH, a transformers ``config.json``; ``--engines llamacpp,vllm,mlx``, default all): the engines
+themselves run a tiny random-weight model of the config's architecture (RoPE keys, layer pattern and head geometry
+kept) beside transformers' float64 forward of the same weights, and each engine's verdict is agree / differ /
+unclear (its float32 logits within :func:`ropelab.engines.parity.logit_bound`; per layer, where the engine's q/k
+after RoPE can be seen: llama.cpp, mlx-lm and vLLM), refused, failed or not installed (with its make target).
+Exit 0 when every engine that ran agrees, 1 when one differs, is unclear or failed, 2 when none could run. See
+:mod:`ropelab.engines.check_run`.
+
 Exit codes: 0 all sources agree (and none has a problem), 1 a mismatch or a problem, 2 a usage error or a
 source that cannot be read (one line on stderr naming it; never a traceback). ``--json`` prints the result as
 JSON for other tools; ``--write-config OUT`` writes the first source's RoPE as a transformers config, over the
@@ -144,6 +152,11 @@ def _check_budget(readings: Sequence[Reading], heads: int, samples: int, positio
 # --------------------------------------------------------------------------------------------------
 # Reading a PATH
 # --------------------------------------------------------------------------------------------------
+
+# The engines --run knows (ropelab.engines.check_run.ENGINES; named here so that --help needs no import of it).
+_RUN_ENGINES = ("llamacpp", "vllm", "mlx")
+# A config.json larger than this is not a model config (--run reads it whole).
+_MAX_CONFIG_BYTES = 16 << 20
 
 
 def _reader(fmt: str, path: Path) -> Callable[[Path], Reading]:
@@ -485,6 +498,9 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
     mismatches, agreements = [], []
     for j, other in enumerate(readings[1:], 1):
         sections_differ = ref.sections != other.sections
+        # An engine that runs text positions only cannot show sections: M-RoPE on text positions is 1D RoPE.
+        text_only = sections_differ and (ref.text_only or other.text_only)
+        sections_differ = sections_differ and not text_only
         for group in groups:
             lo, layers = group[0][0], [list(run) for run in group]
             a, b = ref.effective_specs()[lo], other.effective_specs()[lo]
@@ -502,6 +518,13 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
                 agreements.append({"layers": layers, "sources": [0, j],
                                    "detail": f"declared differently ({_declared_diff(a, b)}), the same rotation "
                                              "within float32 storage"})
+            if text_only and not (a.is_nope and b.is_nope):
+                who = ref if ref.text_only else other
+                agreements.append({"layers": layers, "sources": [0, j],
+                                   "detail": f"sections {_sections_words(ref.sections)} vs "
+                                             f"{_sections_words(other.sections)} not compared: the {who.format} engine "
+                                             "runs token ids only (no multi-axis positions), where M-RoPE is 1D "
+                                             "RoPE"})
             if other.qk_permuted != ref.qk_permuted and not a.is_nope:
                 who = other if other.qk_permuted else ref
                 agreements.append({"layers": layers, "sources": [0, j],
@@ -660,10 +683,19 @@ def _parser() -> argparse.ArgumentParser:
         prog="ropelab-check",
         description="Read a model's RoPE from each source (transformers config.json or model directory, .gguf, "
         "MLX model directory; prefix hf:, gguf: or mlx: to force a reader), per layer, and say where they "
-        "disagree and what it costs. Exit 0: all agree; 1: a mismatch or a problem; 2: a usage error or an "
-        "unreadable source.",
+        "disagree and what it costs; with --run, run the engines themselves on a tiny model of one config's "
+        "architecture against transformers float64. Exit 0: all agree; 1: a mismatch or a problem (--run: an engine "
+        "differs or failed); 2: a usage error or an unreadable source (--run: also no engine could run it).",
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="config.json, model directory, .gguf or MLX dir")
+    parser.add_argument("--run", action="store_true",
+                        help="run the engines themselves: PATH is one transformers config.json (or model directory); "
+                             "a tiny random-weight model of its architecture (RoPE keys, layer pattern and head "
+                             "geometry kept) runs in each engine and in transformers float64, and each engine's "
+                             "logits (and per-layer q/k after RoPE where visible) are compared")
+    parser.add_argument("--engines", default=",".join(_RUN_ENGINES), metavar="LIST",
+                        help=f"with --run: the engines to run, comma-separated, of {','.join(_RUN_ENGINES)} "
+                             "(default all)")
     parser.add_argument("--position", type=int,
                         help="position of the costs, 1..2^53 (default max_position_embeddings - 1)")
     parser.add_argument("--ctx", type=int, metavar="N",
@@ -704,6 +736,10 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         want_json = args.json
         _check_args(args)
+        if args.run:
+            return _run_mode(args)
+        if args.engines != ",".join(_RUN_ENGINES):
+            raise UsageError("--engines goes with --run (it names the engines to run).")
         try:
             readings = [read(p, n_ctx=args.ctx) for p in args.paths]
             m = _default_position(readings) if args.position is None else args.position
@@ -729,6 +765,74 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if written and not want_json:
         print(f"wrote {written} ({args.schema} schema): the RoPE of [1].")
+    return code
+
+
+def _run_config(text: str) -> tuple[dict, str]:
+    """The config dict of ``--run``'s PATH (a transformers config.json or a model directory), read within
+    :data:`_MAX_CONFIG_BYTES`; UsageError naming the problem otherwise."""
+    from .hf import load_config
+
+    try:
+        fmt, path = detect(text)
+    except ReadError as e:
+        raise UsageError(str(e)) from None
+    if fmt != "transformers":
+        raise UsageError(f"{_clip(text)}: --run builds a model from a transformers config.json (or a model directory "
+                         f"holding one), not a {fmt} source.")
+    try:
+        cfg = path / "config.json" if path.is_dir() else path
+        size = cfg.stat().st_size
+        if size > _MAX_CONFIG_BYTES:
+            raise UsageError(f"{cfg}: {size} bytes is not a model config (limit {_MAX_CONFIG_BYTES >> 20} MiB).")
+        return load_config(path)
+    except UsageError:
+        raise
+    except ReadError as e:
+        raise UsageError(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - JSON nested too deep, an OS error: an unreadable source
+        raise UsageError(f"{_clip(text)}: cannot be read ({type(e).__name__}: {_clip(str(e))}).") from None
+
+
+def _run_mode(args: argparse.Namespace) -> int:
+    """``--run``: :func:`ropelab.engines.check_run.run_engines` on the one PATH; prints the report (or JSON)."""
+    if len(args.paths) != 1:
+        raise UsageError(f"--run takes one PATH (a config.json), got {len(args.paths)}.")
+    if args.write_config:
+        raise UsageError("--write-config does not go with --run.")
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    bad = [e for e in engines if e not in _RUN_ENGINES]
+    if bad or not engines:
+        raise UsageError(f"--engines must name some of {','.join(_RUN_ENGINES)} (comma-separated), got "
+                         f"{_clip(args.engines, 80)!r}.")
+    config, where = _run_config(args.paths[0])
+    import contextlib
+
+    from . import check_run
+
+    try:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except ImportError as e:
+        raise UsageError(f"--run needs transformers (the reference) and torch ({e}).") from None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # nothing but the report on stdout (--json parses it)
+            result = check_run.run_engines(config, list(dict.fromkeys(engines)), where=where, n_ctx=args.ctx,
+                                           seed=args.seed)
+    except check_run.RunRefused as e:
+        raise UsageError(str(e)) from None
+    code = check_run.exit_code(result)
+    if code == 2:
+        missing = [f"{check_run.NAMES[e]}: {c.get('reason')}" + (f" (install: {c['install']})" if c.get("install")
+                   else "") for e, c in result["engines"].items()]
+        message = "no engine could run the model: " + "; ".join(missing)
+        if args.json:
+            print(_dumps({**result, "exit_code": 2, "error": message}))
+        print(f"ropelab-check: error: {_clip(message, 2000)}", file=sys.stderr)
+        return 2
+    print(_dumps({**result, "exit_code": code}) if args.json else check_run.render(result))
     return code
 
 

@@ -192,6 +192,7 @@ class RunResult:
     def __init__(self, logits: np.ndarray, info: dict):
         self.logits = logits
         self.info = info
+        self.rope: dict[int, tuple] | None = None
 
     def __repr__(self) -> str:
         return f"RunResult(logits {self.logits.shape}, n_ctx {self.info.get('n_ctx')})"
@@ -216,14 +217,19 @@ def _check_args(path, tokens, n_ctx, n_threads):
 
 
 def run(gguf_path, tokens: Sequence[int] | None = None, *, n_ctx: int | None = None, n_threads: int = 1,
-        timeout: float = 120.0) -> RunResult:
+        timeout: float = 120.0, record_rope: bool = False) -> RunResult:
     """Load ``gguf_path`` in llama.cpp, allocate a context of ``n_ctx`` (default ``len(tokens)``; 0: llama.cpp's
     own default, the file's ``context_length``; llama.cpp pads it to a multiple of 256) and decode
     ``tokens`` (no BOS added) at positions ``0 .. n-1`` in one batch; every position's logits.
 
     ``tokens=None`` only loads the model and allocates the context (``logits`` is then empty): what the loader
     accepts. Raises :class:`LoaderRefusal` when llama.cpp refuses the file, :class:`RunError` when it fails
-    otherwise, ``ValueError`` on bad arguments."""
+    otherwise, ``ValueError`` on bad arguments.
+
+    ``record_rope``: the context's ``cb_eval`` (ggml's eval callback) records every tensor the graph names
+    ``Qcur-<layer>`` / ``Kcur-<layer>`` (q and k after each step: projection, reshape, RoPE) as it is computed;
+    ``RunResult.rope`` is then ``{layer: (q_pre, k_pre, q_post, k_post)}``, float32 ``(n_tokens, heads, head_dim)``
+    in the stored weights' dim order, for each layer whose q and k went through a ``ROPE`` op."""
     if tokens is None:
         path, toks, n_ctx = _check_args(gguf_path, [0], n_ctx if n_ctx is not None else 1, n_threads)
         toks = []
@@ -234,7 +240,8 @@ def run(gguf_path, tokens: Sequence[int] | None = None, *, n_ctx: int | None = N
         out = Path(tmp) / "logits.npy"
         request = {"path": str(path.resolve()), "tokens": toks, "n_ctx": n_ctx, "n_threads": n_threads,
                    "lib_dir": str(lib_dir), "out": str(out), "version": LLAMA_CPP_PY_SYNC, "shim": _SHIM_NAME,
-                   "max_logits": MAX_LOGITS, "max_ctx": MAX_CTX}
+                   "max_logits": MAX_LOGITS, "max_ctx": MAX_CTX,
+                   "record": str(Path(tmp) / "rope.npz") if record_rope and toks else None}
         env = {**os.environ, "OMP_NUM_THREADS": str(n_threads)}
         # The worker is a plain script (numpy and cffi only): no ropelab or torch import in the child.
         cmd = [sys.executable, "-I", str(Path(__file__).with_name("llamacpp_worker.py"))]
@@ -252,7 +259,34 @@ def run(gguf_path, tokens: Sequence[int] | None = None, *, n_ctx: int | None = N
             msg = status["error"] if status and "error" in status else "no result"
             raise RunError(f"llama.cpp {RUNTIME_TAG} failed on {path} ({what}): {msg}\n{_tail(log)}")
         arr = np.load(out) if toks else np.zeros((0, status["n_vocab"]), np.float32)
-    return RunResult(arr, {**status, "runtime": RUNTIME_TAG, "runtime_commit": RUNTIME_COMMIT})
+        rope = _rope_records(Path(request["record"]), len(toks)) if request["record"] else None
+    result = RunResult(arr, {**status, "runtime": RUNTIME_TAG, "runtime_commit": RUNTIME_COMMIT})
+    result.rope = rope
+    return result
+
+
+def _rope_records(path: Path, n: int) -> dict[int, tuple]:
+    """``{layer: (q_pre, k_pre, q_post, k_post)}`` from the worker's ``Qcur...-<layer>`` / ``Kcur...-<layer>``
+    records: post is the tensor a ``ROPE`` op wrote, pre the one recorded last before it for the same q or k and
+    layer (``Qcur-3`` after a reshape, ``Qcur_normed-3`` after a q norm)."""
+    import re
+
+    pattern = re.compile(r"^([QK])cur[A-Za-z_]*-(\d+)$")
+    if not path.is_file():
+        return {}
+    with np.load(path) as z:
+        items = sorted((int(k.split(":", 1)[0]), k.split(":")[1], k.split(":")[2], z[k]) for k in z.files)
+    keyed = [(pattern.match(name), op, a) for _, name, op, a in items]
+    pairs: dict[tuple[str, int], tuple] = {}
+    for j, (m, op, a) in enumerate(keyed):
+        if m is None or op != "ROPE":
+            continue
+        key = (m.group(1), int(m.group(2)))
+        before = [x[2] for x in keyed[:j] if x[0] is not None and (x[0].group(1), int(x[0].group(2))) == key]
+        if key not in pairs and before and before[-1].size == a.size and a.size % n == 0:
+            pairs[key] = (before[-1].reshape(n, -1, a.shape[-1]), a.reshape(n, -1, a.shape[-1]))
+    return {i: (q[0], pairs[("K", i)][0], q[1], pairs[("K", i)][1]) for (w, i), q in sorted(pairs.items())
+            if w == "Q" and ("K", i) in pairs}
 
 
 def logits(gguf_path, tokens: Sequence[int], *, n_ctx: int | None = None, n_threads: int = 1,

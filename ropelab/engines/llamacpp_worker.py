@@ -65,6 +65,10 @@ def _worker(request: dict) -> int:
     cparams.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
     cparams.type_k = cparams.type_v = lib.GGML_TYPE_F32
     cparams.no_perf = True
+    records: list = []
+    if request.get("record") and tokens:
+        callback = _recorder(ffi, lib_dir, records)  # kept alive until the context is freed
+        cparams.cb_eval = callback
     ctx = lib.llama_init_from_model(model, cparams)
     if ctx == ffi.NULL:
         print(json.dumps({"error": "llama_init_from_model returned NULL (the context could not be made)"}))
@@ -106,12 +110,57 @@ def _worker(request: dict) -> int:
                             raise RuntimeError(f"llama_get_logits_ith({i}) returned NULL")
                         out[i] = np.frombuffer(ffi.buffer(row, 4 * n_vocab), np.float32)
                     np.save(request["out"], out)
+                    if request.get("record"):
+                        np.savez(request["record"], **{f"{i}:{name}:{op}": a for i, (name, op, a) in
+                                                        enumerate(records)})
             finally:
                 lib.llama_batch_free(batch)
     lib.llama_free(ctx)
     lib.llama_model_free(model)
     print(json.dumps(info), flush=True)
     return status
+
+
+# The head of ggml's struct ggml_tensor (ggml/include/ggml.h): its type, buffer, sizes ne and strides nb, in that
+# order since ggml's first releases; the rest of the struct is not read.
+_TENSOR_HEAD = """
+struct ropelab_tensor_head { int type; void * buffer; int64_t ne[4]; size_t nb[4]; };
+const char * ggml_get_name(const void * tensor);
+const char * ggml_op_desc(const void * tensor);
+size_t ggml_nbytes(const void * tensor);
+bool ggml_is_contiguous(const void * tensor);
+void ggml_backend_tensor_get(const void * tensor, void * data, size_t offset, size_t size);
+"""
+
+
+def _recorder(ffi, lib_dir: Path, records: list):
+    """A ``cb_eval`` (ggml_backend_sched_eval_callback) that asks for every tensor named ``Qcur...-<layer>`` or
+    ``Kcur...-<layer>`` (llama.cpp's graph names q and k so after each step: projection, reshape, a q/k norm as
+    ``Qcur_normed``, RoPE) and appends
+    ``(name, op, float32 array (ne[3], ne[2], ne[1], ne[0]))`` of each as it is computed."""
+    from cffi import FFI
+
+    gffi = FFI()
+    gffi.cdef(_TENSOR_HEAD)
+    g = gffi.dlopen(str(lib_dir / "libggml-base.so.0"))
+
+    def cb(tensor, ask, _user):
+        t = gffi.cast("void *", int(ffi.cast("uintptr_t", tensor)))
+        name = gffi.string(g.ggml_get_name(t)).decode(errors="replace")
+        wanted = name.startswith(("Qcur", "Kcur"))  # Qcur-<il>, and steps between such as Qcur_normed-<il>
+        if ask:
+            return wanted
+        if wanted:
+            head = gffi.cast("struct ropelab_tensor_head *", t)
+            if head.type == 0 and g.ggml_is_contiguous(t):  # GGML_TYPE_F32, laid out densely
+                n = g.ggml_nbytes(t)
+                data = np.empty(n // 4, np.float32)
+                g.ggml_backend_tensor_get(t, gffi.from_buffer(data), 0, n)
+                shape = tuple(int(head.ne[i]) for i in (3, 2, 1, 0))
+                records.append((name, gffi.string(g.ggml_op_desc(t)).decode(errors="replace"), data.reshape(shape)))
+        return True
+
+    return ffi.callback("ggml_backend_sched_eval_callback", cb)
 
 
 def _main() -> int:

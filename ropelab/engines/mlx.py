@@ -640,9 +640,41 @@ def read_mlx(source: str | Path | Mapping[str, Any]) -> Reading:
             notes.append(f"mlx-lm's YarnRoPE takes its defaults {filled} for keys the config leaves out")
     if isinstance(scaling, Mapping) and (scaling.get("type") or scaling.get("rope_type")) == "mrope":
         notes.append("mlx-lm's mrope is nn.RoPE: the sections are dropped (exact for text positions)")
+    text_only = _takes_token_ids_only(model)
+    if text_only and _declares_sections(config):
+        notes.append(f"mlx-lm's {module_name} runs token ids only ({type(model).__name__}.__call__ takes no position "
+                     "ids): every axis of M-RoPE at the same position, where its sections rotate as 1D RoPE")
     return Reading(source=where, format="mlx", architecture=module_name,
                    head_dim=head_dims.pop() if head_dims else _config_head_dim(config, where),
-                   layers=tuple(specs), declared=declared, notes=tuple(notes))
+                   layers=tuple(specs), declared=declared, notes=tuple(notes), text_only=text_only)
+
+
+# Arguments through which a model's forward could take positions other than 0 .. n-1 on every axis.
+_POSITION_ARGS = ("position_ids", "positions", "mrope_position_ids", "image_grid_thw", "video_grid_thw",
+                  "pixel_values")
+
+
+def _takes_token_ids_only(model: Any) -> bool:
+    """Whether mlx-lm's model forward takes no multi-axis positions: none of :data:`_POSITION_ARGS` (nor ``**kwargs``)
+    in its ``__call__`` (measured, not listed: mlx-lm's qwen2_vl and qwen3_vl take ``inputs, cache,
+    input_embeddings``)."""
+    try:
+        params = inspect.signature(type(model).__call__).parameters
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return False
+    return not any(name in params for name in _POSITION_ARGS)
+
+
+def _declares_sections(config: Mapping[str, Any]) -> bool:
+    for c in (config, config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}):
+        for key in ("rope_parameters", "rope_scaling"):
+            d = c.get(key)
+            if isinstance(d, Mapping) and ("mrope_section" in d or any(
+                    isinstance(v, Mapping) and "mrope_section" in v for v in d.values())):
+                return True
+    return False
 
 
 def _config_head_dim(config: Mapping[str, Any], where: str) -> int:

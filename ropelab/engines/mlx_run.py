@@ -19,7 +19,7 @@ message, as :func:`ropelab.engines.mlx.read_mlx` reports it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,11 +105,13 @@ def _check(model_dir, ids) -> tuple[Path, list[int], dict]:
     return path, [int(t) for t in ids], config
 
 
-def logits(model_dir: str | Path, ids: Sequence[int]) -> np.ndarray:
+def logits(model_dir: str | Path, ids: Sequence[int], *, watch: Callable[[Any], Any] | None = None) -> np.ndarray:
     """mlx-lm's float32 logits ``(len(ids), vocab)`` of the model saved in ``model_dir`` for ``ids`` at positions
     ``0 .. n-1`` (one forward, no cache). Raises :class:`MlxRefusal` when mlx-lm refuses the model,
     :class:`MlxRunError` when its forward fails, ValueError on
-    bad arguments, and when a weight or the logits are not float32 (the comparison's bound is float32's)."""
+    bad arguments, and when a weight or the logits are not float32 (the comparison's bound is float32's).
+    ``watch``: called with the loaded model, returns a context manager the forward runs in (``ropelab-check --run``
+    records each layer's rope module with it)."""
     path, ids, config = _check(model_dir, ids)
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -126,9 +128,12 @@ def logits(model_dir: str | Path, ids: Sequence[int]) -> np.ndarray:
     if dtypes != ["mlx.core.float32"]:
         raise ValueError(f"{path}: mlx-lm loaded weights of dtypes {dtypes}; the comparison needs float32 weights "
                          "(save the model in float32).")
+    import contextlib
+
     try:
-        out = model(mx.array([ids], dtype=mx.int32))
-        mx.eval(out)
+        with watch(model) if watch is not None else contextlib.nullcontext():
+            out = model(mx.array([ids], dtype=mx.int32))
+            mx.eval(out)
     except Exception as e:  # a bug or an unmet assumption in mlx-lm's forward: say which and where, no traceback
         raise MlxRunError(f"{path}: mlx-lm's forward fails: {type(e).__name__}: {e} ({_where(e)}).") from e
     if out.dtype != mx.float32:

@@ -29,7 +29,7 @@ clearly a different model).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +57,15 @@ def _text(config):
     return getattr(config, "text_config", None) or config
 
 
-def hf_forward(model_dir: str | Path, ids: Sequence[int], changes: Mapping[str, Any] | None = None):
+def hf_forward(model_dir: str | Path, ids: Sequence[int], changes: Mapping[str, Any] | None = None, *,
+               watch: Callable[[Any], Any] | None = None):
     """transformers' float64 logits ``(n, vocab)`` of the saved model, S of :func:`logit_bound`, and its text config.
 
     ``changes``: config changes before the model is built (``rope_parameters``: keys merged into it; any other key
-    set on the text config), to run the model as an engine reads it."""
+    set on the text config), to run the model as an engine reads it. ``watch``: called with the built model, returns
+    a context manager the forward runs in (``ropelab.engines.check_run`` records each layer's RoPE with it)."""
+    import contextlib
+
     import torch
     import transformers
 
@@ -77,7 +81,7 @@ def hf_forward(model_dir: str | Path, ids: Sequence[int], changes: Mapping[str, 
     cls = (transformers.AutoModelForImageTextToText if hasattr(config, "vision_config")
            else transformers.AutoModelForCausalLM)
     model = cls.from_pretrained(model_dir, config=config, dtype=torch.float64).eval()
-    with torch.no_grad():
+    with torch.no_grad(), (watch(model) if watch is not None else contextlib.nullcontext()):
         out = model(torch.tensor([list(ids)]), output_hidden_states=True)
         logits = out.logits[0]
         h = out.hidden_states[-1][0]  # the final normed hidden state

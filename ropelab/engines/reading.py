@@ -53,6 +53,9 @@ class Reading:
             the other style's dim order), so the original model's style is the other one.
         declared: the source's raw RoPE keys, as written (for display and ``--json``).
         notes: what the reader observed but does not compare (a key it ignores, a convention it applied).
+        text_only: True when the engine runs token ids only, with no multi-axis positions (mlx-lm: its models take
+            ``inputs`` and no position ids): every token then has the same position on every axis, where M-RoPE with
+            any sections is the 1D RoPE of the same frequencies, so the sections are not compared against it.
         problems: contradictions inside the source itself (a GGUF whose rope keys contradict its
             architecture's rope type, a config whose v4 and v5 keys disagree): ``ropelab-check`` reports each
             and exits 1, even for a single source.
@@ -68,6 +71,7 @@ class Reading:
     declared: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
+    text_only: bool = False
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -103,6 +107,7 @@ class Reading:
             "declared": _jsonable(self.declared),
             "notes": list(self.notes),
             "problems": list(self.problems),
+            "text_only": self.text_only,
         }
 
 

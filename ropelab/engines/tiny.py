@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["FAMILIES", "BPE_VOCAB", "TEXT", "VOCAB_SIZE", "save_tiny_model", "tiny_config", "tokenizer_model",
-           "config_dict", "head_dim_overrides"]
+           "config_dict", "head_dim_overrides", "save_random_model", "vision_config"]
 
 # The text the tokenizer is trained on: short, and with every lowercase letter so that any ASCII word encodes.
 TEXT = (
@@ -209,17 +209,24 @@ def save_tiny_model(family: str, path: str | Path, *, seed: int = 0, head_dim: i
 
     ``head_dim`` widens the heads (:func:`head_dim_overrides`: vLLM's CPU attention takes 32, 64, ... but not 16);
     ``overrides`` are config keys (e.g. ``rope_parameters=``, ``num_hidden_layers=``) and win over it."""
-    import torch
-    import transformers
-
     if head_dim is not None:
         overrides = {**head_dim_overrides(family, head_dim), **overrides}
     config = tiny_config(family, **overrides)
+    return save_random_model(config, path, seed=seed, bpe_vocab=family in BPE_VOCAB)
+
+
+def save_random_model(config, path: str | Path, *, seed: int = 0, bpe_vocab: bool = False) -> Path:
+    """Build the transformers model of ``config`` (a ``PretrainedConfig``; a vision-language one when it has a
+    ``vision_config``) with seeded random weights (:func:`_scale_weights`) in float32 and save it to ``path`` with
+    the tiny tokenizer (``tokenizer.model``; with ``bpe_vocab`` also as ``tokenizer.json``, for the converter classes
+    that read a BPE vocabulary); returns ``path``. :func:`save_tiny_model` and ``ropelab-check --run`` build with it."""
+    import torch
+    import transformers
+
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    cls_name = FAMILIES[family][0]
-    model_cls = (transformers.AutoModelForImageTextToText if cls_name in _VISION
+    model_cls = (transformers.AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None
                  else transformers.AutoModelForCausalLM)
     model = model_cls.from_config(config, dtype=torch.float32)
     _scale_weights(model, seed)
@@ -228,11 +235,31 @@ def save_tiny_model(family: str, path: str | Path, *, seed: int = 0, head_dim: i
     (path / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
          "add_bos_token": True, "add_eos_token": False}, indent=2))
-    if family in BPE_VOCAB:  # the same tokenizer as transformers' fast one: tokenizer.json with its BPE merges
+    if bpe_vocab:  # the same tokenizer as transformers' fast one: tokenizer.json with its BPE merges
         transformers.AutoTokenizer.from_pretrained(path).save_pretrained(path)
-    if family in _SPECIAL_NAMES:
-        _rename_special_tokens(path, _SPECIAL_NAMES[family])
+    names = _SPECIAL_NAMES.get(getattr(config, "model_type", None))
+    if names:
+        _rename_special_tokens(path, names)
     return path
+
+
+def vision_config(model_type: str, vision: Mapping[str, Any], text_hidden: int) -> dict:
+    """A one-block vision tower for a vision-language ``model_type`` whose text model is ``text_hidden`` wide: the
+    tiny families' (:data:`_VISION`) for Qwen2-VL / Qwen3-VL, else ``vision`` with its depth, widths and heads cut
+    (a text-only run never calls it; transformers and the converter need one)."""
+    kind = str(model_type)
+    if kind.startswith(("qwen2", "qwen3")):
+        out = {**{k: v for k, v in vision.items() if k == "model_type"},
+               **_VISION["Qwen3VLConfig" if kind.startswith("qwen3") else "Qwen2VLConfig"]}
+        out["hidden_size" if kind.startswith("qwen2") else "out_hidden_size"] = text_hidden
+        return out
+    out = dict(vision)
+    for key, value in (("depth", 1), ("num_hidden_layers", 1), ("hidden_size", 32), ("embed_dim", 32),
+                       ("intermediate_size", 64), ("num_heads", 2), ("num_attention_heads", 2),
+                       ("out_hidden_size", text_hidden), ("deepstack_visual_indexes", [])):
+        if key in out:
+            out[key] = value
+    return out
 
 
 # Families whose converter looks up special tokens by their real model's names (GLM-4's: conversion/glm.py:41-44

@@ -120,7 +120,8 @@ def _check_len(max_model_len: Any) -> int | None:
 
 def run_vllm_cases(cases: Sequence[Mapping[str, Any]], *, timeout: float = 900.0, threads: int = 1) -> list[dict]:
     """Several vLLM builds in one subprocess (vLLM is imported once): each case is a dict with ``model_dir`` and
-    optionally ``max_model_len``, ``prompts`` (token id lists: logits wanted) and ``rope`` (default True). Returns
+    optionally ``max_model_len``, ``prompts`` (token id lists: logits wanted), ``rope`` (default True) and
+    ``record_rope`` (each layer's rotary call on the first prompt: query and key before and after). Returns
     one dict per case as :mod:`ropelab.engines.vllm_runner` prints it: ``{"ok": True, "rope": ..., "logits":
     ...}`` or ``{"ok": False, "error": "..."}`` for a model vLLM refused.
 
@@ -134,7 +135,8 @@ def run_vllm_cases(cases: Sequence[Mapping[str, Any]], *, timeout: float = 900.0
         if any(not p for p in prompts):
             raise ValueError("every prompt needs at least one token id.")
         reqs.append({"model": str(path), "max_model_len": _check_len(case.get("max_model_len")), "dtype": "float32",
-                     "prompts": prompts, "rope": bool(case.get("rope", True))})
+                     "prompts": prompts, "rope": bool(case.get("rope", True)),
+                     "record_rope": bool(case.get("record_rope", False))})
     if not reqs:
         raise ValueError("run_vllm_cases needs at least one case.")
     threads = int(threads)
@@ -301,7 +303,7 @@ def read_vllm(model_dir: str | Path, *, max_model_len: int | None = None, timeou
     map, or a spec that does not reproduce vLLM's table; :class:`VLLMUnavailable` without ``make vllm``."""
     path, config = _model_dir(model_dir)
     try:
-        # One short prompt: the forward tells which layers call their rotary module (the runner's rope_calls).
+        # One short prompt: its forward tells which layers call their rotary module (rope_layers_called).
         vocab = (config.get("text_config") if isinstance(config.get("text_config"), dict) else config).get(
             "vocab_size")
         probe = [[i % vocab for i in range(8)]] if isinstance(vocab, int) and vocab > 0 else ()
@@ -338,7 +340,7 @@ def read_vllm(model_dir: str | Path, *, max_model_len: int | None = None, timeou
     per_layer, classes = [], []
     # The layers whose rotary module ran in the forward of the prompts (the runner's hooks): a module a layer owns
     # and never calls is no RoPE (Cohere2's full-attention layers, vllm/model_executor/models/commandr.py:283).
-    called = out.get("rope_calls")
+    called = out.get("rope_layers_called")
     called = None if called is None else {int(i) for i in called}
     unused = []
     for i in range(n_layers):

@@ -18,10 +18,13 @@ For each case (one import of vLLM for all of them) it builds ``vllm.LLM`` in-pro
 - ``model_class``: the class vLLM built (``TransformersForCausalLM`` and kin: its Transformers backend, which runs
   transformers' own modeling code, the RoPE included, for architectures vLLM has no class of its own for), and
   ``permutes_qk``: whether it permutes the q/k rows as it loads them (Llama 4);
-- ``rope_calls``: with prompts, the decoder layers whose rotary module was *called* in the forward of the prompts
+- ``rope_layers_called``: with prompts, the decoder layers whose rotary module was *called* in the forward of the
+  prompts
   (forward hooks: a pre-hook on each ``layers.N`` module names the layer, a hook on each rotary module records
   it). A layer can own a module it never calls: Cohere2's attention builds ``rotary_emb`` on every layer and calls
   it only on the sliding ones (``vllm/model_executor/models/commandr.py``, ``if self.v1 or self.sliding_window``);
+- ``record_rope``: each decoder layer's rotary call (``forward(positions, query, key)``) on the first prompt's
+  positions ``0 .. n-1``: query and key before and after, flattened ``(n, heads * head_size)`` (``rope_calls``);
 - ``rotary_embedding._ROPE_DICT`` is cleared before each case: ``get_rope`` caches modules by their settings but
   not by ``max_model_len``, which LongRoPE's factor choice reads.
 
@@ -122,6 +125,61 @@ def _model_class(model) -> dict:
             "permutes_qk": any(hasattr(m, "permute_qk_weight_for_rotary") for m in model.modules())}
 
 
+_HOOKS: list = []
+
+
+def _hook_rope(model, record: dict, n: int) -> None:
+    """Forward hooks on every decoder layer (which layer runs) and rotary module (its query and key before and
+    after), recording into ``record[layer]`` the first call at positions ``0 .. n-1``."""
+    import torch
+
+    state = {"layer": None}
+    for path, mod in model.named_modules(remove_duplicate=False):
+        if re.search(r"(?:^|\.)layers\.(\d+)$", path) and "visual" not in path and "vision" not in path:
+            i = int(path.rsplit(".", 1)[-1])
+            _HOOKS.append(mod.register_forward_pre_hook(lambda _m, _a, i=i: state.__setitem__("layer", i)))
+    seen = set()
+    for _, mod in model.named_modules(remove_duplicate=False):
+        if id(mod) in seen or not any(hasattr(mod, c) for c in _CACHES) or not hasattr(mod, "rotary_dim"):
+            continue
+        seen.add(id(mod))
+
+        def pre(m, args, kwargs):
+            pos = args[0] if args else kwargs.get("positions")
+            q = args[1] if len(args) > 1 else kwargs.get("query")
+            k = args[2] if len(args) > 2 else kwargs.get("key")
+            i = state["layer"]
+            want = torch.arange(n, device=pos.device)
+            if i is None or i in record or pos.dim() != 1 or pos.numel() < n or not torch.equal(pos[:n], want):
+                m._ropelab_in = None
+                return None
+            m._ropelab_in = (i, q[:n].detach().float().reshape(n, -1).clone(), k[:n].detach().float().reshape(n, -1)
+                             .clone())
+            return None
+
+        def post(m, args, kwargs, output):
+            got = getattr(m, "_ropelab_in", None)
+            if got is None:
+                return None
+            i, q_in, k_in = got
+            q_out, k_out = output[0], output[1]
+            hs = int(m.head_size)
+            record[i] = {"head_size": hs, "num_heads": q_in.shape[1] // hs, "num_kv_heads": k_in.shape[1] // hs,
+                         "q_in": q_in.reshape(-1).tolist(), "k_in": k_in.reshape(-1).tolist(),
+                         "q_out": q_out[:n].detach().float().reshape(-1).tolist(),
+                         "k_out": k_out[:n].detach().float().reshape(-1).tolist()}
+            m._ropelab_in = None
+            return None
+
+        _HOOKS.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+        _HOOKS.append(mod.register_forward_hook(post, with_kwargs=True))
+
+
+def _unhook_rope(model) -> None:
+    while _HOOKS:
+        _HOOKS.pop().remove()
+
+
 def _vocab_logits(entries, vocab: int) -> list:
     row = [None] * vocab
     for tok, lp in entries.items():
@@ -156,12 +214,22 @@ def _case(LLM, SamplingParams, TokensPrompt, case: dict) -> dict:
             prompts = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in case["prompts"]]
             llm.apply_model(_watch)
             logits = []
-            for r in llm.generate(prompts, params, use_tqdm=False):
+            record = {} if case.get("record_rope") else None
+            if record is not None:
+                llm.apply_model(lambda model: _hook_rope(model, record, len(case["prompts"][0])))
+            try:
+                results = llm.generate(prompts, params, use_tqdm=False)
+            finally:
+                if record is not None:
+                    llm.apply_model(_unhook_rope)
+            if record is not None:
+                out["rope_calls"] = {str(i): c for i, c in sorted(record.items())}
+            for r in results:
                 rows = [_vocab_logits(e, vocab) for e in r.prompt_logprobs[1:]]
                 rows.append(_vocab_logits(r.outputs[0].logprobs[0], vocab))
                 logits.append(rows)
             out["logits"] = logits
-            out["rope_calls"] = llm.apply_model(_watched)[0]
+            out["rope_layers_called"] = llm.apply_model(_watched)[0]
         out["run_s"] = time.perf_counter() - t0
         return out
     finally:
