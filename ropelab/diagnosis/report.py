@@ -238,7 +238,19 @@ class Diagnosis:
 
 @dataclass(repr=False)
 class Comparison:
-    """Two implementations on the same input: the max abs difference and why they differ, in words."""
+    """Two implementations on the same input: the max abs difference and why they differ, in words.
+
+    Args:
+        name_a: how the report names the first implementation.
+        name_b: how it names the second.
+        a: the first one's :class:`Diagnosis`.
+        b: the second one's.
+        dtype: the dtype of the shared input.
+        max_abs_diff: the largest absolute difference of the two outputs, or None when their sizes differ.
+        shape_a: the first output's shape.
+        shape_b: the second output's shape.
+        differences: one sentence per field where the diagnoses differ; empty when they agree.
+    """
 
     name_a: str
     name_b: str

@@ -116,7 +116,15 @@ def register_rope_type(name: str, compute: Callable[..., tuple[torch.Tensor, flo
 
     Everything else reads the record: ``frequencies``, ``RopeSpec`` (its keys), ``LENGTH_DEPENDENT``,
     the KV-cache schedule's threshold, and the tests. The example is checked and computed once here, so a
-    record whose example fails is refused. Returns the record; :func:`unregister_rope_type` removes it."""
+    record whose example fails is refused. Returns the record; :func:`unregister_rope_type` removes it.
+
+    Args:
+        name: the new ``rope_type`` string; one already registered raises ValueError.
+        compute: ``(rotary_dim, base, params, seq_len, max_pos, dtype) -> (inv_freq, attention_factor)``, as
+            :class:`RopeType`'s ``compute``.
+        **fields: the other fields of :class:`RopeType` (``keys``, ``required``, ``length_dependent``,
+            ``original_key``, ``example``, ``nullable``, ``validate``, ``whole_head``).
+    """
     if name in ROPE_TYPES:
         raise ValueError(f"rope_type {name!r} is already registered; unregister_rope_type({name!r}) first.")
     rec = RopeType(name, compute, **fields)
@@ -248,7 +256,13 @@ def check_scaling(
 def length_threshold(rope_scaling: Mapping[str, Any] | None, max_position_embeddings: int | None) -> int | None:
     r""":math:`L_0`, the length past which a length-dependent type moves: its ``original_key``'s value, else
     ``max_position_embeddings`` (longrope switches factor sets past ``original_max_position_embeddings``;
-    dynamic NTK reads ``max_position_embeddings``). For the other types, ``max_position_embeddings``."""
+    dynamic NTK reads ``max_position_embeddings``). For the other types, ``max_position_embeddings``.
+
+    Args:
+        rope_scaling: a Hugging Face scaling dict, or None for the default type.
+        max_position_embeddings: the model config's trained context, or None when not known.
+
+    Returns :math:`L_0`, or None when neither the dict nor ``max_position_embeddings`` gives one."""
     params = parse_scaling(rope_scaling)
     rec = ROPE_TYPES[params.rope_type]
     if rec.length_dependent and rec.original_key is not None:
