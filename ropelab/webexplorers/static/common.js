@@ -169,7 +169,7 @@ function tickLabel(t, log) {
 }
 
 // Draw into `svg` (an <svg> element, cleared first) a chart: opts = {width, height, title, xlabel, ylabel,
-// xlim, ylim, xlog, ylog, series: [{x, y, color, dash, width, marker, label, fill: y2}], hlines: [{y, color,
+// xlim, ylim, xlog, ylog, series: [{x, y, color, dash, width, marker, label, fill: y2, opacity (of a fill)}], hlines: [{y, color,
 // dash}], vlines: [...], legend: true | "bottom", xticks: [{x, label}] (instead of automatic ones), noTicks}.
 export function lineChart(svg, opts) {
   while (svg.firstChild) svg.removeChild(svg.firstChild);
@@ -231,7 +231,7 @@ export function lineChart(svg, opts) {
     if (s.fill) {
       const lower = [];
       for (let i = s.x.length - 1; i >= 0; i--) if (ok(s.x[i], s.fill[i])) lower.push(`${X(s.x[i]).toFixed(2)},${Y(s.fill[i]).toFixed(2)}`);
-      g.appendChild(svgEl("polygon", { points: pts.concat(lower).join(" "), fill: s.color, "fill-opacity": 0.2, stroke: "none" }));
+      g.appendChild(svgEl("polygon", { points: pts.concat(lower).join(" "), fill: s.color, "fill-opacity": s.opacity ?? 0.2, stroke: "none" }));
       continue;
     }
     if (s.line !== false) {
