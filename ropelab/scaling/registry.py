@@ -142,7 +142,11 @@ def register_rope_type(name: str, compute: Callable[..., tuple[torch.Tensor, flo
 
 
 def unregister_rope_type(name: str) -> None:
-    """Remove a rope type added by :func:`register_rope_type` (the built-in types stay)."""
+    """Remove a rope type added by :func:`register_rope_type` (the built-in types stay).
+
+    Args:
+        name: the ``rope_type`` string it was registered under.
+    """
     if name in BUILTIN_NAMES:
         raise ValueError(f"rope_type {name!r} is built in; only registered types can be removed.")
     if name not in ROPE_TYPES:
@@ -195,7 +199,10 @@ def parse_scaling(rope_scaling: Mapping[str, Any] | None) -> ScalingParams:
     """A Hugging Face rope dict (or None) as :class:`ScalingParams` with its ``rope_type`` resolved from the key
     ``rope_type`` or the legacy ``type``, its keys and values checked (:func:`check_scaling_values`);
     ValueError for a non-dict, an unknown type, a key the type does not read, a bad value or a missing
-    required key."""
+    required key.
+
+    Args:
+        rope_scaling: the dict, or None for the default type."""
     if rope_scaling is None:
         params = ScalingParams()
         params.rope_type = "default"
@@ -240,6 +247,13 @@ def check_scaling(
     a number belongs, a wrong-length factor list, an unknown key), ropelab raises. Two rules are stricter
     than transformers on purpose: a bool is not a number (transformers takes True as 1), and
     ``attention_factor`` must be > 0 (0 would zero every rotated vector).
+
+    Args:
+        rope_scaling: a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict, or None for the default type.
+        rotary_dim: how many dims rotate, when known (longrope's factor lists are checked against it).
+        max_position_embeddings: the model config's key of that name, when known (dynamic NTK needs it).
+
+    Returns the dict as :class:`ScalingParams`.
     """
     params = parse_scaling(rope_scaling)
     rec = ROPE_TYPES[params.rope_type]
