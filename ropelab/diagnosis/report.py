@@ -97,10 +97,22 @@ class Diagnosis:
         return not self.problems
 
     def problem(self, code: str, text: str) -> None:
+        """Record a problem: its code (what a program tests with :meth:`has`) and its sentence (what the report
+        prints).
+
+        Args:
+            code: a short stable name, e.g. ``"not_rotation"`` or ``"precision"``.
+            text: the sentence that names the problem and the fix.
+        """
         self.codes.append(code)
         self.problems.append(text)
 
     def has(self, code: str) -> bool:
+        """Whether a problem with this code was found (a renamed code still answers, with a DeprecationWarning).
+
+        Args:
+            code: a problem code, as :meth:`problem` records it.
+        """
         if code in _RENAMED_CODES:
             warnings.warn(f"the code {code!r} is now {_RENAMED_CODES[code]!r}.", DeprecationWarning, stacklevel=2)
             code = _RENAMED_CODES[code]
