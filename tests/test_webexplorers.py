@@ -546,7 +546,7 @@ def test_page_responds_without_a_kernel(browser, site, name, mode):
         assert bar.count() == 1 and len(bar.locator("text").all_text_contents()) >= 3, name
         # and its axes: numbered ticks and a label below and to the left of the canvas
         for axis in ("x", "y"):
-            texts = page.locator(f"svg.ropelab-plot-{axis}axis text").all_text_contents()
+            texts = page.locator(f"svg.ropelab-heat-{axis}axis text").all_text_contents()
             assert len(texts) >= 3 and sum(t.strip().lstrip("-").isdigit() for t in texts) >= 2, (name, axis, texts)
     if name == "decay":
         assert "B_r ≥ 0 up to r = 1024" in after[0]

@@ -296,16 +296,22 @@ export function heatMap(canvas, values, rows, cols, { vmin, vmax, cmap = "viridi
 const AXIS_W = 46, AXIS_H = 34;
 
 export function heatFrame(canvas, { width, height }) {
+  // On a narrow page (a phone) the frame shrinks as a whole: the canvas keeps its aspect ratio, and each axis SVG
+  // scales with it (its viewBox), so the ticks stay on the cells they name.
   const grid = document.createElement("div");
-  grid.style.cssText = `display:grid;grid-template-columns:${AXIS_W}px ${width + 2}px;`
-    + `grid-template-rows:${height + 2}px ${AXIS_H}px;flex:none`;
-  canvas.style.width = `${width}px`;
-  canvas.style.height = `${height}px`;
-  const yAxis = svgEl("svg", { class: "ropelab-plot ropelab-plot-yaxis", width: AXIS_W, height: height + 2,
-    viewBox: `0 0 ${AXIS_W} ${height + 2}`, "aria-hidden": "true" });
-  const xAxis = svgEl("svg", { class: "ropelab-plot ropelab-plot-xaxis", width: width + 2, height: AXIS_H,
-    viewBox: `0 0 ${width + 2} ${AXIS_H}`, "aria-hidden": "true" });
-  for (const s of [xAxis, yAxis]) s.style.overflow = "visible";  // a tick label at an edge is not cut in half
+  grid.className = "ropelab-heat-frame";
+  grid.style.cssText = `display:grid;grid-template-columns:${AXIS_W}px minmax(0,${width + 2}px);`
+    + `grid-template-rows:auto auto;flex:0 1 auto;min-width:0;width:${AXIS_W + width + 2}px;max-width:100%`;
+  canvas.style.width = "100%";
+  canvas.style.height = "auto";
+  canvas.style.aspectRatio = `${width + 2} / ${height + 2}`;
+  canvas.style.boxSizing = "border-box";
+  const yAxis = svgEl("svg", { class: "ropelab-heat-axis ropelab-heat-yaxis", viewBox: `0 0 ${AXIS_W} ${height + 2}`,
+    preserveAspectRatio: "xMaxYMin meet", "aria-hidden": "true" });
+  yAxis.style.cssText = "width:100%;height:0;min-height:100%;overflow:visible";  // the canvas alone sets the row
+  const xAxis = svgEl("svg", { class: "ropelab-heat-axis ropelab-heat-xaxis", viewBox: `0 0 ${width + 2} ${AXIS_H}`,
+    "aria-hidden": "true" });
+  xAxis.style.cssText = "width:100%;height:auto;overflow:visible";  // a tick label at an edge is not cut in half
   grid.append(yAxis, canvas, document.createElement("span"), xAxis);
   canvas.ropelabAxes = { xAxis, yAxis, width, height };
   return grid;

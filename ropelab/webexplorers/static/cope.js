@@ -58,7 +58,7 @@ export function render({ model, el }) {
     if (!svg) {
       svg = newSvg(figure, "gates");
       const box = document.createElement("div");
-      box.style.cssText = "display:flex;flex-direction:column;font:12px sans-serif";
+      box.style.cssText = "display:flex;flex-direction:column;font:12px sans-serif;min-width:0;max-width:100%";
       caption = document.createElement("span");
       canvas = document.createElement("canvas");
       canvas.className = "positions";

@@ -53,7 +53,7 @@ export function render({ model, el }) {
     const p = Object.fromEntries(Object.keys(DEFAULTS).map((k) => [k, model.get(k)]));
     if (!canvas) {
       const box = document.createElement("div");
-      box.style.cssText = "display:flex;flex-direction:column;font:12px sans-serif";
+      box.style.cssText = "display:flex;flex-direction:column;font:12px sans-serif;min-width:0;max-width:100%";
       caption = document.createElement("span");
       box.append(caption);
       canvas = document.createElement("canvas");
