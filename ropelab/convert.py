@@ -34,6 +34,12 @@ def style_permutation(head_dim: int, *, src: str, dst: str, rotary_dim: int | No
     """Index ``idx`` with ``y = x[..., idx]`` re-ordering dims of style ``src`` into style ``dst``.
 
     Dims at and past ``rotary_dim`` stay where they are.
+
+    Args:
+        head_dim: d, the length of the permutation.
+        src: the style x is in: ``"half"`` (pairs (i, i + r/2)) or ``"interleaved"`` (pairs (2i, 2i + 1)).
+        dst: the style wanted.
+        rotary_dim: how many leading dims rotate (even); None for the whole head.
     """
     check_style(src)
     check_style(dst)
@@ -49,17 +55,34 @@ def style_permutation(head_dim: int, *, src: str, dst: str, rotary_dim: int | No
 
 
 def convert_style(x: torch.Tensor, *, src: str, dst: str, rotary_dim: int | None = None) -> torch.Tensor:
-    """Re-order the last dim of ``x`` from style ``src`` to style ``dst`` (pair i keeps its values)."""
+    """Re-order the last dim of ``x`` from style ``src`` to style ``dst`` (pair i keeps its values).
+
+    Args:
+        x: vectors whose last dim is the head dim.
+        src: the style of x: ``"half"`` (pairs (i, i + r/2)) or ``"interleaved"`` (pairs (2i, 2i + 1)).
+        dst: the style wanted.
+        rotary_dim: how many leading dims rotate (even); None for the whole head.
+    """
     return x[..., style_permutation(x.shape[-1], src=src, dst=dst, rotary_dim=rotary_dim).to(x.device)]
 
 
 def half_to_interleaved(x: torch.Tensor, rotary_dim: int | None = None) -> torch.Tensor:
-    """``[x0 .. x_{r/2-1}, x_{r/2} .. x_{r-1}]`` -> ``[x0, x_{r/2}, x1, x_{r/2+1}, ...]`` on the last dim."""
+    """``[x0 .. x_{r/2-1}, x_{r/2} .. x_{r-1}]`` -> ``[x0, x_{r/2}, x1, x_{r/2+1}, ...]`` on the last dim.
+
+    Args:
+        x: vectors in the ``"half"`` style, head dim last.
+        rotary_dim: how many leading dims rotate; None for the whole head.
+    """
     return convert_style(x, src="half", dst="interleaved", rotary_dim=rotary_dim)
 
 
 def interleaved_to_half(x: torch.Tensor, rotary_dim: int | None = None) -> torch.Tensor:
-    """``[x0, x1, x2, x3, ...]`` -> ``[x0, x2, ..., x1, x3, ...]`` on the last dim (inverse of the above)."""
+    """``[x0, x1, x2, x3, ...]`` -> ``[x0, x2, ..., x1, x3, ...]`` on the last dim (inverse of the above).
+
+    Args:
+        x: vectors in the ``"interleaved"`` style, head dim last.
+        rotary_dim: how many leading dims rotate; None for the whole head.
+    """
     return convert_style(x, src="interleaved", dst="half", rotary_dim=rotary_dim)
 
 
@@ -71,6 +94,15 @@ def permute_qk_weight(
 
     ``src="interleaved", dst="half"`` is the Meta-to-Hugging-Face Llama conversion; the reverse undoes it.
     For grouped-query attention pass the number of key/value heads for ``W_k``.
+
+    Args:
+        w: the projection's weight [n_heads * head_dim, in] or its bias [n_heads * head_dim].
+        n_heads: how many heads this projection produces (key/value heads for ``W_k`` under grouped-query
+            attention).
+        src: the style the model was trained with: ``"half"`` (pairs (i, i + r/2)) or ``"interleaved"``
+            (pairs (2i, 2i + 1)).
+        dst: the style wanted.
+        rotary_dim: how many leading dims rotate (even); None for the whole head.
     """
     if w.ndim not in (1, 2):
         raise ValueError(f"w must be a weight [out, in] or a bias [out], got shape {tuple(w.shape)}.")
@@ -89,7 +121,16 @@ def permute_qk_weight(
 def permute_qkv_weight(w: torch.Tensor, n_heads: int, *, src: str, dst: str, rotary_dim: int | None = None):
     """``permute_qk_weight`` for a packed projection ``[W_q; W_k; W_v]`` (three equal row blocks, as in
     GPT-NeoX's ``query_key_value`` or ``ropelab.models``' ``qkv``): the q and k blocks are permuted head by
-    head, the v block is left alone (values are not rotated)."""
+    head, the v block is left alone (values are not rotated).
+
+    Args:
+        w: the packed weight [3 n_heads head_dim, in] or bias [3 n_heads head_dim].
+        n_heads: heads per block (q, k and v have the same number in a packed projection).
+        src: the style the model was trained with: ``"half"`` (pairs (i, i + r/2)) or ``"interleaved"``
+            (pairs (2i, 2i + 1)).
+        dst: the style wanted.
+        rotary_dim: how many leading dims rotate (even); None for the whole head.
+    """
     if w.shape[0] % 3:
         raise ValueError(f"a packed qkv projection has 3 equal row blocks; got {w.shape[0]} rows.")
     q, k, v = w.split(w.shape[0] // 3, dim=0)

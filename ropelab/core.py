@@ -95,6 +95,12 @@ def parse_layout(layout: str, ndim: int | None = None) -> Layout:
 
     Axis letters: b batch, s sequence, h heads, d head dim, t packed tokens of several sequences
     (varlen). Each letter at most once; d required; exactly one of s and t; t has no b.
+
+    Args:
+        layout: the axes' letters separated by spaces, in the tensor's order.
+        ndim: the tensor's number of dims, or None to check the letters only.
+
+    Returns a :class:`Layout`; ValueError names the first thing wrong and how to write it.
     """
     if not isinstance(layout, str):
         raise ValueError(f"layout must be a string such as 'b s h d', got {type(layout).__name__}.")
@@ -138,7 +144,14 @@ def check_style(style: str) -> None:
 
 
 def pair_indices(rotary_dim: int, style: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The dims ``(a_i, b_i)`` that rotate together as pair i, for i in 0 .. r/2 - 1."""
+    """The dims ``(a_i, b_i)`` that rotate together as pair i, for i in 0 .. r/2 - 1.
+
+    Args:
+        rotary_dim: r, how many leading dims rotate (even).
+        style: ``"half"`` pairs (i, i + r/2); ``"interleaved"`` pairs (2i, 2i + 1).
+
+    Returns two int64 tensors of r/2 dims each, ``a`` and ``b``.
+    """
     check_style(style)
     if rotary_dim % 2:
         raise ValueError(f"rotary_dim must be even (RoPE rotates pairs of dims), got {rotary_dim}.")
@@ -190,7 +203,14 @@ def check_cu_seqlens(cu_seqlens: Any, n_tokens: int, *, read_values: bool = True
 
 
 def varlen_positions(cu_seqlens: torch.Tensor) -> torch.Tensor:
-    """Positions of packed tokens: 0, 1, ... restarting at each ``cu_seqlens`` boundary."""
+    """Positions of packed tokens: 0, 1, ... restarting at each ``cu_seqlens`` boundary.
+
+    Args:
+        cu_seqlens: [n_seq + 1] cumulative lengths, starting at 0 (flash-attn's varlen format), already
+            checked (:func:`check_cu_seqlens`).
+
+    Returns a [T] tensor, T = ``cu_seqlens[-1]``, on ``cu_seqlens``'s device.
+    """
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
     starts = torch.repeat_interleave(cu_seqlens[:-1], lengths)
     return torch.arange(int(cu_seqlens[-1]), device=cu_seqlens.device) - starts
@@ -337,6 +357,15 @@ def resolve_positions(
     and ``("t",)``. Raises ValueError for every shape that does not fit, rather than broadcasting
     (:func:`check_position_args`). A 1-D ``offset`` with ``cu_seqlens`` shifts each packed sequence by
     its own entry, as flash-attn's ``seqlen_offsets`` does: packed decoding, chunked prefill.
+
+    Args:
+        x: the tensor to rotate (only its shape and device are read).
+        layout: x's parsed layout (:func:`parse_layout`).
+        positions: None (0, 1, 2, ... along the sequence axis), a 1-D tensor of one position per token, or
+            a [B, S] tensor, as :func:`ropelab.apply_rope` takes them.
+        cu_seqlens: [n_seq + 1] cumulative lengths, for a ``t`` layout only.
+        offset: added to every position: an int, one per batch element, or with ``cu_seqlens`` one per
+            packed sequence.
     """
     p, axes, cu, off = check_position_args(x, layout, positions, cu_seqlens=cu_seqlens, offset=offset)
     if p is None:
@@ -370,6 +399,14 @@ def cos_sin(
 
     The angle is formed in ``angle_dtype`` (float64 by default; float32 reproduces Hugging Face, which
     multiplies float32 positions by a float32 ``inv_freq``), then rounded once to ``dtype``.
+
+    Args:
+        positions: the positions m, a tensor of any shape (integer or real).
+        inv_freq: the r/2 frequencies :math:`\omega_i` (:func:`ropelab.frequencies`).
+        attention_factor: a, which multiplies both tables (YaRN's and LongRoPE's attention scaling; 1 for
+            the others).
+        dtype: the dtype of the tables.
+        angle_dtype: torch.float64 or torch.float32, the dtype the angle :math:`m\,\omega_i` is formed in.
     """
     if angle_dtype not in (torch.float32, torch.float64):
         raise ValueError(f"angle_dtype must be torch.float32 or torch.float64, got {angle_dtype}.")
@@ -390,6 +427,14 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, style: str 
     which therefore meets the forward's bound with :math:`g = \partial L/\partial y` in place of x:
     :math:`|\mathrm{err}_a| \le 4u_{32}(|g_a| + |g_b|) + u\,|\partial L/\partial x_a|` for pair (a, b), u the
     unit roundoff of x's dtype (plus half its subnormal spacing); dims past r pass g through exactly.
+
+    Args:
+        x: a floating-point tensor whose last dim is the head dim d.
+        cos: the table :math:`a\cos(m\,\omega_i)` of :func:`cos_sin`, reshaped to x's number of dims.
+        sin: the table :math:`a\sin(m\,\omega_i)`, the same shape as ``cos``.
+        style: ``"half"`` or ``"interleaved"``, which dims pair up (:func:`pair_indices`).
+
+    Returns a new tensor of x's shape and dtype.
     """
     check_style(style)
     if not x.dtype.is_floating_point:
@@ -531,6 +576,13 @@ def rotation_matrix(
 
     Pair i = (a, b) gets the 2x2 block :math:`a_f\begin{pmatrix}\cos & -\sin\\ \sin & \cos\end{pmatrix}`
     at rows/cols (a, b); dims past :math:`r = 2\,\text{len}(\omega)` keep the identity.
+
+    Args:
+        positions: the positions m (any shape; flattened).
+        inv_freq: the r/2 frequencies :math:`\omega_i`.
+        head_dim: d, the size of each matrix.
+        style: ``"half"`` or ``"interleaved"``, where each pair's block sits.
+        attention_factor: :math:`a_f`, which multiplies every block.
     """
     positions = torch.as_tensor(positions).to(torch.float64).reshape(-1)
     inv_freq = inv_freq.to(torch.float64)
@@ -554,7 +606,17 @@ def reference_matrix(
     style: str = "half",
     attention_factor: float = 1.0,
 ) -> torch.Tensor:
-    """float64 oracle: ``x[..., s, d]`` times the explicit matrix :math:`R_{p_s}` (positions on axis -2)."""
+    """float64 oracle: ``x[..., s, d]`` times the explicit matrix :math:`R_{p_s}` (positions on axis -2).
+
+    Args:
+        x: the vectors, sequence on axis -2 and head dim on axis -1.
+        positions: one position per row of axis -2.
+        inv_freq: the r/2 frequencies; dims past r pass unchanged.
+        style: ``"half"`` or ``"interleaved"``.
+        attention_factor: multiplies every rotation (:func:`rotation_matrix`).
+
+    Returns a float64 tensor of x's shape: what every fast path is tested against.
+    """
     R = rotation_matrix(positions, inv_freq, x.shape[-1], style=style, attention_factor=attention_factor)
     return torch.einsum("sij,...sj->...si", R, x.to(torch.float64))
 
@@ -569,6 +631,16 @@ def reference_complex(
 ) -> torch.Tensor:
     r"""float64 oracle in Meta's complex form: pair i is :math:`z = x_a + i x_b`, rotated to
     :math:`a_f\,z\,e^{i m \omega_i}` (Llama's ``apply_rotary_emb`` with ``torch.polar``). Positions on axis -2.
+
+    Args:
+        x: the vectors, sequence on axis -2 and head dim on axis -1.
+        positions: one position per row of axis -2.
+        inv_freq: the r/2 frequencies; dims past r pass unchanged.
+        style: ``"half"`` or ``"interleaved"``, which dims form each complex number.
+        attention_factor: :math:`a_f`, the modulus of each :math:`e^{i m \omega_i}` factor.
+
+    Returns a float64 tensor of x's shape, by complex multiplication rather than the matrices of
+    :func:`reference_matrix`.
     """
     x = x.to(torch.float64)
     positions = torch.as_tensor(positions).to(torch.float64).reshape(-1)

@@ -4,7 +4,8 @@ Each explorer is three layers, so that what it shows is tested like the rest of 
 
 - a pure compute function that returns the numbers drawn, next to its domain (this module holds widgets only):
   :func:`ropelab.precision.ladder`, :func:`ropelab.decay.decay_view`, :func:`ropelab.staleness.ntk_drift`,
-  :func:`ropelab.extend.extension_ratios` and :func:`ropelab.cope.cope_gates`;
+  :func:`ropelab.extend.extension_ratios`, :func:`ropelab.cope.cope_gates` and
+  :func:`ropelab.kernels.traffic.bytes_view`;
 - an :class:`Explorer` that owns one matplotlib figure (Agg, never pyplot, so nothing is shown twice) and
   redraws it from the compute function: ``update(**params)`` returns the PNG bytes;
 - ``widget()``: ipywidgets controls and an ``ipywidgets.Image`` holding that PNG. It needs a live kernel;
@@ -37,6 +38,7 @@ from matplotlib.figure import Figure
 from .cope import COUNT_RULES, cope_gates
 from .decay import decay_view
 from .extend import extension_ratios, ratio_table
+from .kernels.traffic import BYTES_DTYPES, bytes_view
 from .machine import one_thread
 from .precision import LADDER_DTYPES, ladder
 from .staleness import ntk_drift
@@ -49,6 +51,7 @@ __all__ = [
     "DriftExplorer",
     "ExtensionExplorer",
     "CoPEExplorer",
+    "BytesExplorer",
 ]
 
 DTYPES = LADDER_DTYPES  # the ladder explorer's dtype menu
@@ -444,4 +447,59 @@ class CoPEExplorer(Explorer):
             "count": w.Dropdown(options=list(COUNT_RULES), value=self.params["count"], description="count", style=st),
             "sharpness": w.FloatSlider(value=self.params["sharpness"], min=0, max=20, step=0.5,
                                        description="gate sharpness", style=st),
+        }
+
+
+class BytesExplorer(Explorer):
+    """The bytes each RoPE implementation moves at one shape, in units of a copy of q and k (notebook 06)."""
+
+    name = "06_explore_bytes"
+    defaults = {"batch": 1, "heads_q": 32, "heads_k": 8, "seq": 2048, "head_dim": 128, "dtype": "bfloat16"}
+    size = (11.0, 3.6)
+    _BARS = (("copy", "copy (reference)"), ("hf_eager", "HF eager"), ("fused", "fused, cos/sin once"),
+             ("fused_issued", "fused, as issued"))
+
+    def build(self, fig):
+        """Lay out the figure's axes (called once)."""
+        fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.86)
+        self.ax = fig.subplots()
+        x = np.arange(len(self._BARS))
+        self.read = self.ax.bar(x, np.zeros(len(x)), color="C0", label="read")
+        self.written = self.ax.bar(x, np.zeros(len(x)), color="C1", label="written")
+        self.ax.axhline(1.0, color="0.3", ls=":", lw=1)
+        self.ax.set_xticks(x, [label for _, label in self._BARS])
+        self.ax.set(ylabel="bytes moved, in copies of q and k")
+        self.ax.legend(loc="upper right")
+
+    def refresh(self, batch, heads_q, heads_k, seq, head_dim, dtype):
+        """Redraw the figure for these control values."""
+        out = bytes_view(batch, heads_q, heads_k, seq, head_dim, dtype)
+        copy = sum(out["copy"])
+        keys = [k for k, _ in self._BARS]
+        if "hf_eager" not in out:
+            raise ValueError("the Hugging Face bar needs transformers (the notebooks extra): "
+                             "pip install -e '.[notebooks]'")
+        for n, key in enumerate(keys):
+            r, w = (v / copy for v in out[key])
+            self.read[n].set_height(r)
+            self.written[n].set_y(r)
+            self.written[n].set_height(w)
+        self.ax.set_ylim(0, 1.12 * max(sum(out[k]) / copy for k in keys))
+        hf, fused = sum(out["hf_eager"]) / copy, sum(out["fused"]) / copy
+        self.ax.set_title(f"q [{batch}, {heads_q}, {seq}, {head_dim}], k with {heads_k} heads, {dtype} (model): "
+                          f"HF eager {hf:.2f}x a copy, {hf / fused:.2f}x the fused kernel; cos/sin as issued: "
+                          f"{out['table_loads']} loads per row", fontsize=10)
+
+    def controls(self):
+        """The ipywidgets controls, by parameter name."""
+        import ipywidgets as w
+
+        st, p = _style(), self.params
+        return {
+            "heads_q": w.IntSlider(value=p["heads_q"], min=1, max=64, description="q heads", style=st),
+            "heads_k": w.IntSlider(value=p["heads_k"], min=1, max=64, description="k heads", style=st),
+            "batch": w.IntSlider(value=p["batch"], min=1, max=16, description="batch", style=st),
+            "seq": w.IntSlider(value=p["seq"], min=16, max=8192, step=16, description="tokens", style=st),
+            "head_dim": w.Dropdown(options=[64, 128, 256], value=p["head_dim"], description="head_dim", style=st),
+            "dtype": w.Dropdown(options=list(BYTES_DTYPES), value=p["dtype"], description="dtype", style=st),
         }

@@ -435,7 +435,20 @@ def rope_path(x: torch.Tensor, positions: Any = None, *, layout: str, backend: s
               sections: MultiAxis | None = None, **settings: Any) -> RopePath:
     """Which backend :func:`apply_rope` with these arguments runs on, and why (the same checks; nothing is
     rotated). ``backend="auto"`` names the path it picks; another backend names itself. E.g.
-    ``rope_path(q, layout="b h s d")`` -> ``RopePath(backend='cpu', reason='CPU, no autograd, ...')``."""
+    ``rope_path(q, layout="b h s d")`` -> ``RopePath(backend='cpu', reason='CPU, no autograd, ...')``.
+
+    Args:
+        x: the tensor :func:`apply_rope` would rotate (its device, dtype, strides and autograd flag decide).
+        positions: as in :func:`apply_rope`.
+        layout: as in :func:`apply_rope`.
+        backend: ``"auto"`` (which path it would pick, and why) or a backend's name (checked, then named).
+        sections: a :class:`ropelab.multiaxis.MultiAxis`: multi-axis calls run on the torch path.
+        **settings: the rest of :func:`apply_rope`'s keywords (``style``, ``base``, ``rotary_dim``,
+            ``rope_scaling``, ``cu_seqlens``, ``offset``, ``max_position_embeddings``, ``seq_len``,
+            ``angle_dtype``, ``spec``); another keyword raises ValueError.
+
+    Returns a :class:`RopePath` ``(backend, reason)``; the call's errors are raised as :func:`apply_rope` raises
+    them."""
     spec = settings.pop("spec", None)
     keys = ("style", "base", "rotary_dim", "rope_scaling", "cu_seqlens", "offset", "max_position_embeddings",
             "seq_len")
@@ -466,6 +479,27 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, positions: Any = None, *, la
     as in grouped-query attention; every other axis but d must match, and d too), with the positions resolved,
     the tables formed and the path chosen once. ``out`` is a pair ``(q_out, k_out)``; ``inplace=True`` writes
     into q and k.
+
+    Args:
+        q: the queries, laid out as ``layout``.
+        k: the keys, laid out as ``layout``: the same sizes as q but (possibly) the heads axis ``h``.
+        positions: one set of positions for both, as in :func:`apply_rope`.
+        layout: the axes of q and of k (one layout for both).
+        style: as in :func:`apply_rope`.
+        base: as in :func:`apply_rope`.
+        rotary_dim: as in :func:`apply_rope`.
+        rope_scaling: as in :func:`apply_rope`.
+        cu_seqlens: as in :func:`apply_rope`.
+        offset: as in :func:`apply_rope`.
+        max_position_embeddings: as in :func:`apply_rope`.
+        seq_len: as in :func:`apply_rope`.
+        angle_dtype: as in :func:`apply_rope`.
+        spec: as in :func:`apply_rope`.
+        backend: as in :func:`apply_rope`; one path is chosen for both tensors.
+        out: a pair ``(q_out, k_out)`` of tensors of q's and k's shapes and dtypes to write into.
+        inplace: write the results into q and k themselves; not with ``out``.
+
+    Returns ``(q_rot, k_rot)``.
     """
     settings = dict(layout=layout, style=style, base=base, rotary_dim=rotary_dim, rope_scaling=rope_scaling,
                     cu_seqlens=cu_seqlens, offset=offset, max_position_embeddings=max_position_embeddings,

@@ -225,6 +225,7 @@ EXPLORER_TWINS = {
     "DriftExplorer": ("drift",),
     "ExtensionExplorer": ("extension",),
     "CoPEExplorer": ("cope",),
+    "BytesExplorer": ("bytes",),
 }
 
 

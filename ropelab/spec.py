@@ -165,7 +165,13 @@ class RopeSpec:
     def frequencies(self, head_dim: int, *, seq_len: int | None = None,
                     dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, float]:
         """``(inv_freq, attention_factor)`` for a head of ``head_dim`` dims at current length ``seq_len``
-        (``ropelab.frequencies`` with this spec's settings; no frequencies for a NoPE spec)."""
+        (``ropelab.frequencies`` with this spec's settings; no frequencies for a NoPE spec).
+
+        Args:
+            head_dim: d, the size of one attention head.
+            seq_len: the current length L, for the length-dependent types (dynamic, longrope); None otherwise.
+            dtype: float64 (default) or float32.
+        """
         if self.is_nope:
             return torch.zeros(0, dtype=dtype), 1.0
         return frequencies(head_dim, self.base, rotary_dim=self.rotary_dim, rope_scaling=self.scaling,
@@ -186,7 +192,15 @@ class RopeSpec:
                        max_position_embeddings: int | None = None) -> RopeSpec:
         """A spec from one v5 ``rope_parameters`` dict (or a v4 ``rope_scaling`` dict plus its
         ``rope_theta``): ``rope_theta`` becomes ``base`` (required), ``partial_rotary_factor`` becomes
-        ``rotary_dim = int(head_dim * factor)``, the rest is the scaling."""
+        ``rotary_dim = int(head_dim * factor)``, the rest is the scaling.
+
+        Args:
+            params: the dict, e.g. ``{"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+                "original_max_position_embeddings": 32768}``.
+            head_dim: d, the size of one attention head (what ``partial_rotary_factor`` is a fraction of).
+            style: ``"half"`` or ``"interleaved"``: a rope dict does not say (the model's code does).
+            max_position_embeddings: the model config's key of that name (dynamic NTK's threshold), or None.
+        """
         if not isinstance(params, Mapping):
             raise ValueError(f"a rope dict must be a Mapping such as {{'rope_type': 'default', 'rope_theta': 1e4}}, "
                              f"got {type(params).__name__}.")
@@ -222,7 +236,17 @@ class RopeSpec:
         ``rope_theta`` replaces ``base``, and its ``partial_rotary_factor`` gives ``rotary_dim =
         int(head_dim * factor)`` unless ``rotary_dim`` is given (proportional keeps the key: it reads
         exponents over the full head dim). The spec then computes the same ``frequencies`` as the keywords.
-        ``rotary_dim=0`` is refused here: a layer without RoPE is said explicitly, with :meth:`nope`."""
+        ``rotary_dim=0`` is refused here: a layer without RoPE is said explicitly, with :meth:`nope`.
+
+        Args:
+            head_dim: d, the size of one attention head.
+            style: ``"half"`` pairs (i, i + r/2) (Llama, GPT-NeoX); ``"interleaved"`` pairs (2i, 2i + 1) (GPT-J).
+            base: the RoPE base b (``rope_theta``).
+            rotary_dim: how many leading head dims rotate (even, positive); None for all, or
+                ``partial_rotary_factor``'s share.
+            rope_scaling: a Hugging Face scaling dict (:func:`ropelab.frequencies`), or None.
+            max_position_embeddings: the model's trained context (dynamic NTK's threshold), or None.
+        """
         if isinstance(rotary_dim, int) and not isinstance(rotary_dim, bool) and rotary_dim <= 0:
             raise ValueError(f"rotary_dim must be a positive int, got {rotary_dim}; for a layer without RoPE pass "
                              "spec=RopeSpec.nope() instead.")
@@ -239,7 +263,11 @@ class RopeSpec:
 
     @classmethod
     def nope(cls, max_position_embeddings: int | None = None) -> RopeSpec:
-        """The spec of a layer without RoPE (NoPE): ``rotary_dim=0``, so ``apply_rope`` returns x unchanged."""
+        """The spec of a layer without RoPE (NoPE): ``rotary_dim=0``, so ``apply_rope`` returns x unchanged.
+
+        Args:
+            max_position_embeddings: the model's trained context, kept for the record (a NoPE layer reads none).
+        """
         return cls(rotary_dim=0, max_position_embeddings=max_position_embeddings)
 
     @classmethod
@@ -260,7 +288,16 @@ class RopeSpec:
         (a str, float or bool where an int size belongs, a size < 1 or past ``MAX_LAYERS`` / ``MAX_HEAD_DIM``, a
         rope_theta that is not a number, ``layer_types`` that is not a list of names, an odd head that rotates
         whole, LongRoPE factor lists of the wrong length); ``tests/test_spec_strict.py`` drives transformers on the
-        same dicts."""
+        same dicts.
+
+        Args:
+            config: a transformers ``PretrainedConfig``, or the dict of its ``config.json``; a multimodal config's
+                text part is read (:func:`text_part`).
+            style: the pairing, ``"half"`` or ``"interleaved"``, for a model type the convention table does not
+                hold (then no family-specific rule applies); None reads it from the table.
+
+        Returns a tuple of ``num_hidden_layers`` specs (:meth:`nope` for a layer without RoPE). A multi-axis
+        (M-RoPE) config raises ValueError naming the readers that take it."""
         config, conv = _with_conventions(text_part(config), style)
         if "axes" in conv:
             raise ValueError(f"model type {_get(config, 'model_type')!r} rotates each pair by one of several position "
@@ -312,7 +349,12 @@ class RopeSpec:
     @classmethod
     def from_hf_config(cls, config: Any, *, style: str | None = None) -> RopeSpec:
         """The spec of a Hugging Face config whose layers all share one RoPE (Llama, Qwen2, Phi-3, GPT-NeoX,
-        DeepSeek-V3, ...). A model with different RoPE per layer (Gemma 3) raises: use :meth:`per_layer`."""
+        DeepSeek-V3, ...). A model with different RoPE per layer (Gemma 3) raises: use :meth:`per_layer`.
+
+        Args:
+            config: a transformers ``PretrainedConfig``, or the dict of its ``config.json``.
+            style: the pairing for a model type the convention table does not hold, as in :meth:`per_layer`.
+        """
         specs = cls.per_layer(config, style=style)
         distinct = list(dict.fromkeys(specs))
         if len(distinct) != 1:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ropelab import bench, cope, decay, explorers, extend, precision, staleness
+from ropelab.kernels import traffic
 from ropelab.machine import one_thread
 from ropelab.precision import phase_error as precision_phase_error
 from ropelab.scaling import frequencies
@@ -142,7 +143,7 @@ def test_bad_input_is_named(call, match):
 # ------------------------------------------------------------------------------- figures and widgets
 
 ALL = [explorers.LadderExplorer, explorers.DecayExplorer, explorers.DriftExplorer, explorers.ExtensionExplorer,
-       explorers.CoPEExplorer]
+       explorers.CoPEExplorer, explorers.BytesExplorer]
 
 # Moves across each control's range, extremes included (the benchmark's moves: what a student can reach).
 MOVES = {cls: bench.EXPLORER_MOVES[cls.__name__] for cls in ALL}
@@ -202,6 +203,13 @@ def _drawn(ex) -> list[tuple[np.ndarray, np.ndarray]]:
         out = cope.cope_gates(**p)
         return [(ex.gate.get_ydata(), out["gates"][-1]), (ex.pos.get_ydata(), out["positions"][-1]),
                 (ex.dist.get_ydata(), out["token_distance"][-1])]
+    if isinstance(ex, explorers.BytesExplorer):
+        out = traffic.bytes_view(**p)
+        copy = sum(out["copy"])
+        keys = [k for k, _ in ex._BARS]
+        return [([b.get_height() for b in ex.read], [out[k][0] / copy for k in keys]),
+                ([b.get_height() for b in ex.written], [out[k][1] / copy for k in keys]),
+                ([b.get_y() for b in ex.written], [out[k][0] / copy for k in keys])]
     raise AssertionError(f"no check for {type(ex).__name__}")
 
 

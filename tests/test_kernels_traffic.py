@@ -123,3 +123,29 @@ def test_reference_rows_carry_the_copy_spread():
         ref.reference_rows({"copy": 100}, times, "copy")
     with pytest.raises(ValueError, match="at least 4"):
         ref.time_round_robin({"a": lambda: None}, 3)
+
+
+BYTES_SHAPES = [((1, 4, 16, 32), 2, torch.bfloat16, "bfloat16"), ((2, 3, 9, 8), 1, torch.float32, "float32")]
+
+
+@pytest.mark.parametrize("shape", BYTES_SHAPES)
+def test_bytes_view_on_meta_tensors_is_rope_traffic_on_real_ones(shape):
+    """notebook 06's explorer counts on meta tensors (no memory at any shape): the same bytes as section 1's count
+    on real tensors, for the copy, Hugging Face's eager ops and the fused kernel; 'as issued' charges the table
+    fused_table_loads times."""
+    q_shape, heads_k, dt, name = shape
+    real = {t.name: t for t in traffic.rope_traffic(q_shape, heads_k=heads_k, dtype=dt, compile=False)}
+    view = traffic.bytes_view(q_shape[0], q_shape[1], heads_k, q_shape[2], q_shape[3], name)
+    assert view["copy"] == (real["copy of q and k (reference)"].read, real["copy of q and k (reference)"].written)
+    hf = real["HF apply_rotary_pos_emb, eager"]
+    assert view["hf_eager"] == (hf.read, hf.written)
+    fused = real["fused Triton kernel (ropelab.kernels)"]
+    assert view["fused"] == (fused.read, fused.written)
+    loads = traffic.fused_table_loads(q_shape, heads_k, q_shape[3] // 2)
+    assert view["table_loads"] == loads > 1
+    table = fused.read - view["copy"][0]
+    assert view["fused_issued"] == (view["copy"][0] + loads * table, fused.written)
+    with pytest.raises(ValueError, match="dtype"):
+        traffic.bytes_view(dtype="int8")
+    with pytest.raises(ValueError, match="head_dim"):
+        traffic.bytes_view(head_dim=7)

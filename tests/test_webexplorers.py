@@ -420,6 +420,30 @@ def test_cope_numbers(js):
         assert f"{py['positions'][-1, 0]:.2f} counted, {s} tokens" in summary["text"]
 
 
+BYTES_CASES = [(1, 32, 8, 2048, 128, "bfloat16"), (1, 1, 1, 16, 64, "float32"), (4, 64, 8, 8192, 256, "float16"),
+               (3, 5, 1, 100, 64, "float32"), (16, 40, 40, 1, 128, "bfloat16"), (2, 12, 3, 777, 256, "float32")]
+
+
+@browser_only
+def test_bytes_numbers(js):
+    """bytes_view(): the JS closed forms against the package's counts, Hugging Face's from its op-by-op trace (on
+    meta tensors) and the fused kernel's table loads from launch_tiles: integers below 2^53, so equal; the
+    printed ratios are the Python ones at the printed digits."""
+    from ropelab.kernels.traffic import bytes_view
+
+    keys = ("batch", "heads_q", "heads_k", "seq", "head_dim", "dtype")
+    for case in BYTES_CASES:
+        py, state = bytes_view(*case), dict(zip(keys, case))
+        got = js.call("bytes", "compute", state)
+        assert set(py) == set(got), case
+        for key, value in py.items():
+            assert (list(value) if isinstance(value, tuple) else value) == got[key], (key, case)
+        copy = sum(py["copy"])
+        text = js.call("bytes", "summary", state)["text"]
+        assert f"HF eager {sum(py['hf_eager']) / copy:.2f}x a copy" in text, (case, text)
+        assert f"({py['table_loads']} loads per row): {sum(py['fused_issued']) / copy:.3f}x" in text, (case, text)
+
+
 @browser_only
 @pytest.mark.parametrize("name", webexplorers.NAMES)
 def test_anywidget_module_is_the_same_module(js, name):
@@ -462,6 +486,7 @@ MOVES = {
     "drift": lambda p: p.fill('input[data-trait="length"]', "200"),
     "extension": lambda p: [p.focus('input[data-trait="factor"]')] + [p.keyboard.press("ArrowRight") for _ in range(3)],
     "cope": lambda p: p.fill('input[data-trait="sharpness"]', "0"),
+    "bytes": lambda p: p.fill('input[data-trait="heads_q"]', "1"),
 }
 FIGURE_JS = """() => {
   const f = document.querySelector('.ropelab-figure');
@@ -519,6 +544,10 @@ def test_page_responds_without_a_kernel(browser, site, name, mode):
     if name in ("cope", "drift"):  # a heat map: its colour scale beside it, with numbers on it
         bar = page.locator("svg.ropelab-plot-colorbar")
         assert bar.count() == 1 and len(bar.locator("text").all_text_contents()) >= 3, name
+        # and its axes: numbered ticks and a label below and to the left of the canvas
+        for axis in ("x", "y"):
+            texts = page.locator(f"svg.ropelab-heat-{axis}axis text").all_text_contents()
+            assert len(texts) >= 3 and sum(t.strip().lstrip("-").isdigit() for t in texts) >= 2, (name, axis, texts)
     if name == "decay":
         assert "B_r ≥ 0 up to r = 1024" in after[0]
     if name == "drift":

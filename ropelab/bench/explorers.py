@@ -24,6 +24,8 @@ EXPLORER_MOVES: dict[str, list[dict]] = {
                           {"factor": 1.0}, {"base": 100.0, "head_dim": 16, "factor": 32.0}],
     "CoPEExplorer": [{"text": "the cat sat on the mat, " * 10}, {"count": "vowels"}, {"sharpness": 0.0},
                      {"text": "x"}, {"text": "a b  c   d e", "count": "spaces (word boundaries)"}],
+    "BytesExplorer": [{"heads_q": 1}, {"heads_k": 64}, {"batch": 16, "seq": 8192}, {"head_dim": 256},
+                      {"dtype": "float32", "seq": 16}],
 }
 
 

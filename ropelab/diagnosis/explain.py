@@ -41,6 +41,18 @@ def compare(
     Both are diagnosed (same sizes and arguments as ``diagnose``); every field where they differ becomes a
     sentence: the axis they rotate along, the pairing (with the ropelab.convert function that maps one onto
     the other), rotary_dim, base and scaling, direction, norm scale, varlen restarts, precision.
+
+    Args:
+        fn_a: one implementation, called as :func:`diagnose` calls it (``fn(x)``, or ``fn(x, cu_seqlens)`` for a
+            ``t`` layout).
+        fn_b: the other, on the same input.
+        layout: einops-style axes of the tensor both take (``"b s h d"``, ``"t h d"``, ...).
+        sizes: axis sizes the functions need (``{"h": 20, "d": 64}``); the checker picks the rest.
+        dtype: the input's dtype.
+        max_position: the last position of the shared input and of the phase check.
+        names: how the sentences name the two functions.
+
+    Returns a :class:`Comparison`: both diagnoses, the largest output difference and the sentences.
     """
     fn_a, fn_b = as_torch_fn(fn_a, None), as_torch_fn(fn_b, None)  # an MLX function converts at the boundary
     lay = check_args(fn_a, layout, dtype, max_position, None)

@@ -110,6 +110,13 @@ def fit_ladder(
        :math:`0.1\ln s + 1`.
 
     proportional (zero frequencies past the first pairs, exponents over the head dim) is a line fit.
+
+    Args:
+        omega: the measured frequency of each pair (float64, pair order), e.g. from :func:`rotation_angles`.
+        rotary_dim: r, how many dims rotate (2 ``len(omega)``).
+        head_dim: d, the whole head (proportional's exponents are over d).
+        norm_scale: the measured norm scale (an attention factor), to prefer ladders whose factor is that scale;
+            None when not measured.
     """
     omega = omega.to(torch.float64)
     n = omega.numel()

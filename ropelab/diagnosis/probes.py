@@ -65,7 +65,12 @@ def as_torch_fn(fn: Callable, framework: str | None) -> Callable:
 
 def probe_sizes(layout: str | Layout, sizes: Mapping[str, int] | None = None) -> dict[str, int]:
     """The size of every axis of ``layout`` the checker uses: ``sizes`` as given, the rest chosen so that
-    no two non-d axes share a size (otherwise a rotation along one could not be told from the other)."""
+    no two non-d axes share a size (otherwise a rotation along one could not be told from the other).
+
+    Args:
+        layout: einops-style axes (``"b s h d"``, ``"t h d"``, ...), or a parsed :class:`~ropelab.core.Layout`.
+        sizes: the sizes the function under test needs (``{"h": 20, "d": 64}``); None for all chosen.
+    """
     lay = layout if isinstance(layout, Layout) else parse_layout(layout)
     sizes = dict(sizes or {})
     for k, v in sizes.items():
@@ -105,7 +110,11 @@ def probe_sizes(layout: str | Layout, sizes: Mapping[str, int] | None = None) ->
 
 
 def probe_cu_seqlens(n_tokens: int) -> torch.Tensor:
-    """Three packed sequences of different lengths covering ``n_tokens`` (int32, flash-attn's format)."""
+    """Three packed sequences of different lengths covering ``n_tokens`` (int32, flash-attn's format).
+
+    Args:
+        n_tokens: the size of the packed axis ``t``.
+    """
     n1 = max(2, n_tokens // 4)
     n2 = max(2, (n_tokens - n1) // 2 + 1)
     n3 = n_tokens - n1 - n2
@@ -154,6 +163,14 @@ def sanity_checks(
 
     Both sit at round-off level for a correct RoPE, and also for one that rotates along the wrong axis (its scores
     are then constant along the sequence: nothing depends on position at all), which is why they miss it.
+
+    Args:
+        fn: the function under test, called as :func:`ropelab.diagnose` calls it.
+        layout: einops-style axes of the tensor fn takes.
+        sizes: axis sizes fn needs; the rest are chosen (:func:`probe_sizes`).
+        seed: the seed of the random q and k.
+
+    Returns ``{"norm": ..., "relative": ...}``.
     """
     lay = parse_layout(layout)
     sz = probe_sizes(lay, sizes)
@@ -199,7 +216,16 @@ def rotation_angles(
 ) -> torch.Tensor:
     r"""The angle (radians, in (-pi, pi]) by which ``fn`` turns dims ``dims = (a, b)`` at every token: input
     :math:`e_a` everywhere, angle :math:`\operatorname{atan2}(y_b, y_a)`. Returns the token axes of the
-    layout (d removed), in layout order. For a ``t`` layout ``cu_seqlens`` defaults to one sequence."""
+    layout (d removed), in layout order. For a ``t`` layout ``cu_seqlens`` defaults to one sequence.
+
+    Args:
+        fn: the function under test, called as :func:`ropelab.diagnose` calls it.
+        layout: einops-style axes of the tensor fn takes.
+        sizes: axis sizes fn needs; the rest are chosen (:func:`probe_sizes`).
+        dims: the two head dims (a, b) whose plane is measured: (0, 1) is pair 0 of the interleaved style,
+            (0, d/2) pair 0 of the half style.
+        cu_seqlens: the packed sequences' boundaries, for a ``t`` layout.
+    """
     lay = parse_layout(layout)
     sz = probe_sizes(lay, sizes)
     shape = [sz[a] for a in lay.axes]

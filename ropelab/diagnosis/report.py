@@ -97,10 +97,22 @@ class Diagnosis:
         return not self.problems
 
     def problem(self, code: str, text: str) -> None:
+        """Record a problem: its code (what a program tests with :meth:`has`) and its sentence (what the report
+        prints).
+
+        Args:
+            code: a short stable name, e.g. ``"not_rotation"`` or ``"precision"``.
+            text: the sentence that names the problem and the fix.
+        """
         self.codes.append(code)
         self.problems.append(text)
 
     def has(self, code: str) -> bool:
+        """Whether a problem with this code was found (a renamed code still answers, with a DeprecationWarning).
+
+        Args:
+            code: a problem code, as :meth:`problem` records it.
+        """
         if code in _RENAMED_CODES:
             warnings.warn(f"the code {code!r} is now {_RENAMED_CODES[code]!r}.", DeprecationWarning, stacklevel=2)
             code = _RENAMED_CODES[code]
@@ -238,7 +250,19 @@ class Diagnosis:
 
 @dataclass(repr=False)
 class Comparison:
-    """Two implementations on the same input: the max abs difference and why they differ, in words."""
+    """Two implementations on the same input: the max abs difference and why they differ, in words.
+
+    Args:
+        name_a: how the report names the first implementation.
+        name_b: how it names the second.
+        a: the first one's :class:`Diagnosis`.
+        b: the second one's.
+        dtype: the dtype of the shared input.
+        max_abs_diff: the largest absolute difference of the two outputs, or None when their sizes differ.
+        shape_a: the first output's shape.
+        shape_b: the second output's shape.
+        differences: one sentence per field where the diagnoses differ; empty when they agree.
+    """
 
     name_a: str
     name_b: str

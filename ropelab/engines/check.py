@@ -179,7 +179,12 @@ def _is_mlx_dir(path: Path) -> bool:
 
 def detect(text: str) -> tuple[str, Path]:
     """``(format, path)`` of one PATH argument: a forcing prefix, else the suffix, the GGUF magic, or what a
-    directory holds (an MLX model directory, a ``config.json``, one ``.gguf`` file). ReadError otherwise."""
+    directory holds (an MLX model directory, a ``config.json``, one ``.gguf`` file). ReadError otherwise.
+
+    Args:
+        text: the argument as typed: a path, or ``hf:`` / ``transformers:`` / ``gguf:`` / ``mlx:`` / ``vllm:``
+            and a path.
+    """
     fmt = None
     head, sep, tail = text.partition(":")
     if sep and head in PREFIXES:
@@ -238,7 +243,12 @@ def read(text: str, *, n_ctx: int | None = None) -> Reading:
     ``n_ctx``: the context llama.cpp allocates, for a GGUF source (see :func:`ropelab.engines.gguf.read_gguf`).
 
     Every failure on the way is one ReadError naming the path: the reader's own, an OS error (a name too long, a
-    permission), a recursion or memory error on a hostile file (JSON nested 100,000 deep), an overflow."""
+    permission), a recursion or memory error on a hostile file (JSON nested 100,000 deep), an overflow.
+
+    Args:
+        text: one PATH argument of ``ropelab-check``, as :func:`detect` takes it.
+        n_ctx: the context llama.cpp allocates (``--ctx``); None for the file's own ``context_length``.
+    """
     fmt = None
     try:
         fmt, path = detect(text)
@@ -301,7 +311,16 @@ def compare_layers(a: RopeSpec, b: RopeSpec, head_dim: int, position: int, *, n_
     """What differs between two layers' RoPE, each ``{"kind", "detail"}``; empty when they agree.
 
     Kinds: ``nope`` (one layer has no RoPE), ``style``, ``rotary_dim``, ``frequencies`` (base or scaling: the
-    inverse frequencies differ at some current length), ``attention_factor``."""
+    inverse frequencies differ at some current length), ``attention_factor``.
+
+    Args:
+        a: the first source's layer.
+        b: the other source's same layer.
+        head_dim: the attention head dimension both apply to.
+        position: the position compared: the frequencies are compared at current lengths 1, ``position + 1``
+            and either side of each length-dependent type's threshold :math:`L_0`.
+        n_ctx: the allocated context, when a GGUF source's choice depends on it (Phi-3's LongRoPE factors).
+    """
     if a.is_nope or b.is_nope:
         if a.is_nope and b.is_nope:
             return []
@@ -372,7 +391,19 @@ def cost(a: RopeSpec, b: RopeSpec, head_dim: int, position: int, *, sections_a: 
          sections_b: MultiAxis | None = None, samples: int = 128, heads: int = 4, seed: int = 0) -> dict:
     """What replacing layer RoPE ``a`` by ``b`` costs at position ``position`` (see the module docstring):
     ``{"position", "phase_error" (radians, None when the pairs differ), "max_kl" (nats), "max_abs_dprob",
-    "samples", "heads", "seed"}``. Identical specs cost exactly 0 (the same computation twice)."""
+    "samples", "heads", "seed"}``. Identical specs cost exactly 0 (the same computation twice).
+
+    Args:
+        a: the layer's RoPE as one source reads it.
+        b: the same layer as another source reads it.
+        head_dim: the attention head dimension.
+        position: m, the last position (an int >= 1): queries at positions up to m attend to keys up to m.
+        sections_a: ``a``'s multi-axis sections (M-RoPE), or None.
+        sections_b: ``b``'s multi-axis sections, or None.
+        samples: at most this many positions, spread evenly over [0, m] (``--samples``).
+        heads: how many random heads of q and k (``--heads``).
+        seed: the seed of the random q and k (float64 normal).
+    """
     if not (isinstance(position, int) and position >= 1):
         raise ValueError(f"position must be an int >= 1, got {position!r}.")
     spread = sections_a != sections_b
@@ -471,7 +502,17 @@ def check(readings: Sequence[Reading], *, position: int | None = None, samples: 
     "head_dim", "sources", "groups", "mismatches", "agreements", "problems"}``. ``n_ctx``: the allocated context
     (no length past it is compared; the default position is below it).
 
-    ValueError when the sources are of different models (layer counts or head dims)."""
+    ValueError when the sources are of different models (layer counts or head dims).
+
+    Args:
+        readings: the sources' :class:`Reading` objects (:func:`read`); the first is the reference.
+        position: the position the frequencies and the cost are compared at; None for the trained context
+            minus one (below ``n_ctx`` when given).
+        samples: passed to :func:`cost`.
+        heads: passed to :func:`cost`.
+        seed: passed to :func:`cost`.
+        n_ctx: the allocated context (``--ctx``).
+    """
     if not readings:
         raise ValueError("check needs at least one Reading.")
     ref = readings[0]
@@ -575,7 +616,12 @@ def _layers_words(runs: Sequence[Sequence[int]]) -> str:
 
 
 def render(result: dict, readings: Sequence[Reading]) -> str:
-    """The text report of :func:`check`'s result."""
+    """The text report of :func:`check`'s result.
+
+    Args:
+        result: what :func:`check` returned.
+        readings: the same readings, in the same order.
+    """
     m, d = result["position"], result["head_dim"]
     ctx = f", a context of {result['n_ctx']} tokens" if result.get("n_ctx") else ""
     lines = [f"ropelab-check: {len(readings)} source(s), {result['n_layers']} layers, head_dim {d}{ctx}"]
@@ -729,7 +775,12 @@ def _check_args(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the command; returns the exit code (0 all agree, 1 a mismatch or a problem, 2 a usage error or an
     unreadable source). No exception escapes but SystemExit from ``--help``; ``--json`` prints strict JSON in
-    every case."""
+    every case.
+
+    Args:
+        argv: the arguments after the command's name (``["config.json", "model.gguf", "--json"]``); None reads
+            ``sys.argv``.
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
     want_json = "--json" in argv
     try:

@@ -235,7 +235,13 @@ def _open(path: Path) -> GGUFFile:
 def read_gguf(path: str | Path, *, n_ctx: int | None = None) -> Reading:
     """The RoPE of every layer of the GGUF file ``path``, as llama.cpp reads it (see the module docstring), in a
     context of ``n_ctx`` tokens allocated (:func:`allocated_context`; default llama.cpp's own, the file's
-    ``context_length``): Phi-3's LongRoPE factors are chosen by it."""
+    ``context_length``): Phi-3's LongRoPE factors are chosen by it.
+
+    Args:
+        path: the ``.gguf`` file.
+        n_ctx: the context llama.cpp allocates (``--ctx``), a positive int; None for the file's
+            ``context_length``.
+    """
     if n_ctx is not None and (not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 1):
         raise ValueError(f"n_ctx must be a positive int (the context llama.cpp allocates), got {n_ctx!r}.")
     path = Path(path)

@@ -170,7 +170,13 @@ def read_config(source: str | Path | Mapping[str, Any], *, style: str | None = N
     ``PretrainedConfig``).
 
     ``style`` overrides the pairing (as in :meth:`RopeSpec.per_layer`; needed for a model type the convention
-    table does not hold). A config ``per_layer`` refuses raises :class:`ReadError` with its message."""
+    table does not hold). A config ``per_layer`` refuses raises :class:`ReadError` with its message.
+
+    Args:
+        source: a ``config.json`` path, a model directory holding one, the config's dict, or a
+            ``PretrainedConfig``.
+        style: ``"half"`` or ``"interleaved"`` to override the pairing; None reads it from the convention table.
+    """
     config, label = load_config(source)
     text, notes = _text_part(config)
     try:

@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 __all__ = ["OpTraffic", "Traffic", "count_eager", "count_compiled", "count_fused", "fused_table_loads", "count_copy",
-           "rope_traffic", "qk_norm_rope_traffic"]
+           "rope_traffic", "bytes_view", "BYTES_DTYPES", "qk_norm_rope_traffic"]
 
 # aten ops that only make a new view of the same storage: no data moves.
 _VIEW_OPS = {
@@ -218,6 +218,54 @@ def rope_traffic(shape_q=(1, 32, 512, 128), heads_k: int = 8, dtype=torch.bfloat
             out.append(Traffic("torch.compile(HF apply_rotary_pos_emb)", note=f"not counted: {type(e).__name__}"))
     out.append(count_fused(q, k, s, d // 2))
     return out
+
+
+BYTES_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def bytes_view(batch: int = 1, heads_q: int = 32, heads_k: int = 8, seq: int = 2048, head_dim: int = 128,
+               dtype: str = "bfloat16") -> dict:
+    """Section 1's byte model of notebook 06 at one shape, for its explorer: ``(read, written)`` in bytes under
+    ``"copy"`` (of q and k: the reference), ``"hf_eager"`` (Hugging Face's eager ``apply_rotary_pos_emb``, traced by
+    :func:`count_eager` on meta tensors, so a large shape allocates nothing), ``"fused"`` (the fused kernel, its
+    cos/sin rows charged once: this module's rule) and ``"fused_issued"`` (the rows charged as the kernel issues
+    them, :func:`fused_table_loads`), and ``"table_loads"``, that count. Without transformers ``"hf_eager"`` is
+    absent.
+
+    Args:
+        batch: sequences in the batch.
+        heads_q: query heads.
+        heads_k: key heads (fewer than ``heads_q`` under grouped-query attention).
+        seq: tokens per sequence.
+        head_dim: d, every dim of which rotates (the tables hold d/2 float32 pairs per token).
+        dtype: the dtype of q, k and Hugging Face's tables: a key of :data:`BYTES_DTYPES`.
+    """
+    for name, v in (("batch", batch), ("heads_q", heads_q), ("heads_k", heads_k), ("seq", seq)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}.")
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 2 or head_dim % 2:
+        raise ValueError(f"head_dim must be an even int >= 2 (RoPE rotates pairs), got {head_dim!r}.")
+    if dtype not in BYTES_DTYPES:
+        raise ValueError(f"dtype must be one of {list(BYTES_DTYPES)}, got {dtype!r}.")
+    dt, meta = BYTES_DTYPES[dtype], {"device": "meta"}
+    q = torch.empty(batch, heads_q, seq, head_dim, dtype=dt, **meta)
+    k = torch.empty(batch, heads_k, seq, head_dim, dtype=dt, **meta)
+    loads = fused_table_loads((batch, heads_q, seq, head_dim), heads_k, head_dim // 2)
+    counted = {"copy": count_copy(q, k), "hf_eager": _hf_eager(q, k, seq, head_dim, dt),
+               "fused": count_fused(q, k, seq, head_dim // 2),
+               "fused_issued": count_fused(q, k, seq, head_dim // 2, table_loads=loads)}
+    out = {key: (t.read, t.written) for key, t in counted.items() if t is not None}
+    out["table_loads"] = loads
+    return out
+
+
+def _hf_eager(q, k, seq, head_dim, dt):
+    try:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    except ImportError:
+        return None
+    table = torch.empty(1, seq, head_dim, dtype=dt, device="meta")  # [1, s, d], as LlamaRotaryEmbedding returns it
+    return count_eager("HF apply_rotary_pos_emb, eager", lambda: apply_rotary_pos_emb(q, k, table, table))
 
 
 def qk_norm_rope_traffic(tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, rotary_dim: int | None = None,

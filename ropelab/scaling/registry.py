@@ -116,7 +116,15 @@ def register_rope_type(name: str, compute: Callable[..., tuple[torch.Tensor, flo
 
     Everything else reads the record: ``frequencies``, ``RopeSpec`` (its keys), ``LENGTH_DEPENDENT``,
     the KV-cache schedule's threshold, and the tests. The example is checked and computed once here, so a
-    record whose example fails is refused. Returns the record; :func:`unregister_rope_type` removes it."""
+    record whose example fails is refused. Returns the record; :func:`unregister_rope_type` removes it.
+
+    Args:
+        name: the new ``rope_type`` string; one already registered raises ValueError.
+        compute: ``(rotary_dim, base, params, seq_len, max_pos, dtype) -> (inv_freq, attention_factor)``, as
+            :class:`RopeType`'s ``compute``.
+        **fields: the other fields of :class:`RopeType` (``keys``, ``required``, ``length_dependent``,
+            ``original_key``, ``example``, ``nullable``, ``validate``, ``whole_head``).
+    """
     if name in ROPE_TYPES:
         raise ValueError(f"rope_type {name!r} is already registered; unregister_rope_type({name!r}) first.")
     rec = RopeType(name, compute, **fields)
@@ -134,7 +142,11 @@ def register_rope_type(name: str, compute: Callable[..., tuple[torch.Tensor, flo
 
 
 def unregister_rope_type(name: str) -> None:
-    """Remove a rope type added by :func:`register_rope_type` (the built-in types stay)."""
+    """Remove a rope type added by :func:`register_rope_type` (the built-in types stay).
+
+    Args:
+        name: the ``rope_type`` string it was registered under.
+    """
     if name in BUILTIN_NAMES:
         raise ValueError(f"rope_type {name!r} is built in; only registered types can be removed.")
     if name not in ROPE_TYPES:
@@ -187,7 +199,10 @@ def parse_scaling(rope_scaling: Mapping[str, Any] | None) -> ScalingParams:
     """A Hugging Face rope dict (or None) as :class:`ScalingParams` with its ``rope_type`` resolved from the key
     ``rope_type`` or the legacy ``type``, its keys and values checked (:func:`check_scaling_values`);
     ValueError for a non-dict, an unknown type, a key the type does not read, a bad value or a missing
-    required key."""
+    required key.
+
+    Args:
+        rope_scaling: the dict, or None for the default type."""
     if rope_scaling is None:
         params = ScalingParams()
         params.rope_type = "default"
@@ -232,6 +247,13 @@ def check_scaling(
     a number belongs, a wrong-length factor list, an unknown key), ropelab raises. Two rules are stricter
     than transformers on purpose: a bool is not a number (transformers takes True as 1), and
     ``attention_factor`` must be > 0 (0 would zero every rotated vector).
+
+    Args:
+        rope_scaling: a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict, or None for the default type.
+        rotary_dim: how many dims rotate, when known (longrope's factor lists are checked against it).
+        max_position_embeddings: the model config's key of that name, when known (dynamic NTK needs it).
+
+    Returns the dict as :class:`ScalingParams`.
     """
     params = parse_scaling(rope_scaling)
     rec = ROPE_TYPES[params.rope_type]
@@ -248,7 +270,13 @@ def check_scaling(
 def length_threshold(rope_scaling: Mapping[str, Any] | None, max_position_embeddings: int | None) -> int | None:
     r""":math:`L_0`, the length past which a length-dependent type moves: its ``original_key``'s value, else
     ``max_position_embeddings`` (longrope switches factor sets past ``original_max_position_embeddings``;
-    dynamic NTK reads ``max_position_embeddings``). For the other types, ``max_position_embeddings``."""
+    dynamic NTK reads ``max_position_embeddings``). For the other types, ``max_position_embeddings``.
+
+    Args:
+        rope_scaling: a Hugging Face scaling dict, or None for the default type.
+        max_position_embeddings: the model config's trained context, or None when not known.
+
+    Returns :math:`L_0`, or None when neither the dict nor ``max_position_embeddings`` gives one."""
     params = parse_scaling(rope_scaling)
     rec = ROPE_TYPES[params.rope_type]
     if rec.length_dependent and rec.original_key is not None:

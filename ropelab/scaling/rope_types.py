@@ -67,7 +67,13 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     r"""YaRN's attention scaling :math:`0.1\,m \ln s + 1` for :math:`s > 1`, else 1 (Peng et al. 2023,
     arXiv 2309.00071, eq. 22 with :math:`\sqrt{1/t} = 0.1 \ln s + 1`; transformers' ``get_mscale`` inside
     ``_compute_yarn_parameters`` in ``modeling_rope_utils.py``, where DeepSeek's ``mscale`` / ``mscale_all_dim``
-    are the m of a ratio of two)."""
+    are the m of a ratio of two).
+
+    Args:
+        scale: s, the context-extension factor (the dict's ``factor``).
+        mscale: m, which multiplies :math:`0.1 \ln s` (1 in YaRN; DeepSeek's ``mscale`` or ``mscale_all_dim``).
+
+    Returns the factor that multiplies cos and sin (1 for :math:`s \le 1`)."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 

@@ -8,7 +8,7 @@ Each explorer is one plain ES module under ``static/`` (no library, no network) 
 - ``default.render({model, el})``: sliders, an SVG (or canvas) figure and that printed number, redrawn on every
   slider input. ``model`` is anywidget's (``get``, ``set``, ``on``, ``save_changes``).
 
-The six explorers, by name (the JS file is ``static/<name>.js``; all import ``static/common.js``):
+The seven explorers, by name (the JS file is ``static/<name>.js``; all import ``static/common.js``):
 
 ========== ============================================= ================================================
 name       what it draws                                 the Python compute it mirrors
@@ -19,6 +19,7 @@ decay      decay envelope and :math:`2B_r`               :func:`ropelab.decay.de
 drift      dynamic NTK's stale-key phase                 :func:`ropelab.staleness.ntk_drift`
 extension  per-pair extension ratios                     :func:`ropelab.extend.extension_ratios`
 cope       CoPE's gates with hand-set q and k            :func:`ropelab.cope.cope_gates`
+bytes      bytes per RoPE implementation, in copies      :func:`ropelab.kernels.traffic.bytes_view`
 ========== ============================================= ================================================
 
 Two ways to show one:
@@ -56,10 +57,11 @@ STATE: dict[str, dict] = {
     "drift": {"length": 1024, "head_dim": 64, "base": 10000.0, "original_length": 256, "factor": 4.0},
     "extension": {"factor": 4.0, "head_dim": 32, "base": 10000.0, "original_length": 256},
     "cope": {"text": "a b  c   d e", "count": "symbols (not blanks or punctuation)", "sharpness": 6.0},
+    "bytes": {"batch": 1, "heads_q": 32, "heads_k": 8, "seq": 2048, "head_dim": 128, "dtype": "bfloat16"},
 }
 NAMES = tuple(STATE)
 WIDGETS = {"ladder": "LadderWidget", "rotation": "RotationWidget", "decay": "DecayWidget", "drift": "DriftWidget",
-           "extension": "ExtensionWidget", "cope": "CoPEWidget"}
+           "extension": "ExtensionWidget", "cope": "CoPEWidget", "bytes": "BytesWidget"}
 
 
 def _check_name(name: str) -> None:
@@ -191,6 +193,9 @@ def _python_compute(name: str, s: dict):
     if name == "extension":
         from ..extend import extension_ratios
         return extension_ratios(s["factor"], s["head_dim"], s["base"], s["original_length"])
+    if name == "bytes":
+        from ..kernels.traffic import bytes_view
+        return bytes_view(s["batch"], s["heads_q"], s["heads_k"], s["seq"], s["head_dim"], s["dtype"])
     from ..cope import cope_gates
     return cope_gates(s["text"], s["count"], s["sharpness"])
 

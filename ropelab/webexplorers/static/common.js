@@ -169,7 +169,7 @@ function tickLabel(t, log) {
 }
 
 // Draw into `svg` (an <svg> element, cleared first) a chart: opts = {width, height, title, xlabel, ylabel,
-// xlim, ylim, xlog, ylog, series: [{x, y, color, dash, width, marker, label, fill: y2}], hlines: [{y, color,
+// xlim, ylim, xlog, ylog, series: [{x, y, color, dash, width, marker, label, fill: y2, opacity (of a fill)}], hlines: [{y, color,
 // dash}], vlines: [...], legend: true | "bottom", xticks: [{x, label}] (instead of automatic ones), noTicks}.
 export function lineChart(svg, opts) {
   while (svg.firstChild) svg.removeChild(svg.firstChild);
@@ -231,7 +231,7 @@ export function lineChart(svg, opts) {
     if (s.fill) {
       const lower = [];
       for (let i = s.x.length - 1; i >= 0; i--) if (ok(s.x[i], s.fill[i])) lower.push(`${X(s.x[i]).toFixed(2)},${Y(s.fill[i]).toFixed(2)}`);
-      g.appendChild(svgEl("polygon", { points: pts.concat(lower).join(" "), fill: s.color, "fill-opacity": 0.2, stroke: "none" }));
+      g.appendChild(svgEl("polygon", { points: pts.concat(lower).join(" "), fill: s.color, "fill-opacity": s.opacity ?? 0.2, stroke: "none" }));
       continue;
     }
     if (s.line !== false) {
@@ -285,6 +285,59 @@ export function heatMap(canvas, values, rows, cols, { vmin, vmax, cmap = "viridi
     }
   }
   ctx.putImageData(img, 0, 0);
+}
+
+// Axes for a heat map that heatMap paints on `canvas` (shown at `width` x `height` CSS px): ticks with numbers and an
+// axis label in an SVG to its left and one below it, as the notebooks' matplotlib heat maps have. heatFrame(canvas,
+// {width, height}) wraps the canvas once and returns the wrapper to place; heatAxes(canvas, opts) (re)draws the
+// ticks for opts = {xlim, ylim, xlabel, ylabel}: xlim the data values at the canvas's left and right edges, ylim
+// those at its top and bottom edges (so [-0.5, n - 0.5] for row 0 at the top, [n - 0.5, -0.5] with originLower).
+// Only integer ticks are drawn: the axes count tokens, keys and pairs.
+const AXIS_W = 46, AXIS_H = 34;
+
+export function heatFrame(canvas, { width, height }) {
+  // On a narrow page (a phone) the frame shrinks as a whole: the canvas keeps its aspect ratio, and each axis SVG
+  // scales with it (its viewBox), so the ticks stay on the cells they name.
+  const grid = document.createElement("div");
+  grid.className = "ropelab-heat-frame";
+  grid.style.cssText = `display:grid;grid-template-columns:${AXIS_W}px minmax(0,${width + 2}px);`
+    + `grid-template-rows:auto auto;flex:0 1 auto;min-width:0;width:${AXIS_W + width + 2}px;max-width:100%`;
+  canvas.style.width = "100%";
+  canvas.style.height = "auto";
+  canvas.style.aspectRatio = `${width + 2} / ${height + 2}`;
+  canvas.style.boxSizing = "border-box";
+  const yAxis = svgEl("svg", { class: "ropelab-heat-axis ropelab-heat-yaxis", viewBox: `0 0 ${AXIS_W} ${height + 2}`,
+    preserveAspectRatio: "xMaxYMin meet", "aria-hidden": "true" });
+  yAxis.style.cssText = "width:100%;height:0;min-height:100%;overflow:visible";  // the canvas alone sets the row
+  const xAxis = svgEl("svg", { class: "ropelab-heat-axis ropelab-heat-xaxis", viewBox: `0 0 ${width + 2} ${AXIS_H}`,
+    "aria-hidden": "true" });
+  xAxis.style.cssText = "width:100%;height:auto;overflow:visible";  // a tick label at an edge is not cut in half
+  grid.append(yAxis, canvas, document.createElement("span"), xAxis);
+  canvas.ropelabAxes = { xAxis, yAxis, width, height };
+  return grid;
+}
+
+export function heatAxes(canvas, { xlim, ylim, xlabel = "", ylabel = "" }) {
+  const { xAxis, yAxis, width, height } = canvas.ropelabAxes;
+  for (const s of [xAxis, yAxis]) while (s.firstChild) s.removeChild(s.firstChild);
+  const marks = (a, b) => ticks(Math.min(a, b), Math.max(a, b), false)
+    .map((v) => Math.round(v)).filter((v, k, all) => all.indexOf(v) === k && v >= Math.min(a, b) && v <= Math.max(a, b));
+  // +1: the canvas's 1 px border; a tick sits at the data value's place on the painted area
+  const X = (v) => 1 + width * (v - xlim[0]) / (xlim[1] - xlim[0]);
+  const Y = (v) => 1 + height * (v - ylim[0]) / (ylim[1] - ylim[0]);
+  for (const v of marks(xlim[0], xlim[1])) {
+    xAxis.appendChild(svgEl("line", { x1: X(v), x2: X(v), y1: 0, y2: 4, stroke: "#333" }));
+    xAxis.appendChild(svgEl("text", { x: X(v), y: 14, "text-anchor": "middle", "font-size": 10 }, String(v)));
+  }
+  if (xlabel) xAxis.appendChild(svgEl("text", { x: 1 + width / 2, y: AXIS_H - 4, "text-anchor": "middle", "font-size": 11 }, xlabel));
+  for (const v of marks(ylim[0], ylim[1])) {
+    yAxis.appendChild(svgEl("line", { x1: AXIS_W - 4, x2: AXIS_W, y1: Y(v), y2: Y(v), stroke: "#333" }));
+    yAxis.appendChild(svgEl("text", { x: AXIS_W - 6, y: Y(v) + 3, "text-anchor": "end", "font-size": 10 }, String(v)));
+  }
+  if (ylabel) {
+    yAxis.appendChild(svgEl("text", { x: 10, y: 1 + height / 2, "text-anchor": "middle", "font-size": 11,
+      transform: `rotate(-90 10 ${1 + height / 2})` }, ylabel));
+  }
 }
 
 // A vertical colour bar for a heat map drawn by heatMap: into `svg` (cleared first), the ramp `cmap` from vmin (bottom)

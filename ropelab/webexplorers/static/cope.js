@@ -2,7 +2,7 @@
 // (ropelab.cope.cope_gates; ropelab.explorers.CoPEExplorer, notebook 04). Key j is k_j = (f_j, 1) with f_j = 1 when
 // character j matches the count rule; every query is q = sqrt(2) s (2, -1); the gate is
 // g_ij = sigmoid(q . k_j / sqrt(2)) (0 above the diagonal) and p_ij = sum_{k=j..i} g_ik, clamped at npos_max - 1.
-import { COLORS, colorBar, heatMap, lineChart, newSvg, scaffold } from "./common.js";
+import { COLORS, colorBar, heatAxes, heatFrame, heatMap, lineChart, newSvg, scaffold } from "./common.js";
 
 export const NAME = "cope";
 export const DEFAULTS = { text: "a b  c   d e", count: "symbols (not blanks or punctuation)", sharpness: 6.0 };
@@ -58,16 +58,16 @@ export function render({ model, el }) {
     if (!svg) {
       svg = newSvg(figure, "gates");
       const box = document.createElement("div");
-      box.style.cssText = "display:flex;flex-direction:column;font:12px sans-serif";
+      box.style.cssText = "display:flex;flex-direction:column;font:12px sans-serif;min-width:0;max-width:100%";
       caption = document.createElement("span");
       canvas = document.createElement("canvas");
       canvas.className = "positions";
       canvas.style.cssText = "width:280px;height:280px;image-rendering:pixelated;border:1px solid #333";
       const row = document.createElement("div");
       row.style.cssText = "display:flex;gap:4px;align-items:flex-start";
-      row.append(canvas);
+      row.append(heatFrame(canvas, { width: 280, height: 280 }));
       box.append(caption, row, Object.assign(document.createElement("span"),
-        { textContent: "query i (rows) × key j (columns); colour: p_ij (scale at the right)" }));
+        { textContent: "query i (rows) × key j (columns); colour: p_ij (scale at the right); blank above the diagonal" }));
       figure.append(box);
       bar = newSvg(row, "colorbar");
     }
@@ -89,6 +89,7 @@ export function render({ model, el }) {
     const shown = out.positions.map((v, k) => (k % s <= Math.floor(k / s) ? v : NaN));
     const vmax = Math.max(...shown.filter((v) => !Number.isNaN(v)), 1e-9);
     heatMap(canvas, shown, s, s, { vmin: 0, vmax });
+    heatAxes(canvas, { xlim: [-0.5, s - 0.5], ylim: [-0.5, s - 0.5], xlabel: "key j", ylabel: "query i" });
     colorBar(bar, { vmin: 0, vmax, label: "CoPE position p_ij", height: 282 });
     caption.textContent = `contextual positions, counting ${p.count}`;
   });

@@ -1,7 +1,8 @@
 // Dynamic NTK's stale cached keys at current length L (ropelab.staleness.ntk_drift; ropelab.explorers.DriftExplorer,
 // notebook 05). Key m entered the cache at length m + 1 and was rotated with omega(b(m + 1)); the query at L uses
 // omega(b(L)), b(L) = b (s L / L0 - (s - 1))^(d / (d - 2)) past L0: the phase error m (omega_i(L) - omega_i(m + 1)).
-import { checkBase, checkEvenInt, checkInt, colorBar, COLORS, defaultInvFreq, fmtG, heatMap, lineChart, newSvg, ntkBase, scaffold, wrapped } from "./common.js";
+import { checkBase, checkEvenInt, checkInt, colorBar, COLORS, defaultInvFreq, fmtG, heatAxes, heatFrame, heatMap, lineChart, newSvg,
+  ntkBase, scaffold, wrapped } from "./common.js";
 
 export const NAME = "drift";
 export const DEFAULTS = { length: 1024, head_dim: 64, base: 10000.0, original_length: 256, factor: 4.0 };
@@ -52,7 +53,7 @@ export function render({ model, el }) {
     const p = Object.fromEntries(Object.keys(DEFAULTS).map((k) => [k, model.get(k)]));
     if (!canvas) {
       const box = document.createElement("div");
-      box.style.cssText = "display:flex;flex-direction:column;font:12px sans-serif";
+      box.style.cssText = "display:flex;flex-direction:column;font:12px sans-serif;min-width:0;max-width:100%";
       caption = document.createElement("span");
       box.append(caption);
       canvas = document.createElement("canvas");
@@ -60,9 +61,10 @@ export function render({ model, el }) {
       canvas.style.cssText = "width:440px;height:240px;image-rendering:pixelated;border:1px solid #333";
       const row = document.createElement("div");
       row.style.cssText = "display:flex;gap:4px;align-items:flex-start";
-      row.append(canvas);
+      row.append(heatFrame(canvas, { width: 440, height: 240 }));
       box.append(row, Object.assign(document.createElement("span"), {
-        textContent: "cached key position m → (rows: pair i, 0 at the bottom; colour: |phase error| wrapped, 0 .. π)" }));
+        textContent: "colour: |phase error| wrapped, 0 .. π (scale at the right); past 512 keys each column is the "
+          + "largest over a block of keys" }));
       figure.append(box);
       bar = newSvg(row, "colorbar");
       colorBar(bar, { vmin: 0, vmax: Math.PI, cmap: "magma", label: "|phase error|, wrapped (rad)", height: 242,
@@ -81,6 +83,8 @@ export function render({ model, el }) {
       for (let i = 0; i < half; i++) img[i * cols + c] = Math.max(img[i * cols + c], out.wrapped[m * half + i]);
     }
     heatMap(canvas, img, half, cols, { vmin: 0, vmax: Math.PI, cmap: "magma", originLower: true });
+    heatAxes(canvas, { xlim: [0, cols * block], ylim: [half - 0.5, -0.5], xlabel: "cached key position m",
+      ylabel: "pair i" });
     const worst = new Array(half).fill(0);
     for (let m = 0; m < p.length; m++) for (let i = 0; i < half; i++) {
       worst[i] = Math.max(worst[i], Math.abs(out.phase_error[m * half + i]));
