@@ -573,6 +573,32 @@ def _v4_as_the_class_reads(config: Any, reads: Mapping[str, Any], conv: Mapping[
     return _top_level_original(config, d)
 
 
+def _refuse_class_defaults(config: Any, rule: Mapping[str, Any] | None, layer_types: Sequence[str] | None,
+                           skip: Sequence[str]) -> None:
+    """ValueError for a config without ``rope_parameters`` whose config class fills the base of some layer type
+    from a per-layer-type default of its own (measured: ``hf_config_rules.PER_LAYER_TYPE_DEFAULTS``), where neither
+    the config's ``rope_theta`` reaches that type (``theta_types``) nor the sweep's ``v4`` rule names its base
+    (``default_theta``): ropelab does not hold those defaults, and reading ``rope_theta`` there would be a guess
+    (MiMo-V2-Flash's class ignores it)."""
+    from .conformance.hf_config_rules import PER_LAYER_TYPE_DEFAULTS
+
+    model_type = _get(config, "model_type")
+    nested = PER_LAYER_TYPE_DEFAULTS.get(model_type) if isinstance(model_type, str) else None
+    if nested is None:
+        return
+    reached = set(nested["theta_types"]) if _get(config, "rope_theta") is not None else set()
+    reached |= set((rule or {}).get("default_theta") or {})
+    used = set(layer_types) - set(skip) if layer_types is not None else set(nested["types"])
+    missing = sorted(used - reached)
+    if missing:
+        raise ValueError(
+            f"model type {model_type!r}: the config has no rope_parameters, and transformers' config class then "
+            f"takes the RoPE of layer types {missing} from per-layer-type defaults of its own"
+            + ("" if _get(config, "rope_theta") is None else " (the config's rope_theta does not reach them)")
+            + ", which ropelab does not hold; write rope_parameters with an entry per layer type "
+            f"({sorted(nested['types'])}) to say what runs.")
+
+
 def _refuse_unread(config: Any, field: str, keys: Sequence[str], used: Any) -> None:
     """ValueError where the config says ``field`` only under keys other config classes read for it and this class
     does not (GPT-NeoX's reads ``rotary_emb_base``, not ``rope_theta``), with a value other than the one transformers
@@ -766,6 +792,8 @@ def _rope_dicts(config: Any, layer_types: Sequence[str] | None, conv: Mapping[st
     dropped = set(_v4_dropped(config, conv or {}))
     reads = _reads_of(config)
     rule = (conv or {}).get("v4")
+    if reads is None:
+        _refuse_class_defaults(config, rule, layer_types, skip)
     if reads is not None and not (layer_types is not None and rule and "scaled_layer_types" in rule):
         global_dict = _v4_as_the_class_reads(config, reads, conv or {}, dropped)
         return {t: global_dict for t in (set(layer_types) - set(skip) if layer_types is not None else [None])}

@@ -60,6 +60,15 @@ def _check_refusal(d: dict, message: str) -> None:
         assert "mrope_section" in params
     elif "pair dims differently" in message:
         assert "rotations" in CONVENTIONS[model_type]
+    elif "per-layer-type defaults of its own" in message:
+        # the class nests its default rope dict by layer type, and a layer type's base is not the config's
+        cls = transformers.CONFIG_MAPPING[model_type]
+        built = cls(**{k: v for k, v in text_part(d).items() if k not in ("model_type", "rope_parameters",
+                                                                           "rope_scaling")})
+        params = built.rope_parameters
+        assert isinstance(params, dict) and all(isinstance(v, dict) for v in params.values())
+        theta = text_part(d).get("rope_theta")
+        assert any(v.get("rope_theta") != theta for v in params.values())
     elif "which RopeSpec cannot represent" in message:
         assert CONVENTIONS[model_type]["style"] not in ("half", "interleaved")
     else:

@@ -9,7 +9,7 @@ from typing import Any
 
 from .discovery import tiny_kwargs, variants
 
-__all__ = ["TOWER_LAYERS", "text_key", "tiny_composite", "composite_variants", "composite_config"]
+__all__ = ["TOWER_LAYERS", "text_key", "tiny_composite", "composite_variants", "composite_config", "token_failure"]
 
 TOWER_LAYERS = 2  # the towers (vision, audio) are built, never run on tokens: two layers keep them cheap
 
@@ -133,7 +133,8 @@ def token_failure(config, module) -> str:
     layers to attribute rotation calls to."""
     import torch
 
-    from .running import _base_model, error_text
+    from .running import base_model as _base_model
+    from .running import error_text
 
     try:
         torch.manual_seed(0)

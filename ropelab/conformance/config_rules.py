@@ -25,6 +25,12 @@ class turns these into ``rope_parameters`` its own way (``convert_rope_params_to
   (Llama 4's ``no_rope_layers`` from ``no_rope_layer_interval``, Qwen3-Next's ``layer_types`` from
   ``full_attention_interval``).
 
+``PER_LAYER_TYPE_DEFAULTS``: the model types whose class, given a config without RoPE keys, builds its rope dict per
+layer type from defaults of its own (MiMo-V2-Flash's, Step-3.5's, Gemma 3's): the layer types it fills
+(``types``) and those into which a top-level ``rope_theta`` arrives (``theta_types``; MiMo-V2-Flash's class
+ignores it). A legacy config of such a type whose base for some layer type would come from the class's own
+default (not from the config) is refused by ``per_layer``: ropelab does not hold those defaults.
+
 ``TEXT_CONFIGS``: for a composite config class (its ``sub_configs`` hold a ``text_config``), the model type of
 that text sub-config (``type``), and whether the class builds a ``text_config`` dict as the type the dict names
 (``dict_type``) or always as its own: the decoder ``per_layer`` reads from the config's ``text_config``.
@@ -190,8 +196,32 @@ def measure_rules(config_cls, kw: dict) -> dict[str, Any]:
     return out
 
 
+def per_layer_type_default(config_cls, kw: dict) -> dict | None:
+    """Where the class nests the rope dict it builds for ``kw`` without RoPE keys by layer type: ``{"types": its
+    layer types, "theta_types": those into which a top-level ``rope_theta`` arrives}`` (measured with a sentinel);
+    None where the dict is flat or the class refuses ``kw``."""
+    kw = {k: v for k, v in kw.items() if k not in ("rope_parameters", "rope_scaling", "rope_theta")}
+
+    def nested(extra):
+        try:
+            params = getattr(config_cls(**json.loads(json.dumps({**kw, **extra}))), "rope_parameters", None)
+        except Exception:  # noqa: BLE001 - a value the class refuses reads nothing
+            return None
+        ok = isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values())
+        return params if ok else None
+
+    params = nested({})
+    if params is None:
+        return None
+    with_theta = nested({"rope_theta": _THETA}) or {}
+    return {"types": sorted(params),
+            "theta_types": sorted(t for t, d in with_theta.items() if isinstance(d, dict) and d.get("rope_theta")
+                                  == _THETA)}
+
+
 def measure_all(log=print) -> tuple[dict[str, dict], dict[str, str]]:
-    """(rules per RoPE model type, text sub-config type per composite type) of the installed transformers."""
+    """(rules per RoPE model type, text sub-config type per composite type) of the installed transformers; the
+    per-layer-type defaults (:func:`per_layer_type_default`) go into ``rules`` under the key ``None``."""
     from transformers import CONFIG_MAPPING
     from transformers.utils import logging as hf_logging
 
@@ -206,16 +236,22 @@ def measure_all(log=print) -> tuple[dict[str, dict], dict[str, str]]:
             rule = None
         if rule is not None:
             text[mt] = rule
+    nested = {}
     for mt in sorted(discover()):
         config_cls = CONFIG_MAPPING[mt]
         try:
-            r = measure_rules(config_cls, tiny_kwargs(config_cls))
+            kw = tiny_kwargs(config_cls)
+            types = per_layer_type_default(config_cls, kw)
+            if types is not None:
+                nested[mt] = types
+            r = measure_rules(config_cls, kw)
         except Exception as e:  # noqa: BLE001 - a class that cannot be built has no rules
             if log:
                 log(f"{mt}: no rules ({type(e).__name__})")
             continue
         if r:
             rules[mt] = r
+    rules[None] = nested
     return rules, text
 
 
@@ -229,13 +265,18 @@ def not_covered(version: str) -> dict[str, str]:
 
 
 def write_rules(rules: dict, text: dict, version: str, path: pathlib.Path = RULES_PATH) -> None:
+    rules = dict(rules)
+    nested = rules.pop(None, {})
     lines = ["# ruff: noqa: E501",
              f'"""How transformers {version}\'s config classes read a config.json\'s RoPE keys, measured by',
              "``python -m ropelab.conformance.config_rules`` (generated: do not edit). The keys are described in",
              '``ropelab.conformance.config_rules``."""',
-             "", '__all__ = ["TRANSFORMERS_VERSION", "READS", "TEXT_CONFIGS", "MODEL_TYPES", "NOT_COVERED"]', "",
+             "", '__all__ = ["TRANSFORMERS_VERSION", "READS", "PER_LAYER_TYPE_DEFAULTS", "TEXT_CONFIGS",',
+             '           "MODEL_TYPES", "NOT_COVERED"]', "",
              f"TRANSFORMERS_VERSION = {version!r}", "", "READS: dict[str, dict] = {"]
     lines += [f"    {mt!r}: {r!r}," for mt, r in sorted(rules.items())]
+    lines += ["}", "", "PER_LAYER_TYPE_DEFAULTS: dict[str, dict] = {"]
+    lines += [f"    {mt!r}: {t!r}," for mt, t in sorted(nested.items())]
     lines += ["}", "", "TEXT_CONFIGS: dict[str, dict] = {"]
     lines += [f"    {mt!r}: {t!r}," for mt, t in sorted(text.items())]
     from transformers import CONFIG_MAPPING
@@ -254,7 +295,8 @@ def main() -> int:
 
     rules, text = measure_all()
     write_rules(rules, text, transformers.__version__)
-    print(f"{len(rules)} config classes' rules, {len(text)} composite types -> {RULES_PATH}")
+    print(f"{len(rules) - 1} config classes' rules, {len(rules[None])} per-layer-type defaults, {len(text)} composite "
+          f"types -> {RULES_PATH}")
     return 0
 
 

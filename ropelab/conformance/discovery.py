@@ -8,7 +8,7 @@ import pathlib
 import re
 from typing import Any
 
-__all__ = ["N_LAYERS", "N_HEADS", "SMALL_INTS", "discover", "tiny_kwargs", "variants"]
+__all__ = ["N_LAYERS", "N_HEADS", "SMALL_INTS", "discover", "tiny_kwargs", "variants", "config_value"]
 
 N_LAYERS = 8  # enough for the layer patterns of transformers' configs (every 4th, 6th layer ...)
 N_HEADS = 2
@@ -288,3 +288,7 @@ def variants(config_cls, kw: dict) -> dict[str, dict]:
         return out
     out["linear (v4 schema)"] = v4
     return out
+
+
+# A config's value by attribute or key (records reads the tiny config's sizes with it).
+config_value = _get

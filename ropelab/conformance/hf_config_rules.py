@@ -3,7 +3,8 @@
 ``python -m ropelab.conformance.config_rules`` (generated: do not edit). The keys are described in
 ``ropelab.conformance.config_rules``."""
 
-__all__ = ["TRANSFORMERS_VERSION", "READS", "TEXT_CONFIGS", "MODEL_TYPES", "NOT_COVERED"]
+__all__ = ["TRANSFORMERS_VERSION", "READS", "PER_LAYER_TYPE_DEFAULTS", "TEXT_CONFIGS",
+           "MODEL_TYPES", "NOT_COVERED"]
 
 TRANSFORMERS_VERSION = '5.24.0'
 
@@ -224,6 +225,31 @@ READS: dict[str, dict] = {
     'xcodec2': {'default': {'rope_theta': 10000.0, 'rope_type': 'default'}, 'theta_keys': ['rope_theta'], 'fraction_keys': ['partial_rotary_factor']},
     'youtu': {'default': {'rope_theta': 10000.0, 'rope_type': 'default'}, 'theta_keys': ['rope_theta'], 'fraction_keys': ['partial_rotary_factor']},
     'zamba2': {'default': {'rope_theta': 10000.0, 'rope_type': 'default'}, 'theta_keys': ['rope_theta'], 'fraction_keys': ['partial_rotary_factor']},
+}
+
+PER_LAYER_TYPE_DEFAULTS: dict[str, dict] = {
+    'deepseek_v4': {'types': ['compress', 'main'], 'theta_types': ['main']},
+    'diffusion_gemma_text': {'types': ['full_attention', 'sliding_attention'], 'theta_types': []},
+    'dory': {'types': ['full_attention', 'sliding_attention'], 'theta_types': []},
+    'dots3_note_text': {'types': ['indexed_attention', 'sliding_attention'], 'theta_types': ['indexed_attention']},
+    'embedding_gemma2_text': {'types': ['full_attention', 'sliding_attention'], 'theta_types': []},
+    'gemma3_text': {'types': ['full_attention', 'sliding_attention'], 'theta_types': ['full_attention']},
+    'gemma3n_text': {'types': ['full_attention', 'sliding_attention'], 'theta_types': ['full_attention']},
+    'gemma4_text': {'types': ['full_attention', 'sliding_attention'], 'theta_types': []},
+    'gemma4_unified_text': {'types': ['full_attention', 'sliding_attention'], 'theta_types': []},
+    'laguna': {'types': ['full_attention', 'sliding_attention'], 'theta_types': []},
+    'lfm3': {'types': ['full_attention', 'sliding_attention'], 'theta_types': []},
+    'mellum': {'types': ['full_attention', 'sliding_attention'], 'theta_types': []},
+    'mimo_v2_flash': {'types': ['full_attention', 'sliding_attention'], 'theta_types': []},
+    'modernbert': {'types': ['full_attention', 'sliding_attention'], 'theta_types': []},
+    'modernbert-decoder': {'types': ['full_attention', 'sliding_attention'], 'theta_types': []},
+    'neomme': {'types': ['full_attention', 'sliding_attention'], 'theta_types': ['full_attention', 'sliding_attention']},
+    'olmo3': {'types': ['full_attention', 'sliding_attention'], 'theta_types': ['full_attention']},
+    'step3p5': {'types': ['full_attention'], 'theta_types': ['full_attention']},
+    't5gemma2_decoder': {'types': ['full_attention', 'sliding_attention'], 'theta_types': ['full_attention']},
+    't5gemma2_text': {'types': ['full_attention', 'sliding_attention'], 'theta_types': ['full_attention']},
+    'ultrabert': {'types': ['full_attention', 'sliding_attention'], 'theta_types': []},
+    'zaya': {'types': ['hybrid', 'hybrid_sliding'], 'theta_types': []},
 }
 
 TEXT_CONFIGS: dict[str, dict] = {

@@ -216,7 +216,8 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
             return {key: 32}
     if "sliding_window" in reason and "not set" in reason and "sliding_window" not in kw:
         return {"sliding_window": 4096}
-    from .discovery import N_HEADS, _get
+    from .discovery import N_HEADS
+    from .discovery import config_value as _get
 
     d = config_cls()
     heads, kv = _get(d, "num_attention_heads"), _get(d, "num_key_value_heads")
@@ -241,7 +242,7 @@ def default_build_failure(config_cls, module) -> str | None:
     QSA indexer sizes None while its attention builds the indexer: ``None // None`` at the default sizes too."""
     import torch
 
-    from .running import _base_model
+    from .running import base_model as _base_model
 
     try:
         config = config_cls()

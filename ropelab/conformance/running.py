@@ -9,8 +9,8 @@ import sys
 
 import torch
 
-__all__ = ["error_text", "positions_for", "run_transformers", "rotated_pairs", "layout_of", "model_inputs",
-           "n_layers_of", "InputsRefused", "GRID_THW"]
+__all__ = ["base_model", "error_text", "positions_for", "run_transformers", "rotated_pairs", "layout_of",
+           "model_inputs", "n_layers_of", "InputsRefused", "GRID_THW"]
 
 
 def error_text(e: BaseException) -> str:
@@ -405,3 +405,7 @@ def layout_of(shape: tuple[int, ...], s: int) -> str:
     if names.count("h") > 1:
         raise LookupError(f"tensor of shape {list(shape)} has more than one heads-like axis")
     return " ".join(names + ["d"])
+
+
+# The base model of a config (AutoModel's, else its module's *Model class): records and composite build with it.
+base_model = _base_model
