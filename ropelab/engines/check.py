@@ -863,17 +863,24 @@ def _run_mode(args: argparse.Namespace) -> int:
 
     try:
         import transformers
-
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
     except ImportError as e:
         raise UsageError(f"--run needs transformers (the reference) and torch ({e}).") from None
+    hf_log = transformers.utils.logging
+    # Quiet for the run, and as it was afterwards: main() also runs in-process (the tests, a notebook), where a
+    # global verbosity left at "error" would hide transformers' warnings from everything that follows.
+    level, bars = hf_log.get_verbosity(), hf_log.is_progress_bar_enabled()
+    hf_log.set_verbosity_error()
+    hf_log.disable_progress_bar()
     try:
         with contextlib.redirect_stdout(sys.stderr):  # nothing but the report on stdout (--json parses it)
             result = check_run.run_engines(config, list(dict.fromkeys(engines)), where=where, n_ctx=args.ctx,
                                            seed=args.seed)
     except check_run.RunRefused as e:
         raise UsageError(str(e)) from None
+    finally:
+        hf_log.set_verbosity(level)
+        if bars:
+            hf_log.enable_progress_bar()
     code = check_run.exit_code(result)
     if code == 2:
         missing = [f"{check_run.NAMES[e]}: {c.get('reason')}" + (f" (install: {c['install']})" if c.get("install")
