@@ -271,10 +271,12 @@ def _rewrite_v4(model_dir: Path, *, type_key: bool = False) -> None:
     path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def models(root: str | Path, names: Sequence[str] | None = None) -> dict[str, Path]:
-    """Save the model of every family and variant (or of ``names``) under ``root`` (``root/<name>/model``: the
+def models(root: str | Path, names: Sequence[str] | None = None, *, head_dim: int | None = None,
+           leaf: str = "model") -> dict[str, Path]:
+    """Save the model of every family and variant (or of ``names``) under ``root`` (``root/<name>/<leaf>``: the
     converter names a model after its directory, and llama.cpp's vocab loader refuses a tiny tokenizer in a model
-    named like Phi-3, src/llama-vocab.cpp:3118-3126); ``{name: model dir}``."""
+    named like Phi-3, src/llama-vocab.cpp:3118-3126), at the family's head size or ``head_dim``
+    (``tiny.head_dim_overrides``, a variant's own rope keys kept over it); ``{name: model dir}``."""
     root = Path(root)
     every = [*tiny.FAMILIES, *VARIANTS]
     names = every if names is None else list(names)
@@ -284,7 +286,13 @@ def models(root: str | Path, names: Sequence[str] | None = None) -> dict[str, Pa
     out = {}
     for name in names:
         v = VARIANTS.get(name, dict(family=name, overrides={}, schema="v5"))
-        out[name] = tiny.save_tiny_model(v["family"], root / name / "model", **v["overrides"])
+        overrides = dict(v["overrides"])
+        if head_dim is not None:
+            sized = tiny.head_dim_overrides(v["family"], head_dim)
+            overrides = {**sized, **overrides}
+            if "rope_parameters" in sized and "rope_parameters" in v["overrides"]:
+                overrides["rope_parameters"] = {**sized["rope_parameters"], **v["overrides"]["rope_parameters"]}
+        out[name] = tiny.save_tiny_model(v["family"], root / name / leaf, **overrides)
         if v["schema"] in ("v4", "v4-type"):
             _rewrite_v4(out[name], type_key=v["schema"] == "v4-type")
     return out
@@ -292,24 +300,7 @@ def models(root: str | Path, names: Sequence[str] | None = None) -> dict[str, Pa
 
 def vllm_models(root: str | Path, names: Sequence[str] | None = None) -> dict[str, Path]:
     """:func:`models` at head_dim :data:`VLLM_HEAD_DIM` (``root/<name>/vllm``): the models of the vllm column."""
-    root = Path(root)
-    every = [*tiny.FAMILIES, *VARIANTS]
-    names = every if names is None else list(names)
-    unknown = [n for n in names if n not in every]
-    if unknown:
-        raise ValueError(f"names {unknown} are neither tiny families nor variants; choose from {every}.")
-    out = {}
-    for name in names:
-        v = VARIANTS.get(name, dict(family=name, overrides={}, schema="v5"))
-        overrides = {**tiny.head_dim_overrides(v["family"], VLLM_HEAD_DIM), **v["overrides"]}
-        if "rope_parameters" in v["overrides"] and "rope_parameters" in tiny.head_dim_overrides(v["family"],
-                                                                                                VLLM_HEAD_DIM):
-            overrides["rope_parameters"] = {**tiny.head_dim_overrides(v["family"], VLLM_HEAD_DIM)["rope_parameters"],
-                                            **v["overrides"]["rope_parameters"]}
-        out[name] = tiny.save_tiny_model(v["family"], root / name / "vllm", **overrides)
-        if v["schema"] in ("v4", "v4-type"):
-            _rewrite_v4(out[name], type_key=v["schema"] == "v4-type")
-    return out
+    return models(root, names, head_dim=VLLM_HEAD_DIM, leaf="vllm")
 
 
 def read_engine(engine: str, model_dir: Path, gguf_path: Path) -> Reading:
