@@ -586,8 +586,12 @@ def _refuse_class_defaults(config: Any, rule: Mapping[str, Any] | None, layer_ty
     nested = PER_LAYER_TYPE_DEFAULTS.get(model_type) if isinstance(model_type, str) else None
     if nested is None:
         return
-    reached = set(nested["theta_types"]) if _get(config, "rope_theta") is not None else set()
+    theta = _get(config, "rope_theta") is not None
+    reached = set(nested["theta_types"]) if theta else set()
     reached |= set((rule or {}).get("default_theta") or {})
+    if theta and isinstance(_get(config, "rope_scaling"), Mapping):
+        # the sweep's v4 rule, measured with rope_theta and rope_scaling both given: the types they reach then
+        reached |= set((rule or {}).get("scaled_layer_types") or ())
     used = set(layer_types) - set(skip) if layer_types is not None else set(nested["types"])
     missing = sorted(used - reached)
     if missing:
