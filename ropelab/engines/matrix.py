@@ -353,6 +353,21 @@ def cell(reference: Reading, read: Callable[[], Reading], *, position: int | Non
     return out
 
 
+def _cause_of(name: str, causes: Mapping[str, Any], table: str, engine: str, run: Any) -> Any:
+    """``causes[name]``: why ``engine``'s run differs; ValueError when the table names none."""
+    if name not in causes:
+        raise ValueError(f"{name}: {engine}'s run differs from transformers ({run}) and {table} names no cause; "
+                         "find it and add it.")
+    return causes[name]
+
+
+def _check_prediction(name: str, reader: str, predicted: str, engine: str, status: str, run: Any) -> None:
+    """ValueError when ``reader``'s verdict is not the status of ``engine``'s run: the reader is wrong."""
+    if status != predicted:
+        raise ValueError(f"{name}: the {reader} reader says {predicted!r}, {engine}'s run {status!r} ({run}): the "
+                         "reader is wrong; fix it.")
+
+
 def run_cell(name: str, model_dir: Path, gguf_path: Path, reading_cell: dict, *, root: Path | None = None) -> dict:
     """The GGUF cell from llama.cpp's run (:func:`ropelab.engines.parity.compare`, llama.cpp's default context): the
     reader's cell with ``status`` the run's, ``reading_status`` the reader's, ``run`` and, for a difference, its
@@ -372,13 +387,8 @@ def run_cell(name: str, model_dir: Path, gguf_path: Path, reading_cell: dict, *,
         out["run"] = run
         out["status"] = run["status"]
     if out["status"] == "differ":
-        if name not in GGUF_CAUSES:
-            raise ValueError(f"{name}: llama.cpp's run differs from transformers ({run}) and GGUF_CAUSES names no "
-                             "cause; find it and add it.")
-        out["cause"] = GGUF_CAUSES[name]
-    if out["status"] != out["reading_status"]:
-        raise ValueError(f"{name}: the GGUF reader says {out['reading_status']!r}, llama.cpp's run {out['status']!r} "
-                         f"({run}): the reader is wrong; fix it.")
+        out["cause"] = _cause_of(name, GGUF_CAUSES, "GGUF_CAUSES", "llama.cpp", run)
+    _check_prediction(name, "GGUF", out["reading_status"], "llama.cpp", out["status"], run)
     return out
 
 
@@ -424,18 +434,13 @@ def mlx_run_cell(name: str, model_dir: Path, reading_cell: dict, *, root: Path |
     out["run"] = run
     out["status"] = run["status"]
     if run["status"] == "differ":
-        if name not in MLX_CAUSES:
-            raise ValueError(f"{name}: mlx-lm's run differs from transformers ({run}) and MLX_CAUSES names no cause; "
-                             "find it and add it.")
-        words, changes = MLX_CAUSES[name]
+        words, changes = _cause_of(name, MLX_CAUSES, "MLX_CAUSES", "mlx-lm", run)
         out["cause"] = words
         out["cause_run"] = mlx_run.compare(model_dir, ids=ids, run=got, changes=changes)
         if out["cause_run"]["status"] != "agree":
             raise ValueError(f"{name}: transformers with the named cause's changes {changes} does not run as mlx-lm "
                              f"({out['cause_run']}); the cause is wrong.")
-    if out["status"] != reading_on_text(reading_cell):
-        raise ValueError(f"{name}: the mlx reader says {reading_cell['status']!r}, mlx-lm's run {out['status']!r} "
-                         f"({run}): the reader is wrong; fix it.")
+    _check_prediction(name, "mlx", reading_on_text(reading_cell), "mlx-lm", out["status"], run)
     return out
 
 
@@ -513,13 +518,9 @@ def vllm_run_cell(name: str, model_dir: Path, result: Mapping[str, Any], ids: Se
     out["run"] = run
     out["status"] = run["status"]
     if run["status"] == "differ":
-        if name not in VLLM_CAUSES:
-            raise ValueError(f"{name}: vLLM's run differs from transformers ({run}) and VLLM_CAUSES names no cause; "
-                             "find it and add it.")
-        out["cause"] = VLLM_CAUSES[name]
-    if out["status"] != reading_on_text(reading_cell):
-        raise ValueError(f"{name}: the vLLM reader says {reading_cell['status']!r}, vLLM's run {out['status']!r} "
-                         f"({run}; {reading_cell.get('mismatches')}): the reader is wrong; fix it.")
+        out["cause"] = _cause_of(name, VLLM_CAUSES, "VLLM_CAUSES", "vLLM", run)
+    _check_prediction(name, "vLLM", reading_on_text(reading_cell), "vLLM", out["status"],
+                      {**run, "mismatches": reading_cell.get("mismatches")})
     return out
 
 
