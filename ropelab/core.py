@@ -73,12 +73,21 @@ AXIS_NAMES = {
 
 @dataclass(frozen=True)
 class Layout:
-    """A parsed layout string: ``axes`` in order, e.g. ``("b", "s", "h", "d")``."""
+    """A parsed layout string: ``axes`` in order, e.g. ``("b", "s", "h", "d")``.
+
+    Args:
+        axes: the axes' letters in the tensor's order (see :data:`AXIS_NAMES`); build it with
+            :func:`parse_layout`, which checks them.
+    """
 
     axes: tuple[str, ...]
 
     def index(self, axis: str) -> int | None:
-        """The position of ``axis`` in the layout, None if absent."""
+        """The position of ``axis`` in the layout, None if absent.
+
+        Args:
+            axis: one letter of :data:`AXIS_NAMES`, e.g. ``"h"``.
+        """
         return self.axes.index(axis) if axis in self.axes else None
 
     @property
@@ -135,7 +144,11 @@ def parse_layout(layout: str, ndim: int | None = None) -> Layout:
 
 
 def check_style(style: str) -> None:
-    """Raise ValueError unless ``style`` is one of ``STYLES``, saying which models use which."""
+    """Raise ValueError unless ``style`` is one of ``STYLES``, saying which models use which.
+
+    Args:
+        style: the pairing style to check: ``"half"`` or ``"interleaved"``.
+    """
     if style not in STYLES:
         raise ValueError(
             f"style must be 'half' (pairs (i, i+r/2): Llama, GPT-NeoX, ESM) or 'interleaved' (pairs (2i, 2i+1): "
@@ -172,7 +185,17 @@ def check_cu_seqlens(cu_seqlens: Any, n_tokens: int, *, read_values: bool = True
     Always checked: an integer dtype, 1-D, at least two entries. With ``read_values`` (default) also its
     values, which reads the tensor (a device-to-host copy on a GPU): it starts at 0, never decreases and
     ends at ``n_tokens``, the size of the packed axis ``t``. ``read_values=False`` is for a caller that
-    vouches for them (the Triton kernel given ``max_seqlen``, as flash-attn's varlen kernels are)."""
+    vouches for them (the Triton kernel given ``max_seqlen``, as flash-attn's varlen kernels are).
+
+    Args:
+        cu_seqlens: [n_seq + 1] cumulative sequence lengths (a tensor, or anything ``torch.as_tensor`` takes) of
+            an integer dtype, e.g. ``[0, len0, len0 + len1]``.
+        n_tokens: the size of the packed axis ``t``, which the last entry must equal (checked with
+            ``read_values`` only).
+        read_values: check the values too (a device-to-host read); False checks dtype and shape only.
+
+    Returns ``cu_seqlens`` as int64, on its device; ValueError names the first thing wrong and how to build it.
+    """
     if not isinstance(cu_seqlens, torch.Tensor):
         cu_seqlens = torch.as_tensor(cu_seqlens)
     if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool or cu_seqlens.is_complex():
@@ -220,7 +243,14 @@ def check_positions(values: Any, name: str = "positions") -> torch.Tensor:
     r"""``values`` as a tensor of positions (integer or real), or ValueError naming ``name``.
 
     NaN and inf are refused (they would rotate by a NaN angle silently). Negative positions are valid:
-    position -m rotates by :math:`-m\,\omega_i`, the inverse rotation (a re-rotation uses it)."""
+    position -m rotates by :math:`-m\,\omega_i`, the inverse rotation (a re-rotation uses it).
+
+    Args:
+        values: an int, a float, a (nested) list or a tensor; bool and complex are refused.
+        name: what the error messages call it (``"positions"``, ``"offset"``).
+
+    Returns a tensor (``values`` itself when it is one; its dtype and device kept).
+    """
     try:
         t = values if isinstance(values, torch.Tensor) else torch.as_tensor(values)
     except (TypeError, ValueError, RuntimeError) as e:
@@ -234,7 +264,12 @@ def check_positions(values: Any, name: str = "positions") -> torch.Tensor:
 
 
 def check_not_meta(t: torch.Tensor, what: str) -> None:
-    """Raise ValueError when ``t`` is a meta tensor and ``what`` needs its values."""
+    """Raise ValueError when ``t`` is a meta tensor and ``what`` needs its values.
+
+    Args:
+        t: the tensor whose values are needed (positions, whose largest one sizes the tables).
+        what: the caller, as the message names it; the message asks for ``seq_len=...`` instead.
+    """
     if t.is_meta:
         raise ValueError(
             f"{what} reads the largest position, which a meta tensor does not hold; pass seq_len=... explicitly."
@@ -244,12 +279,15 @@ def check_not_meta(t: torch.Tensor, what: str) -> None:
 class PositionArgs(NamedTuple):
     """The position arguments of one call, checked against x and its layout, not yet one position per token.
 
-    - ``positions``: the explicit positions on x's device, [s], [b, s] or [t], or None: 0, 1, 2, ... along
-      the sequence axis, restarting at each ``cu_seqlens`` boundary;
-    - ``axes``: the layout axes ``positions`` (or the implicit 0, 1, 2, ...) run along;
-    - ``cu_seqlens``: int64 [n_seq + 1], or None;
-    - ``offset``: a 0-D tensor (every sequence alike), or 1-D with one entry per batch element ([b]) or per
-      packed sequence ([n_seq], with ``cu_seqlens``; flash-attn's ``seqlen_offsets``).
+    Built by :func:`check_position_args`.
+
+    Args:
+        positions: the explicit positions on x's device, [s], [b, s] or [t], or None: 0, 1, 2, ... along
+            the sequence axis, restarting at each ``cu_seqlens`` boundary.
+        axes: the layout axes ``positions`` (or the implicit 0, 1, 2, ...) run along.
+        cu_seqlens: int64 [n_seq + 1], or None.
+        offset: a 0-D tensor (every sequence alike), or 1-D with one entry per batch element ([b]) or per
+            packed sequence ([n_seq], with ``cu_seqlens``; flash-attn's ``seqlen_offsets``).
     """
 
     positions: torch.Tensor | None
@@ -272,6 +310,20 @@ def check_position_args(
     Raises ValueError for every combination or shape that does not fit, rather than broadcasting. What it
     returns is what :func:`resolve_positions` turns into one position per token, and what the Triton kernel
     reads as it is (``read_cu_seqlens=False``: see :func:`check_cu_seqlens`).
+
+    Args:
+        x: the tensor to rotate; its sizes along the layout's axes are what the arguments must fit.
+        layout: x's parsed layout (:func:`parse_layout`).
+        positions: None (0, 1, 2, ... along the sequence axis), or one position per token: [s] (or [t]), or
+            [b, s] when the layout has ``b``; integer or float, finite. Not with ``cu_seqlens``.
+        cu_seqlens: for a packed layout (``t``): [n_seq + 1] cumulative lengths; positions restart at 0 at
+            each sequence start. Refused with an ``s`` layout or with ``positions``.
+        offset: added to every position: an int (or 0-D tensor), or a 1-D tensor with one entry per batch
+            element ([b]) or, with ``cu_seqlens``, per packed sequence ([n_seq]).
+        read_cu_seqlens: check ``cu_seqlens``'s values (a device-to-host read); False for a caller that
+            vouches for them.
+
+    Returns a :class:`PositionArgs`.
     """
     seq = layout.seq
     n = x.shape[layout.index(seq)]
@@ -541,6 +593,16 @@ def tables_for(
     The result has x's dims without d, in layout order, then r/2: each of ``axes`` at its size in x, every
     other axis size 1, so :func:`rotate` repeats the tables only along the axes the layout names.
     E.g. layout ``"b h s d"`` and tables [b, s, r/2] with axes ``("b", "s")``: shape [b, 1, s, r/2].
+
+    Args:
+        x: the tensor the tables will rotate (its sizes along ``axes``).
+        layout: x's parsed layout.
+        cos: the cosine table, shape [*sizes of ``axes``, r/2] (from :func:`cos_sin`).
+        sin: the sine table, the same shape as ``cos``.
+        axes: the layout axes the tables' leading dims run along, in the tables' order (e.g. ``("s",)``,
+            ``("b", "s")``, ``("t",)``), as :func:`resolve_positions` returns them.
+
+    Returns ``(cos, sin)`` permuted and reshaped (views where the permutation allows, else copies).
     """
     other = [a for a in layout.axes if a != "d"]  # x.movedim(d, -1)'s axes, d aside
     order = [a for a in other if a in axes]

@@ -69,7 +69,12 @@ def _current_length(spec: RopeSpec, p: torch.Tensor, seq_len: int | None) -> int
 
 
 class RopePath(NamedTuple):
-    """Which backend a call of :func:`apply_rope` runs on (``"cpu"``, ``"torch"``, ...) and why."""
+    """Which backend a call of :func:`apply_rope` runs on (``"cpu"``, ``"torch"``, ...) and why.
+
+    Args:
+        backend: the backend's name, as :func:`apply_rope`'s ``backend=`` takes it.
+        reason: a sentence saying why that path (or, for a named backend, that it was asked for).
+    """
 
     backend: str
     reason: str

@@ -29,7 +29,12 @@ COMMON_KEYS: Mapping[str, str] = types.MappingProxyType({"rope_theta": POSITIVE,
 
 
 def check_rotary_dim(rotary_dim: int, head_dim: int) -> None:
-    """Raise ValueError unless 0 < rotary_dim <= head_dim and rotary_dim is even."""
+    """Raise ValueError unless 0 < rotary_dim <= head_dim and rotary_dim is even.
+
+    Args:
+        rotary_dim: r, how many leading dims of each head rotate (a positive even int).
+        head_dim: d, the size of each head, the largest r allowed.
+    """
     if not isinstance(rotary_dim, int) or rotary_dim <= 0:
         raise ValueError(f"rotary_dim must be a positive int, got {rotary_dim!r}.")
     if rotary_dim % 2:
@@ -50,7 +55,11 @@ def is_real(v: Any) -> bool:
 
 
 def check_base(base: Any) -> None:
-    """Raise ValueError naming ``base`` unless it is a finite real number > 1."""
+    """Raise ValueError naming ``base`` unless it is a finite real number > 1.
+
+    Args:
+        base: RoPE's base (``rope_theta``): an int or float (not a bool), or a one-element tensor.
+    """
     if not is_real(base) and not (isinstance(base, torch.Tensor) and base.numel() == 1):
         raise ValueError(
             f"base must be > 1, a number (RoPE's rope_theta, usually 10000), got {type(base).__name__} {base!r}."

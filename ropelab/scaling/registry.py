@@ -29,7 +29,11 @@ class ScalingParams(dict):
     rope_type: str = "default"
 
     def need(self, key: str) -> Any:
-        """``self[key]``, or a ValueError naming the key and the rope_type that needs it."""
+        """``self[key]``, or a ValueError naming the key and the rope_type that needs it.
+
+        Args:
+            key: a key of the scaling dict, e.g. ``"factor"``; missing or None raises.
+        """
         if self.get(key) is None:
             raise ValueError(
                 f"rope_scaling of type {self.rope_type!r} needs the key {key!r}; add it to the dict "
@@ -345,7 +349,12 @@ def frequencies(
 
 
 def rope_type_of(rope_scaling: Mapping[str, Any] | None) -> str:
-    """The rope type a scaling dict names (``rope_type``, or the legacy ``type``); "default" for None."""
+    """The rope type a scaling dict names (``rope_type``, or the legacy ``type``); "default" for None.
+
+    Args:
+        rope_scaling: a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict, or None; it is read by
+            :func:`parse_scaling`, whose ValueError it raises.
+    """
     return parse_scaling(rope_scaling).rope_type
 
 
@@ -353,7 +362,12 @@ def check_scaling_values(params: Mapping[str, Any]) -> None:
     """Raise ValueError naming the key: for a key its type does not read, a value that is not what the key
     holds (the record's kind: a NaN, zero or string factor, a bool where a number or a list belongs, None
     for a key that is not ``nullable``), or a required key that is missing or None. ``params`` is a
-    :class:`ScalingParams` or a plain dict."""
+    :class:`ScalingParams` or a plain dict.
+
+    Args:
+        params: the scaling dict (:class:`ScalingParams` or a plain mapping) of a registered rope_type; its
+            ``rope_type`` (or legacy ``type``, else ``"default"``) picks which keys it may hold.
+    """
     rope_type = getattr(params, "rope_type", None) or params.get("rope_type", params.get("type", "default"))
     rec = ROPE_TYPES[rope_type]
     kinds = {**COMMON_KEYS, **rec.keys}
