@@ -83,6 +83,13 @@ class RopeSchedule:
     ``spec`` is the model's RoPE, ``head_dim`` its head size. ``bucket_growth=g`` snaps every length past
     :math:`L_0` up to the next :math:`\\lceil L_0 g^k\\rceil`, so a length-dependent scaling changes only
     :math:`\\log_g(L/L_0)` times. ``angle_dtype`` is the dtype of the angles :math:`m\\,\\omega_i`.
+
+    Args:
+        spec: the model's RoPE (a :class:`ropelab.spec.RopeSpec`; anything else raises ValueError).
+        head_dim: the model's head size d.
+        bucket_growth: g > 1, the growth of the length buckets, or None for no buckets (the frequencies move
+            at every length past :math:`L_0`). Needs the spec's ``max_position_embeddings`` (:math:`L_0`).
+        angle_dtype: the dtype the angles are formed in (float64 by default; float32 mimics Hugging Face).
     """
 
     spec: RopeSpec
@@ -101,7 +108,14 @@ class RopeSchedule:
     @classmethod
     def of(cls, adapter: Any, *, bucket_growth: float | None = None, **changes: Any) -> RopeSchedule:
         """The schedule of a model behind an adapter (``adapter.rope``, ``adapter.head_dim``), with any
-        RopeSpec field changed: ``RopeSchedule.of(adapter, scaling={"rope_type": "dynamic", "factor": 4.0})``."""
+        RopeSpec field changed: ``RopeSchedule.of(adapter, scaling={"rope_type": "dynamic", "factor": 4.0})``.
+
+        Args:
+            adapter: a decoder adapter (:mod:`ropelab.adapters`) with ``rope`` (its RopeSpec) and ``head_dim``.
+            bucket_growth: as in :class:`RopeSchedule`.
+            **changes: RopeSpec fields to replace in ``adapter.rope`` (``dataclasses.replace``; an unknown
+                field raises TypeError).
+        """
         return cls(replace(adapter.rope, **changes), adapter.head_dim, bucket_growth)
 
     @property
@@ -115,7 +129,14 @@ class RopeSchedule:
         return length_threshold(self.spec.scaling, self.spec.max_position_embeddings)
 
     def effective_length(self, length: int) -> int:
-        """The length whose frequencies are used at current length ``length``."""
+        """The length whose frequencies are used at current length ``length``.
+
+        Args:
+            length: the current length L (tokens in the sequence so far).
+
+        Returns L itself without buckets or up to :math:`L_0`; else the bucket's end
+        :math:`\\lceil L_0 g^k\\rceil \\ge L`.
+        """
         l0 = self.threshold
         if self.bucket_growth is None or l0 is None or length <= l0:
             return int(length)
@@ -123,11 +144,19 @@ class RopeSchedule:
         return int(math.ceil(l0 * self.bucket_growth**k))
 
     def at(self, length: int) -> tuple[torch.Tensor, float]:
-        """``(inv_freq, attention_factor)`` at current length ``length`` (float64)."""
+        """``(inv_freq, attention_factor)`` at current length ``length`` (float64).
+
+        Args:
+            length: the current length L; the frequencies are those of :meth:`effective_length` (L).
+        """
         return self.spec.frequencies(self.head_dim, seq_len=self.effective_length(length))
 
     def base_at(self, length: int) -> float:
-        """Dynamic NTK's base :math:`b(L)` (the plain base for other types)."""
+        """Dynamic NTK's base :math:`b(L)` (the plain base for other types).
+
+        Args:
+            length: the current length L (bucketed as :meth:`effective_length` says).
+        """
         if self.spec.rope_type != "dynamic":
             return self.spec.base
         r = self.spec.rotary_dim or self.head_dim
@@ -150,7 +179,12 @@ class GrowableBuffer:
         self.n = 0
 
     def append(self, x: torch.Tensor) -> None:
-        """Append x [b, h, s, d] after the filled part."""
+        """Append x [b, h, s, d] after the filled part.
+
+        Args:
+            x: [b, h, s, d] positions to append; b, h and d must match what the buffer holds, and the first
+                append sets its dtype and device.
+        """
         b, h, s, d = x.shape
         if self.buf is None or self.n + s > self.buf.shape[2]:
             cap = max(2 * (self.buf.shape[2] if self.buf is not None else 0), self.n + s, 16)
@@ -168,19 +202,36 @@ class GrowableBuffer:
 
 @dataclass
 class KeyTraffic:
-    """Bytes of cached keys read and written (values are the same for every policy and not counted)."""
+    """Bytes of cached keys read and written (values are the same for every policy and not counted).
+
+    Args:
+        bytes_read: bytes of cached keys read so far (starts at 0).
+        bytes_written: bytes of cached keys written so far (starts at 0).
+    """
 
     bytes_read: int = 0
     bytes_written: int = 0
 
     def count(self, positions_read: int, positions_written: int, bytes_per_position: int) -> None:
-        """Add a pass that read and wrote that many cached key positions."""
+        """Add a pass that read and wrote that many cached key positions.
+
+        Args:
+            positions_read: how many cached key positions the pass read.
+            positions_written: how many it wrote.
+            bytes_per_position: the bytes of one cached position (:meth:`RotaryKVCache.key_bytes`).
+        """
         self.bytes_read += positions_read * bytes_per_position
         self.bytes_written += positions_written * bytes_per_position
 
 
 class Frame(NamedTuple):
-    """The current step's frequencies: ``(inv_freq, attention_factor)`` at current length ``length``."""
+    """The current step's frequencies: ``(inv_freq, attention_factor)`` at current length ``length``.
+
+    Args:
+        inv: the r/2 frequencies :math:`\\omega_i` at this step (float64), :meth:`RopeSchedule.at`'s first.
+        af: the attention factor at this step (its second).
+        length: the current length L they belong to (what :meth:`RotaryKVCache.rope_cached` keys its table on).
+    """
 
     inv: torch.Tensor
     af: float
@@ -207,17 +258,43 @@ class CachePolicy:
     @classmethod
     def schedule(cls, spec: RopeSpec, head_dim: int, **kw: Any) -> RopeSchedule:
         """The schedule this policy runs on for a model's RoPE ``spec`` (``kw``: other ``RopeSchedule``
-        fields, e.g. ``angle_dtype``)."""
+        fields, e.g. ``angle_dtype``).
+
+        Args:
+            spec: the model's RoPE.
+            head_dim: the model's head size d.
+            **kw: other :class:`RopeSchedule` fields (``angle_dtype``); ``bucket_growth`` is the policy's own.
+        """
         return RopeSchedule(spec, head_dim, bucket_growth=cls.bucket_growth, **kw)
 
     def store(self, cache: RotaryKVCache, layer: int, k: torch.Tensor, positions: torch.Tensor,
               frame: Frame) -> torch.Tensor:
-        """What enters the cache for this step's keys ``k`` (before RoPE): rotated or as they are."""
+        """What enters the cache for this step's keys ``k`` (before RoPE): rotated or as they are.
+
+        Args:
+            cache: the cache being written (its ``rope`` rotates, its ``traffic`` counts extra passes).
+            layer: the layer's index.
+            k: this step's keys [b, hkv, s, d], before RoPE.
+            positions: their positions [s].
+            frame: this step's frequencies.
+
+        Returns the [b, hkv, s, d] tensor the cache appends.
+        """
         return cache.rope(k, positions, frame.inv, frame.af) if self.rotated else k
 
     def attend(self, cache: RotaryKVCache, layer: int, q_rot: torch.Tensor, positions: torch.Tensor,
                frame: Frame) -> torch.Tensor:
-        """Attention of the rotated queries over the layer's cache (which already holds this step's keys)."""
+        """Attention of the rotated queries over the layer's cache (which already holds this step's keys).
+
+        Args:
+            cache: the cache to read.
+            layer: the layer's index.
+            q_rot: this step's queries [b, hq, s, d], rotated in ``frame``.
+            positions: the queries' positions [s] (the causal mask compares them with the keys' 0 .. n - 1).
+            frame: this step's frequencies.
+
+        Returns the attention output [b, hq, s, d].
+        """
         K, V = cache.k[layer], cache.v[layer]
         return attend(q_rot, K.view(), V.view(), positions, torch.arange(K.n))
 
@@ -248,7 +325,15 @@ class Recompute(CachePolicy):
     rotated = False
 
     def attend(self, cache, layer, q_rot, positions, frame):
-        """Rotate every cached key into the current frame (a copy), then attend."""
+        """Rotate every cached key into the current frame (a copy), then attend.
+
+        Args:
+            cache: as in :meth:`CachePolicy.attend`.
+            layer: as there.
+            q_rot: as there.
+            positions: as there.
+            frame: as there.
+        """
         K, V = cache.k[layer], cache.v[layer]
         keys = cache.rope_cached(K.view(), frame)  # the rotated copy is written, then read
         cache.traffic.count(K.n, K.n, cache.key_bytes(keys))
@@ -264,7 +349,16 @@ class Bucketed(CachePolicy):
     bucket_growth = 2.0  # doubling buckets: log2(L / L0) re-rotations in a decode to L
 
     def store(self, cache, layer, k, positions, frame):
-        """Re-rotate the cache in place if the frame moved, then store k rotated in the current frame."""
+        """Re-rotate the cache in place if the frame moved, then store k rotated in the current frame.
+
+        Args:
+            cache: as in :meth:`CachePolicy.store`.
+            layer: as there.
+            k: as there.
+            positions: as there.
+            frame: as there; when its frequencies differ from the layer's cached frame, the cached keys are
+                re-rotated first (:meth:`RotaryKVCache.rerotate`, counted as one read and write of each).
+        """
         old = cache.frame[layer]
         n = cache.k[layer].n
         if old is not None and n and not torch.equal(old[0], frame.inv):
@@ -282,7 +376,15 @@ class RopeOnLoad(CachePolicy):
     rotated = False
 
     def attend(self, cache, layer, q_rot, positions, frame):
-        """Scores chunk by chunk, each chunk of raw keys rotated into the current frame as it is read."""
+        """Scores chunk by chunk, each chunk of raw keys rotated into the current frame as it is read.
+
+        Args:
+            cache: as in :meth:`CachePolicy.attend`; its ``chunk`` is the number of keys per chunk.
+            layer: as there.
+            q_rot: as there.
+            positions: as there.
+            frame: as there.
+        """
         keys, values = cache.k[layer].view(), cache.v[layer].view()
         scores = []
         for start in range(0, keys.shape[2], cache.chunk):
@@ -308,7 +410,14 @@ def _policy(policy: str | CachePolicy) -> CachePolicy:
 def schedule_for(policy: str | CachePolicy, spec: RopeSpec, head_dim: int, **kw: Any) -> RopeSchedule:
     """The schedule ``policy`` (a name in ``POLICIES`` or a :class:`CachePolicy`) runs on for a model's RoPE
     ``spec`` and head size ``head_dim``: :meth:`CachePolicy.schedule` (bucketed where the policy's
-    ``bucket_growth`` says so)."""
+    ``bucket_growth`` says so).
+
+    Args:
+        policy: a name in ``POLICIES`` (ValueError otherwise, naming them) or a :class:`CachePolicy`.
+        spec: the model's RoPE.
+        head_dim: the model's head size d.
+        **kw: other :class:`RopeSchedule` fields (``angle_dtype``).
+    """
     return _policy(policy).schedule(spec, head_dim, **kw)
 
 
@@ -324,6 +433,12 @@ class RotaryKVCache:
     ([b, heads, s, d]; keys and values may have fewer heads: grouped-query attention), appends to the
     cache, and returns the attention output [b, q_heads, s, d]. ``traffic`` counts the bytes of cached
     keys read and written. :meth:`fill` loads keys and values directly (a benchmark's steady state).
+
+    Args:
+        schedule: the frequencies at each length (:class:`RopeSchedule`); checked at construction.
+        policy: a name in ``POLICIES`` (ValueError otherwise) or a :class:`CachePolicy`.
+        n_layers: how many layers the cache holds.
+        chunk: keys per chunk for policies that rotate as they read (``rope_on_load``).
     """
 
     def __init__(self, schedule: RopeSchedule, policy: str | CachePolicy, n_layers: int, *, chunk: int = 1024):
@@ -351,7 +466,11 @@ class RotaryKVCache:
 
     @staticmethod
     def key_bytes(k: torch.Tensor) -> int:
-        """Bytes per cached position of keys shaped like ``k`` [b, h, s, d]."""
+        """Bytes per cached position of keys shaped like ``k`` [b, h, s, d].
+
+        Args:
+            k: keys [b, h, s, d]; the result is b * h * d * its element size (s does not count).
+        """
         return k.element_size() * k.shape[0] * k.shape[1] * k.shape[3]
 
     def fill(self, layer: int, keys: torch.Tensor, values: torch.Tensor, *, frame_length: int | None = None,
@@ -359,7 +478,16 @@ class RotaryKVCache:
         """Load ``keys`` and ``values`` [b, hkv, n, d] into an empty layer as the policy stores them (rotated
         keys for a rotated policy, raw keys otherwise; the caller's tensors are copied, not rotated), with
         room for ``spare`` more positions. ``frame_length``: the length whose frequencies the rotated keys
-        are in (default n)."""
+        are in (default n).
+
+        Args:
+            layer: the layer's index; it must be empty (ValueError otherwise).
+            keys: [b, hkv, n, d], as the policy stores them (rotated for a rotated policy).
+            values: the same shape as ``keys`` (ValueError otherwise).
+            frame_length: the length L whose frequencies rotated keys are in; None: n. Unused for a policy
+                that stores raw keys.
+            spare: extra capacity allocated past n (positions), so that appends do not reallocate.
+        """
         if self.k[layer].n or self.v[layer].n:
             raise ValueError(f"layer {layer} of the cache is not empty; fill() loads an empty layer.")
         if keys.shape != values.shape or keys.ndim != 4:
@@ -374,14 +502,32 @@ class RotaryKVCache:
             self.frame[layer] = self.schedule.at(n if frame_length is None else frame_length)
 
     def rope(self, x: torch.Tensor, positions: torch.Tensor, inv: torch.Tensor, af: float) -> torch.Tensor:
-        """RoPE on [b, h, s, d] at ``positions`` with frequencies ``inv`` and factor ``af``."""
+        """RoPE on [b, h, s, d] at ``positions`` with frequencies ``inv`` and factor ``af``.
+
+        Args:
+            x: [b, h, s, d] to rotate (the schedule's style; the angles in its ``angle_dtype``).
+            positions: [s] positions along s.
+            inv: the r/2 frequencies.
+            af: the attention factor multiplying cos and sin.
+
+        Returns a new tensor of x's shape and dtype.
+        """
         return _rope(x, positions, inv, af, self.schedule.style, self.schedule.angle_dtype)
 
     def rope_cached(self, keys: torch.Tensor, frame: Frame, start: int = 0, total: int | None = None) -> torch.Tensor:
         """Rotate cached keys [b, h, n, d] at positions start .. start + n - 1 into ``frame``.
 
         The table for all ``total`` cached positions is computed once per step and shared by the layers
-        and chunks, as a model computes its cos/sin once per forward."""
+        and chunks, as a model computes its cos/sin once per forward.
+
+        Args:
+            keys: cached raw keys [b, h, n, d] (before RoPE).
+            frame: the frequencies to rotate them with.
+            start: the position of the first of them.
+            total: how many cached positions the step's table should cover (at least start + n; None: that).
+
+        Returns the rotated keys, a new tensor.
+        """
         n = start + keys.shape[2]
         total = max(n, total or 0)
         if self._memo is None or self._memo[0] != frame.length or self._memo[1] < n:
@@ -395,7 +541,13 @@ class RotaryKVCache:
     def rerotate(self, layer: int, inv: torch.Tensor, af: float) -> None:
         r"""Move a layer's rotated keys from their frame ``self.frame[layer]`` to ``(inv, af)`` in place: a
         rotation by the angle difference :math:`m(\omega_{new} - \omega_{old})` scaled by the factor *ratio*
-        (applying ``af`` itself again would scale the keys twice)."""
+        (applying ``af`` itself again would scale the keys twice).
+
+        Args:
+            layer: the layer's index; its keys must be rotated (a frame recorded).
+            inv: the new frequencies.
+            af: the new attention factor.
+        """
         old_inv, old_af = self.frame[layer]
         K = self.k[layer]
         K.buf[:, :, : K.n] = self.rope(K.view(), torch.arange(K.n), inv - old_inv, af / old_af)
@@ -403,7 +555,18 @@ class RotaryKVCache:
         self.rerotations += 1
 
     def step(self, layer: int, q, k, v, positions: torch.Tensor, length: int) -> torch.Tensor:
-        """Append this step's k, v (before RoPE) to ``layer`` and return the attention output of q."""
+        """Append this step's k, v (before RoPE) to ``layer`` and return the attention output of q.
+
+        Args:
+            layer: the layer's index.
+            q: this step's queries [b, hq, s, d], before RoPE.
+            k: this step's keys [b, hkv, s, d], before RoPE (hkv divides hq: grouped-query attention).
+            v: this step's values, k's shape.
+            positions: the tokens' positions [s] (finite numbers; ValueError otherwise).
+            length: the current length L, whose frequencies (:meth:`RopeSchedule.at`) this step uses.
+
+        Returns the attention output [b, hq, s, d].
+        """
         positions = check_positions(positions, "positions")
         inv, af = self.schedule.at(length)
         frame = Frame(inv, af, length)
@@ -422,7 +585,18 @@ class RotaryKVCache:
 
 def run_step(adapter, cache: RotaryKVCache, ids: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
     """One forward of tokens ``ids`` at ``positions`` through every layer of ``adapter``, attending through
-    ``cache`` at current length ``length``; returns the logits."""
+    ``cache`` at current length ``length``; returns the logits.
+
+    Args:
+        adapter: a decoder adapter (:mod:`ropelab.adapters`): ``embed``, ``layer_qkv``, ``layer_out``, ``head``,
+            ``n_layers``.
+        cache: the cache every layer attends through (and appends to).
+        ids: token ids [b, s].
+        positions: their positions [s].
+        length: the current length L (after these tokens), whose frequencies the step uses.
+
+    Returns the logits [b, s, vocab].
+    """
     h = adapter.embed(ids)
     for i in range(adapter.n_layers):
         q, k, v = adapter.layer_qkv(i, h)
@@ -431,7 +605,12 @@ def run_step(adapter, cache: RotaryKVCache, ids: torch.Tensor, positions: torch.
 
 
 class Decoded(NamedTuple):
-    """What :func:`decode` returns: the logits [b, T, vocab] and the cache (byte counters, re-rotations)."""
+    """What :func:`decode` returns: the logits [b, T, vocab] and the cache (byte counters, re-rotations).
+
+    Args:
+        logits: [b, T, vocab], the logits at every position as cached decoding computed them.
+        cache: the cache after the last step.
+    """
 
     logits: torch.Tensor
     cache: RotaryKVCache
@@ -444,6 +623,16 @@ def decode(adapter, ids: torch.Tensor, schedule: RopeSchedule, policy: str | Cac
 
     Returns :class:`Decoded`: the logits at every position, as generation would see them, and the cache.
     ``cache`` may be given (a subclass that measures something, e.g. ``ropelab.staleness.DriftProbe``).
+
+    Args:
+        adapter: a decoder adapter (:mod:`ropelab.adapters`).
+        ids: token ids [b, T]; token t is fed at step t whatever the model predicted (teacher forcing).
+        schedule: the frequencies at each length; a policy with ``bucket_growth`` needs a bucketed one
+            (ValueError otherwise, saying how to build it: :func:`schedule_for`).
+        policy: a name in ``POLICIES`` or a :class:`CachePolicy`.
+        prompt_len: how many tokens the prefill takes at once, 1 .. T (ValueError otherwise).
+        cache: an empty cache of this policy and schedule to decode into (ValueError otherwise); None: a new
+            :class:`RotaryKVCache`.
     """
     if not 1 <= prompt_len <= ids.shape[1]:
         raise ValueError(f"prompt_len must be in 1..{ids.shape[1]}, got {prompt_len}.")
@@ -467,7 +656,16 @@ def decode(adapter, ids: torch.Tensor, schedule: RopeSchedule, policy: str | Cac
 @torch.no_grad()
 def full_forward(adapter, ids: torch.Tensor, schedule: RopeSchedule, *, length: int | None = None) -> torch.Tensor:
     """One forward over the whole sequence with the frequencies of ``length`` (default: its length), as a
-    perplexity evaluation does."""
+    perplexity evaluation does.
+
+    Args:
+        adapter: a decoder adapter (:mod:`ropelab.adapters`).
+        ids: token ids [b, n].
+        schedule: the frequencies at each length.
+        length: the length L whose frequencies are used; None: n.
+
+    Returns the logits [b, n, vocab].
+    """
     n = ids.shape[1]
     cache = RotaryKVCache(schedule, "recompute", adapter.n_layers)
     return run_step(adapter, cache, ids, torch.arange(n), n if length is None else length)
