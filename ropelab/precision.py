@@ -60,7 +60,11 @@ PERTURBED = ("inv_freq", "positions", "angle", "all")
 def unit_roundoff(dtype: torch.dtype) -> float:
     r"""Unit roundoff :math:`u = \varepsilon_{mach} / 2` of a floating dtype (round to nearest): float64
     :math:`2^{-53}`, float32 :math:`2^{-24}`, fp16 :math:`2^{-11}`, bf16 :math:`2^{-8}` (Higham, *Accuracy and
-    Stability of Numerical Algorithms*, 2nd ed., Section 2.1)."""
+    Stability of Numerical Algorithms*, 2nd ed., Section 2.1).
+
+    Args:
+        dtype: a floating torch dtype; anything else raises ValueError.
+    """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"unit_roundoff needs a floating torch dtype (e.g. torch.float32), got {dtype!r}.")
     return torch.finfo(dtype).eps / 2
@@ -69,13 +73,24 @@ def unit_roundoff(dtype: torch.dtype) -> float:
 def wrap_phase(diff: torch.Tensor) -> torch.Tensor:
     r"""A phase difference folded onto :math:`[0, \pi]`, the distance on the circle (what reaches cos and
     sin): an error near :math:`2\pi k` is no error at all. At :math:`\pi/2` a pair's contribution to a score
-    has turned orthogonal; at :math:`\pi` it has flipped sign. Non-finite entries count as :math:`\pi`."""
+    has turned orthogonal; at :math:`\pi` it has flipped sign. Non-finite entries count as :math:`\pi`.
+
+    Args:
+        diff: phase differences in radians, any shape and floating dtype (computed in float64).
+
+    Returns a float64 tensor of ``diff``'s shape, in :math:`[0, \pi]`.
+    """
     return _wrapped(diff.to(torch.float64))
 
 
 def first_index_past(err: torch.Tensor, threshold: float) -> int | None:
     """The first index of the 1-D ``err`` whose value exceeds ``threshold`` (e.g. the first position whose
-    phase error passes 0.1 rad), or None when none does."""
+    phase error passes 0.1 rad), or None when none does.
+
+    Args:
+        err: a 1-D tensor, one value per position (ValueError for another number of dims).
+        threshold: the value to exceed (strictly); NaN entries never exceed it.
+    """
     if err.ndim != 1:
         raise ValueError(f"err must be 1-D (one value per position), got shape {tuple(err.shape)}; reduce it first.")
     hit = (err > threshold).nonzero()
@@ -91,7 +106,16 @@ def _check(where: str, dtype: torch.dtype) -> None:
 
 def perturbed_angle(positions: torch.Tensor, inv_freq: torch.Tensor, *, where: str, dtype: torch.dtype) -> torch.Tensor:
     r"""The angles :math:`m\,\omega_i` [len(positions), r/2] with ingredient ``where`` held in ``dtype``,
-    returned in float64. ``positions`` and ``inv_freq`` are exact (integers; float64 frequencies)."""
+    returned in float64. ``positions`` and ``inv_freq`` are exact (integers; float64 frequencies).
+
+    Args:
+        positions: the positions m, any shape (flattened), taken exactly in float64.
+        inv_freq: the r/2 frequencies :math:`\omega_i` (flattened), taken exactly in float64.
+        where: the ingredient held in ``dtype``: ``"inv_freq"``, ``"positions"``, ``"angle"`` or ``"all"``
+            (:data:`PERTURBED`; see the module's docstring); another raises ValueError.
+        dtype: torch.bfloat16, torch.float16 or torch.float32 (:data:`PRECISION_DTYPES`); another raises
+            ValueError.
+    """
     _check(where, dtype)
     m = positions.to(torch.float64).reshape(-1)
     w = inv_freq.to(torch.float64).reshape(-1)
@@ -113,7 +137,18 @@ def _wrapped(diff: torch.Tensor) -> torch.Tensor:
 def phase_error(
     positions: torch.Tensor, inv_freq: torch.Tensor, *, where: str, dtype: torch.dtype
 ) -> torch.Tensor:
-    r"""Wrapped phase error :math:`|\hat\theta_{m,i} - m\,\omega_i|` in radians, [len(positions), r/2]."""
+    r"""Wrapped phase error :math:`|\hat\theta_{m,i} - m\,\omega_i|` in radians, [len(positions), r/2].
+
+    Args:
+        positions: the positions m, any shape (flattened).
+        inv_freq: the r/2 exact frequencies :math:`\omega_i`.
+        where: the ingredient held in ``dtype``: ``"inv_freq"``, ``"positions"``, ``"angle"`` or ``"all"``
+            (:data:`PERTURBED`; see the module's docstring); another raises ValueError.
+        dtype: torch.bfloat16, torch.float16 or torch.float32 (:data:`PRECISION_DTYPES`); another raises
+            ValueError.
+
+    Returns float64 errors in :math:`[0, \pi]` (:math:`\pi` where the perturbed angle is not finite).
+    """
     m = positions.to(torch.float64).reshape(-1)
     exact = m[:, None] * inv_freq.to(torch.float64).reshape(-1)[None, :]
     return _wrapped(perturbed_angle(positions, inv_freq, where=where, dtype=dtype) - exact)
@@ -122,7 +157,19 @@ def phase_error(
 def max_phase_error(
     positions: torch.Tensor, inv_freq: torch.Tensor, *, where: str, dtype: torch.dtype, chunk: int = 1 << 15
 ) -> torch.Tensor:
-    """The worst pair's phase error at each position, [len(positions)], computed in chunks of positions."""
+    """The worst pair's phase error at each position, [len(positions)], computed in chunks of positions.
+
+    Args:
+        positions: the positions m, any shape (flattened).
+        inv_freq: the r/2 exact frequencies.
+        where: the ingredient held in ``dtype``: ``"inv_freq"``, ``"positions"``, ``"angle"`` or ``"all"``
+            (:data:`PERTURBED`; see the module's docstring); another raises ValueError.
+        dtype: torch.bfloat16, torch.float16 or torch.float32 (:data:`PRECISION_DTYPES`); another raises
+            ValueError.
+        chunk: positions per chunk (bounds the memory of the [chunk, r/2] intermediate).
+
+    Returns a float64 tensor (empty when ``positions`` is).
+    """
     positions = positions.reshape(-1)
     out = [
         phase_error(positions[i : i + chunk], inv_freq, where=where, dtype=dtype).amax(dim=-1)
@@ -141,7 +188,18 @@ def first_position_past(
     chunk: int = 1 << 16,
 ) -> int | None:
     """The first integer position m in [0, limit) at which some pair's phase error exceeds ``threshold``
-    radians, found by scanning every position (no sampling, so no crossing is missed); None if none does."""
+    radians, found by scanning every position (no sampling, so no crossing is missed); None if none does.
+
+    Args:
+        threshold: radians, in (0, pi) (ValueError otherwise: the wrapped error never exceeds pi).
+        inv_freq: the r/2 exact frequencies.
+        where: the ingredient held in ``dtype``: ``"inv_freq"``, ``"positions"``, ``"angle"`` or ``"all"``
+            (:data:`PERTURBED`; see the module's docstring); another raises ValueError.
+        dtype: torch.bfloat16, torch.float16 or torch.float32 (:data:`PRECISION_DTYPES`); another raises
+            ValueError.
+        limit: positions scanned are 0 .. limit - 1 (positive; ValueError otherwise).
+        chunk: positions per chunk (positive), which bounds memory, not the result.
+    """
     if threshold <= 0 or threshold >= math.pi:
         raise ValueError(f"threshold must be in (0, pi) radians (the wrapped error never exceeds pi), got {threshold}.")
     if limit <= 0 or chunk <= 0:
@@ -180,6 +238,16 @@ def rotary_phase_error(
     as :math:`\operatorname{atan2}(\sin, \cos)` and compares it with :math:`m\,\omega_i` for the exact
     ``inv_freq``. ``x_dtype`` is the activation dtype (the tables are returned in it): keep float32 to
     see the error of the angle itself rather than the final rounding of cos and sin.
+
+    Args:
+        rotary: the module, called as ``rotary(x, position_ids)`` with x zeros [1, len(positions), 2 * r/2]
+            and ``position_ids`` [1, len(positions)] (int64), under ``torch.no_grad()``.
+        positions: the integer positions m, any shape (flattened).
+        inv_freq: the module's exact frequencies; a table width other than 2 * len(inv_freq) raises
+            ValueError.
+        x_dtype: the dtype of the dummy activation x.
+
+    Returns float64 errors in :math:`[0, \pi]`.
     """
     positions = positions.reshape(-1)
     half = inv_freq.numel()
@@ -208,14 +276,23 @@ DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat1
 
 
 def wrap_angle(x: torch.Tensor) -> torch.Tensor:
-    """Angles folded onto [-pi, pi) (signed; ``phase_error`` reports the magnitude)."""
+    """Angles folded onto [-pi, pi) (signed; ``phase_error`` reports the magnitude).
+
+    Args:
+        x: angles in radians, any shape; the result has its shape and dtype (NaN stays NaN).
+    """
     return torch.remainder(x + math.pi, 2 * math.pi) - math.pi
 
 
 def phase_tolerance(dtype: torch.dtype, max_angle: float) -> float:
     r"""The phase error (radians) a correct RoPE may show in ``dtype`` with angles up to ``max_angle``:
     the output rounded to ``dtype`` (:math:`4u_{dtype}`) plus the angle :math:`m\,\omega` formed in float32
-    (:math:`8u_{fp32}(1 + |\theta|_{max})`, as Hugging Face and most implementations do)."""
+    (:math:`8u_{fp32}(1 + |\theta|_{max})`, as Hugging Face and most implementations do).
+
+    Args:
+        dtype: the output's dtype: float64, float32, bfloat16 or float16 (ValueError otherwise).
+        max_angle: the largest angle :math:`|m\,\omega|` (radians) the call forms.
+    """
     if dtype not in UNIT_ROUNDOFF:
         raise ValueError(f"dtype must be one of {list(DTYPE_NAMES.values())} (torch dtypes), got {dtype}.")
     return 4 * UNIT_ROUNDOFF[dtype] + 8 * UNIT_ROUNDOFF[torch.float32] * (1 + max_angle)
@@ -235,7 +312,15 @@ def ladder(base: float = 10000.0, head_dim: int = 64, position: int = 100, dtype
     float64), ``angle_dtype`` (the same angle when positions, frequencies and their product are held in
     ``dtype``, :func:`phase_error` with ``where="all"``), ``phase_error`` (its wrapped
     distance from the exact angle, rad), and ``turned`` (whether pair i has completed one turn by
-    ``position``: :math:`m\,\omega_i \ge 2\pi`).
+    ``position``: :math:`m\,\omega_i \ge 2\pi`, a bool array).
+
+    Args:
+        base: RoPE's base b (a finite number > 1).
+        head_dim: d, an even int in [2, 4096].
+        position: the position m, an int in [0, 2**24].
+        dtype: the dtype the angle is held in: a name of :data:`LADDER_DTYPES` (``"float64"``: no error).
+
+    ValueError names an argument out of range.
     """
     check_base(base)
     base = float(base)
@@ -264,7 +349,14 @@ def ladder(base: float = 10000.0, head_dim: int = 64, position: int = 100, dtype
 def plot_threshold_table(ax, first, scan: int, title: str) -> None:
     """``first`` (a DataFrame, dtype name x ingredient held in it -> the first position whose phase error passes
     the threshold, NaN where none up to ``scan``) as a heat map coloured by log10 position, each cell labelled
-    with its position (notebook 01, section 4)."""
+    with its position (notebook 01, section 4).
+
+    Args:
+        ax: the matplotlib Axes to draw on.
+        first: the DataFrame described above (rows: dtype names; columns: ingredients).
+        scan: how many positions were scanned: what a NaN cell shows (``> scan``) and is coloured as.
+        title: the Axes' title.
+    """
     import numpy as np
     import pandas as pd
     import seaborn as sns
@@ -281,7 +373,16 @@ def plot_cast_pitfall(axes, positions: torch.Tensor, err32: torch.Tensor, err_bf
     """Left: the worst pair's phase error of a float32 and a bf16-cast rotary module against position
     (``err32``, ``err_bf`` [len(positions)]), with the ``threshold``; right: the relative logit error per query
     position of scores rotated with each (``rel_hf``: ``"fp32"``/``"bf16"`` -> [s]) against float64; log-log,
-    position 0 left out (notebook 01, section 5)."""
+    position 0 left out (notebook 01, section 5).
+
+    Args:
+        axes: two matplotlib Axes, left and right.
+        positions: the positions m of ``err32`` and ``err_bf``.
+        err32: the float32 module's worst phase error per position (radians).
+        err_bf: the bf16-cast module's, the same length.
+        threshold: a phase error (radians) drawn as a dotted line on the left.
+        rel_hf: ``{"fp32": ..., "bf16": ...}``, each the relative logit error per query position [s].
+    """
     s_hf = rel_hf["fp32"].shape[0]  # the query positions scored
     axes[0].loglog(positions[1:], err32[1:], label="float32 module", color="C0")
     axes[0].loglog(positions[1:], err_bf[1:], label="module.to(torch.bfloat16)", color="C1", ls="--")
