@@ -78,7 +78,15 @@ def _inv_freq(head_dim: int, base: float) -> torch.Tensor:
 
 
 def decay_envelope(distances, head_dim: int = 128, base: float = 10000.0) -> torch.Tensor:
-    r"""RoFormer's long-term-decay envelope :math:`\frac{1}{d/2}\sum_{j=1}^{d/2} |S_j|` at each distance."""
+    r"""RoFormer's long-term-decay envelope :math:`\frac{1}{d/2}\sum_{j=1}^{d/2} |S_j|` at each distance.
+
+    Args:
+        distances: a 1-D tensor (or list) of relative distances r, ints or floats (ValueError otherwise).
+        head_dim: d, an even int >= 2 (ValueError otherwise).
+        base: RoPE's base b > 1 (ValueError otherwise); the frequencies are :math:`b^{-2i/d}`.
+
+    Returns a float64 tensor [len(distances)].
+    """
     r = _distances(distances)
     theta = _inv_freq(head_dim, base)
     phase = torch.polar(torch.ones(r.numel(), theta.numel(), dtype=torch.float64), r[:, None] * theta[None, :])
@@ -88,7 +96,15 @@ def decay_envelope(distances, head_dim: int = 128, base: float = 10000.0) -> tor
 def rope_logits(q: torch.Tensor, k: torch.Tensor, distances, *, base: float = 10000.0, style: str = "half"):
     r""":math:`\ell(r) = \langle R_r q, k\rangle` for each distance r: the RoPE score of q at position
     m and k at position m - r. q and k are [..., d] with equal shapes; returns [..., len(distances)] in
-    float64."""
+    float64.
+
+    Args:
+        q: the queries [..., d] (any leading dims; computed in float64).
+        k: the keys, q's shape exactly (ValueError otherwise: nothing is broadcast).
+        distances: a 1-D tensor (or list) of relative distances r, ints or floats (ValueError otherwise).
+        base: RoPE's base b > 1; d is q's last dim (even).
+        style: the pairing, ``"half"`` or ``"interleaved"``.
+    """
     if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or q.shape != k.shape:
         raise ValueError(
             f"q and k must be tensors of the same shape [..., d], got {getattr(q, 'shape', q)} and "
@@ -106,7 +122,15 @@ def rope_logits(q: torch.Tensor, k: torch.Tensor, distances, *, base: float = 10
 
 
 def similarity_bound(distances, head_dim: int = 128, base: float = 10000.0) -> torch.Tensor:
-    r"""Men et al.'s :math:`B_r = \sum_{i=0}^{d/2-1}\cos(r\,\theta_i)` at each distance (float64)."""
+    r"""Men et al.'s :math:`B_r = \sum_{i=0}^{d/2-1}\cos(r\,\theta_i)` at each distance (float64).
+
+    Args:
+        distances: a 1-D tensor (or list) of relative distances r, ints or floats (ValueError otherwise).
+        head_dim: d, an even int >= 2 (ValueError otherwise).
+        base: RoPE's base b > 1 (ValueError otherwise); the frequencies are :math:`b^{-2i/d}`.
+
+    Returns a float64 tensor [len(distances)].
+    """
     r = _distances(distances)
     theta = _inv_freq(head_dim, base)
     out = torch.empty(r.numel(), dtype=torch.float64)
@@ -142,6 +166,16 @@ def smallest_nonnegative_base(
     ``lo`` on a geometric grid of ratio ``grid_ratio`` for the first
     base that passes, then bisects on :math:`\log b` between it and the grid point below (which fails)
     to a relative tolerance ``rel_tol``. A passing window narrower than one grid step could be missed.
+
+    Args:
+        context_length: L, a positive int: distances 0 .. L are checked.
+        head_dim: d, an even int >= 2.
+        lo: where the scan starts, > 1; it must fail (ValueError otherwise: lower it).
+        hi: where the scan gives up, > lo (ValueError when no grid base up to it passes: raise it).
+        grid_ratio: the scan's geometric step, > 1.
+        rel_tol: the bisection's relative tolerance on b, > 0.
+
+    Returns the base (float), within ``rel_tol`` above the true smallest passing base of that window.
     """
     if not isinstance(context_length, int) or context_length < 1:
         raise ValueError(f"context_length must be a positive int, got {context_length!r}.")
@@ -169,7 +203,13 @@ def smallest_nonnegative_base(
 
 def min_similarity_bound(context_length: int, head_dim: int, bases) -> torch.Tensor:
     r""":math:`\min_{0 \le r \le L} B_r(b)` for each base b in ``bases`` (float64, one value per base):
-    Men et al.'s criterion holds for b up to context length L exactly when this is :math:`\ge 0`."""
+    Men et al.'s criterion holds for b up to context length L exactly when this is :math:`\ge 0`.
+
+    Args:
+        context_length: L, a positive int: every integer r in 0 .. L is checked.
+        head_dim: d, an even int >= 2.
+        bases: a non-empty 1-D list or tensor of bases, each > 1 (ValueError otherwise).
+    """
     if not isinstance(context_length, int) or context_length < 1:
         raise ValueError(f"context_length must be a positive int, got {context_length!r}.")
     b = torch.as_tensor(bases, dtype=torch.float64)
@@ -198,6 +238,14 @@ def base_scan(
     smallest grid base from which **every** grid base up to ``hi`` passes (None if ``hi`` fails), and the
     largest failing grid base (None if none fails). Only grid points are tested: a failing window narrower
     than one grid step (a factor :math:`10^{1/\text{points\_per\_decade}}`) could be missed.
+
+    Args:
+        context_length: L, a positive int.
+        head_dim: d, an even int >= 2.
+        lo: the grid's smallest base, > 1.
+        hi: the grid's largest base, > lo.
+        points_per_decade: grid points per factor of 10 (a positive int); the grid has
+            round(log10(hi / lo) * points_per_decade) + 1 points, both ends included.
     """
     if not (1 < lo < hi) or not isinstance(points_per_decade, int) or points_per_decade < 1:
         raise ValueError(f"need 1 < lo < hi and points_per_decade a positive int; got {lo}, {hi}, {points_per_decade}.")
@@ -225,7 +273,8 @@ def decay_view(base: float = 10000.0, head_dim: int = 128, distance: int = 4096,
           seed: int = 0) -> dict:
     r"""RoFormer's decay envelope against what the logit actually does, over distances 0 .. ``distance``.
 
-    Returns float64 numpy arrays over ``n_points`` distances ``r``: ``envelope``
+    Returns numpy arrays over the distances ``r`` (int64: ``n_points`` evenly spaced from 0 to ``distance``,
+    rounded, duplicates dropped), float64 for the rest: ``envelope``
     (:func:`ropelab.decay.decay_envelope`), ``aligned`` (:math:`2B_r`, the logit of all-ones q = k and the
     mean logit of a key similar to its query, :func:`ropelab.decay.similarity_bound` times 2), and for
     ``n_pairs`` independent standard-normal q, k (seeded) the ``gaussian_mean`` and ``gaussian_std`` of
@@ -233,6 +282,16 @@ def decay_view(base: float = 10000.0, head_dim: int = 128, distance: int = 4096,
     :math:`\sqrt d` at every distance, no decay. ``first_negative`` is the first integer distance
     :math:`r \le` ``distance`` where :math:`B_r < 0` (None if none), found on every integer, not on the
     plotted grid (whose step would miss a short dip: at base 1e4, d = 128 the first is 1707).
+
+    Args:
+        base: RoPE's base b (a finite number > 1).
+        head_dim: d, an even int in [2, 1024].
+        distance: the largest distance, an int in [1, 2**20].
+        n_points: plotted distances, an int in [2, 10000].
+        n_pairs: Gaussian (q, k) pairs, an int in [2, 4096].
+        seed: the seed of the generator the pairs are drawn from.
+
+    ValueError names an argument out of range.
     """
     check_base(base)
     base = float(base)
@@ -260,7 +319,14 @@ def decay_view(base: float = 10000.0, head_dim: int = 128, distance: int = 4096,
 @functools.lru_cache(maxsize=256)
 def first_negative(base: float, head_dim: int, distance: int, chunk: int = 4096) -> int | None:
     """The first integer r <= ``distance`` with :math:`B_r < 0` (None if none), scanned in chunks that stop at
-    the first hit."""
+    the first hit. Results are cached (``functools.lru_cache``, 256 entries).
+
+    Args:
+        base: RoPE's base b > 1.
+        head_dim: d, an even int >= 2.
+        distance: the largest distance checked (int).
+        chunk: distances per chunk, which bounds memory, not the result.
+    """
     for start in range(0, distance + 1, chunk):
         b = similarity_bound(torch.arange(start, min(start + chunk, distance + 1)), head_dim, base)
         neg = (b < 0).nonzero()
@@ -273,7 +339,16 @@ def plot_logits_vs_distance(axes, dist: torch.Tensor, l_ones: torch.Tensor, l_ga
                             l_sim: torch.Tensor, B: torch.Tensor) -> None:
     r"""The logit :math:`\langle R_r q, k\rangle` against distance ``dist`` for all-ones q = k (``l_ones``),
     independent Gaussian pairs (``l_gauss`` [pairs, distances]: mean, ±1 std and one pair) and similar keys
-    (``l_sim``, with :math:`2B_r` from ``B``), on a symlog distance axis (notebook 03, section 2; three axes)."""
+    (``l_sim``, with :math:`2B_r` from ``B``), on a symlog distance axis (notebook 03, section 2; three axes).
+
+    Args:
+        axes: three matplotlib Axes.
+        dist: the distances r [R].
+        l_ones: the all-ones logits [R].
+        l_gauss: the Gaussian pairs' logits [pairs, R].
+        l_sim: the similar keys' logits [pairs, R] (their mean and spread are drawn).
+        B: :math:`B_r` [R] (:func:`similarity_bound`), drawn doubled.
+    """
     n_pairs = l_gauss.shape[0]
     axes[0].plot(dist, l_ones, lw=1)
     axes[0].set(title=r"all-ones q = k: $\ell(r) = 2B_r$", ylabel=r"logit $\langle R_r q, k\rangle$")
@@ -298,7 +373,14 @@ def plot_base_scan(axes, scans: dict, refined: dict, contexts: list[int]) -> Non
     r"""Left: :func:`base_scan`'s passing and failing grid bases per context length (``scans``: L -> its result,
     for L in ``contexts``), with the base from which every grid base passes and the refined smallest passing
     base (``refined``: L -> :func:`smallest_nonnegative_base`); right: :math:`\min_{r \le L} B_r` against
-    the base at L = 4096 (or the longest context) (notebook 03, section 3; two axes)."""
+    the base at L = 4096 (or the longest context) (notebook 03, section 3; two axes).
+
+    Args:
+        axes: two matplotlib Axes.
+        scans: context length L -> :func:`base_scan`'s result at L, in the order the rows are drawn.
+        refined: L -> :func:`smallest_nonnegative_base` at L.
+        contexts: the context lengths, in the order of ``scans``.
+    """
     import numpy as np
 
     for row, s in enumerate(scans.values()):
