@@ -45,6 +45,14 @@ def methods(scale: float, head_dim: int, *, base: float, original: int,
     * **LongRoPE** (Ding et al. 2024, arXiv 2402.13753): per-pair factors ``longrope["long_factor"]`` past
       :math:`L_0` and ``longrope["short_factor"]`` within it (``ropelab.extension.longrope_search`` finds
       them); left out when ``longrope`` is None.
+
+    Args:
+        scale: the extension factor s (the target context is :math:`sL_0`).
+        head_dim: the head size d (NTK-aware's base uses it as r: the whole head rotates).
+        base: the trained base b.
+        original: the trained context :math:`L_0`, every spec's ``max_position_embeddings``.
+        longrope: a mapping with ``long_factor`` and ``short_factor`` (d/2 per-pair factors each), or None to
+            leave LongRoPE out.
     """
     s = float(scale)
 
@@ -70,7 +78,13 @@ def methods(scale: float, head_dim: int, *, base: float, original: int,
 
 def method_spec(spec: RopeSpec, method: RopeSpec | Mapping) -> RopeSpec:
     """``spec`` (a model's RoPE) with a method's base and scaling; its style, rotary_dim and :math:`L_0` kept.
-    ``method`` is a ``RopeSpec`` (a value of :func:`methods`) or a mapping with ``base`` and ``scaling``."""
+    ``method`` is a ``RopeSpec`` (a value of :func:`methods`) or a mapping with ``base`` and ``scaling``.
+
+    Args:
+        spec: the model's RoPE.
+        method: a ``RopeSpec`` or a mapping with the keys ``base`` and ``scaling``; anything else raises
+            ValueError.
+    """
     if isinstance(method, RopeSpec):
         base, scaling = method.base, method.scaling
     elif isinstance(method, Mapping) and {"base", "scaling"} <= set(method):
@@ -85,7 +99,19 @@ def ratio_table(scale: float, head_dim: int, *, base: float, original: int, seq_
                 longrope: Mapping | None = None) -> dict[str, dict]:
     r"""Per method of :func:`methods`: the per-pair frequency ratio :math:`\omega_i' / \omega_i` (float64 list,
     pair 0 = highest frequency) and the attention factor, evaluated at length ``seq_len`` (default
-    :math:`sL_0`)."""
+    :math:`sL_0`).
+
+    Args:
+        scale: the extension factor s.
+        head_dim: the head size d.
+        base: the trained base b.
+        original: the trained context :math:`L_0`.
+        seq_len: the current length L at which length-dependent methods (dynamic NTK, LongRoPE) are
+            evaluated; None: ``int(scale * original)``.
+        longrope: as in :func:`methods`.
+
+    Returns name -> ``{"ratio": [d/2 floats], "attention_factor": float}``.
+    """
     seq_len = int(scale * original) if seq_len is None else seq_len
     ref = default_inv_freq(head_dim, base)
     out = {}
@@ -100,7 +126,17 @@ def out_of_range_pairs(ratio, scale: float, rotary_dim: int, base: float, origin
     :math:`L_0` (``scaling.critical_pair`` and above; the others saw every angle) and whose largest angle
     :math:`sL_0\,\omega_i'` exceeds the largest trained one :math:`L_0\,\omega_i`, i.e.
     :math:`s\,\omega_i'/\omega_i > 1`
-    (``ratio`` = :math:`\omega_i'/\omega_i` per pair; a relative slack of 1e-9 absorbs round-off)."""
+    (``ratio`` = :math:`\omega_i'/\omega_i` per pair; a relative slack of 1e-9 absorbs round-off).
+
+    Args:
+        ratio: :math:`\omega_i'/\omega_i` per pair, r/2 numbers (a ``ratio_table`` entry's ``"ratio"``).
+        scale: the extension factor s.
+        rotary_dim: r, the rotated dims.
+        base: the trained base b.
+        original: the trained context :math:`L_0`.
+
+    Returns the pair indices, ascending.
+    """
     crit = critical_pair(rotary_dim, base, original)
     return [i for i in range(crit, rotary_dim // 2) if scale * float(ratio[i]) > 1 + 1e-9]
 
@@ -110,7 +146,16 @@ def ntk_alpha_in_range(scale: float, rotary_dim: int, base: float, original: int
     :math:`sL_0`. NTK-aware divides pair i's frequency by :math:`\alpha^{2i/(r-2)}`; pair :math:`i_c`
     (``scaling.critical_pair``, the fastest of those that never turn) needs :math:`\alpha^{2i_c/(r-2)} \ge s`, so
     :math:`\alpha \ge s^{(r-2)/(2 i_c)}`: above s whenever :math:`i_c < (r-2)/2`. YaRN's "the scale value s has
-    to be set higher than the expected scale" (Peng et al. 2023, section 3.1), derived."""
+    to be set higher than the expected scale" (Peng et al. 2023, section 3.1), derived.
+
+    Args:
+        scale: the extension factor s.
+        rotary_dim: r, the rotated dims.
+        base: the trained base b.
+        original: the trained context :math:`L_0`.
+
+    Returns 1.0 when every pair turns within :math:`L_0`; ValueError when pair 0 does not (no base change helps).
+    """
     crit = critical_pair(rotary_dim, base, original)
     if crit >= rotary_dim // 2:
         return 1.0  # every pair turns within L0: no angle is new
@@ -126,7 +171,16 @@ def extension_ratios(factor: float = 4.0, head_dim: int = 32, base: float = 1000
     :math:`sL_0`): ``ratio[name]`` :math:`\omega_i'/\omega_i` per pair (float64 numpy), ``attention_factor[name]``,
     ``out_of_range[name]`` (the pairs that meet angles never trained on,
     :func:`ropelab.extend.out_of_range_pairs`) and ``critical`` (the first pair that never turns within
-    :math:`L_0`, :func:`ropelab.scaling.critical_pair`)."""
+    :math:`L_0`, :func:`ropelab.scaling.critical_pair`).
+
+    Args:
+        factor: the extension factor s, a number in [1, 1024].
+        head_dim: d, an even int in [4, 1024] (the whole head rotates).
+        base: the trained base b (a finite number > 1).
+        original_length: the trained context :math:`L_0`, an int >= 8.
+
+    ValueError names an argument out of range.
+    """
     head_dim = check_int("head_dim", head_dim, 4, 1024, even=True)
     original_length = check_int("original_length", original_length, 8)
     check_base(base)
