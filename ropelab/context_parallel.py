@@ -54,10 +54,11 @@ __all__ = ["CPVarlen", "cp_positions", "cp_varlen", "cp_slice", "cp_gather"]
 class CPVarlen(NamedTuple):
     """What one rank holds of a packed batch (:func:`cp_varlen`).
 
-    - ``local_cu_seqlens``: the rank's cumulative lengths, ``cu_seqlens // cp_size`` (cu_seqlens' dtype);
-    - ``positions``: int64 [t / cp_size], the global position (within its sequence) of each local token;
-    - ``token_index``: int64 [t / cp_size], where each local token sits in the global packed tensor, so that
-      ``x_global[token_index]`` (``index_select`` on the token axis) is the rank's slice.
+    Args:
+        local_cu_seqlens: the rank's cumulative lengths, ``cu_seqlens // cp_size`` (cu_seqlens' dtype).
+        positions: int64 [t / cp_size], the global position (within its sequence) of each local token.
+        token_index: int64 [t / cp_size], where each local token sits in the global packed tensor, so that
+            ``x_global[token_index]`` (``index_select`` on the token axis) is the rank's slice.
     """
 
     local_cu_seqlens: torch.Tensor
@@ -127,6 +128,12 @@ def cp_positions(seq_len: int, cp_size: int, cp_rank: int, *, device: torch.devi
     the rank's tokens along the sequence axis (:func:`cp_slice`), and go to
     ``apply_rope(x_local, positions, layout=...)`` as they are. ``seq_len`` is the *global* length; it must be a
     multiple of ``2 * cp_size`` when ``cp_size > 1`` (ValueError naming the padded length otherwise).
+
+    Args:
+        seq_len: s, the global sequence length, an int >= 0 (a bool or a float raises ValueError).
+        cp_size: the number of context-parallel ranks, an int >= 1.
+        cp_rank: this rank, an int in [0, cp_size).
+        device: where the result lives; None: the default device.
     """
     seq_len = _int(seq_len, "seq_len")
     cp_size, cp_rank = _check_cp(cp_size, cp_rank)
@@ -149,6 +156,11 @@ def cp_varlen(cu_seqlens: Any, cp_size: int, cp_rank: int) -> CPVarlen:
     ``cu_seqlens`` is checked by :func:`ropelab.core.check_cu_seqlens` (integer, 1-D, starts at 0, never
     decreases); a sequence length not a multiple of ``2 * cp_size`` (when ``cp_size > 1``) raises ValueError
     naming the sequence, its length and the padded length. Results live on cu_seqlens' device.
+
+    Args:
+        cu_seqlens: the global [n_seq + 1] cumulative lengths (a tensor or a list of ints).
+        cp_size: the number of context-parallel ranks, an int >= 1.
+        cp_rank: this rank, an int in [0, cp_size).
     """
     cp_size, cp_rank = _check_cp(cp_size, cp_rank)
     given = cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else torch.as_tensor(cu_seqlens)
@@ -188,6 +200,14 @@ def cp_slice(x: torch.Tensor, cp_size: int, cp_rank: int, seq_dim: int, *, cu_se
     packed batch whose ``seq_dim`` is the token axis t, split per sequence (:func:`cp_varlen`'s
     ``token_index``). Returns a new tensor with ``x.shape[seq_dim] / cp_size`` entries along ``seq_dim``
     (differentiable; only data moves, so the values are x's own). :func:`cp_gather` is the inverse.
+
+    Args:
+        x: the global tensor.
+        cp_size: the number of context-parallel ranks, an int >= 1.
+        cp_rank: this rank, an int in [0, cp_size).
+        seq_dim: the sequence (or packed token) axis of x; negative counts from the end.
+        cu_seqlens: None for padded sequences (every row of length ``x.shape[seq_dim]``), or the global
+            cumulative lengths of a packed x, ending at ``x.shape[seq_dim]`` (checked).
     """
     d = _seq_dim(x, seq_dim, "x")
     cp_size, cp_rank = _check_cp(cp_size, cp_rank)
@@ -200,6 +220,11 @@ def cp_gather(slices: Sequence[torch.Tensor], seq_dim: int, *, cu_seqlens: Any =
     The inverse of :func:`cp_slice`: ``cp_gather([cp_slice(x, cp, r, d) for r in range(cp)], d)`` is x (exactly:
     only data moves). With ``cu_seqlens`` (the global one), the slices are packed batches (:func:`cp_varlen`). For
     tests and teaching: in training the slices live on different ranks, and an all-gather does this.
+
+    Args:
+        slices: one tensor per rank, in rank order, all of one shape, dtype and device (ValueError otherwise).
+        seq_dim: the sequence (or packed token) axis, as given to :func:`cp_slice`.
+        cu_seqlens: None, or the global cumulative lengths the slices were cut with.
     """
     if isinstance(slices, torch.Tensor) or not isinstance(slices, Sequence) or not slices:
         raise ValueError("slices must be a non-empty list of tensors, one per rank in rank order (slices[r] from "
