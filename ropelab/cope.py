@@ -71,6 +71,12 @@ def contextual_positions(gates: torch.Tensor, npos_max: int | None = None) -> to
 
     ``gates`` is [..., s_q, s_k] with zeros at masked keys (so for a causal mask the sum stops at
     k = i). With ``npos_max`` the result is clamped at ``npos_max - 1``, the last row of the table.
+
+    Args:
+        gates: a floating tensor [..., s_q, s_k] of gates in [0, 1], 0 at masked keys.
+        npos_max: the table's number of rows (>= 2; ValueError otherwise), or None for no clamp.
+
+    Returns a tensor of ``gates``' shape and dtype (differentiable).
     """
     if not isinstance(gates, torch.Tensor) or not gates.dtype.is_floating_point:
         raise ValueError(f"gates must be a floating-point tensor, got {getattr(gates, 'dtype', type(gates))}.")
@@ -86,7 +92,15 @@ def contextual_positions(gates: torch.Tensor, npos_max: int | None = None) -> to
 
 def interpolate_position_logits(int_logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     r"""Linear interpolation of the integer-position logits ``int_logits[..., n]`` (= :math:`q_i\cdot e[n]`,
-    shape [..., s_q, npos]) at the fractional positions ``p`` [..., s_q, s_k] (already clamped)."""
+    shape [..., s_q, npos]) at the fractional positions ``p`` [..., s_q, s_k] (already clamped).
+
+    Args:
+        int_logits: [..., s_q, npos], the logit of each query at each integer position.
+        p: [..., s_q, s_k], positions in [0, npos - 1] (:func:`contextual_positions` with ``npos_max``); the
+            gradient flows through the interpolation weight only.
+
+    Returns [..., s_q, s_k].
+    """
     lo = p.detach().floor().long()
     hi = p.detach().ceil().long()
     w = p - lo.to(p.dtype)  # differentiable: the only path from the gates to the loss
@@ -154,20 +168,40 @@ class CoPE(nn.Module):
             )
 
     def positions(self, q: torch.Tensor, qk: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        r"""The gates :math:`g_{ij}` (0 where masked) and the clamped positions :math:`p_{ij}`, both [b, h, s, s]."""
+        r"""The gates :math:`g_{ij}` (0 where masked) and the clamped positions :math:`p_{ij}`, both [b, h, s, s].
+
+        Args:
+            q: the queries [b, h, s, d] (d = ``head_dim``; already RoPE-rotated for CoPE+RoPE), of the table's
+                dtype.
+            qk: the unscaled content scores q @ k^T [b, h, s, s_k], q's dtype.
+            mask: a bool [s, s_k] (True = may attend), e.g. ``torch.ones(s, s, dtype=torch.bool).tril()``.
+
+        ValueError names a shape, dtype or head count that does not fit.
+        """
         self._check(q, qk, mask)
         gates = torch.sigmoid(qk / math.sqrt(self.head_dim)).masked_fill(~mask, 0.0)
         return gates, contextual_positions(gates, self.npos_max)
 
     def integer_logits(self, q: torch.Tensor) -> torch.Tensor:
-        r""":math:`q_i \cdot e[n]` for every integer position n: [b, h, s, npos_max]."""
+        r""":math:`q_i \cdot e[n]` for every integer position n: [b, h, s, npos_max].
+
+        Args:
+            q: the queries [b, h, s, d] (h = ``n_heads`` with a table per head).
+        """
         if self.n_heads is None:
             return q @ self.pos_emb
         return torch.einsum("bhsd,hdn->bhsn", q, self.pos_emb)
 
     def forward(self, q: torch.Tensor, qk: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Attention logits [b, h, s, s]: the content logits ``qk`` plus the interpolated position logits at
-        the contextual positions, scaled as ``scale`` says, -inf where ``mask`` is False."""
+        the contextual positions, scaled as ``scale`` says, -inf where ``mask`` is False.
+
+        Args:
+            q: the queries [b, h, s, d] (d = ``head_dim``; already RoPE-rotated for CoPE+RoPE), of the table's
+                dtype.
+            qk: the unscaled content scores q @ k^T [b, h, s, s_k], q's dtype.
+            mask: a bool [s, s_k] (True = may attend), e.g. ``torch.ones(s, s, dtype=torch.bool).tril()``.
+        """
         _, p = self.positions(q, qk, mask)
         z = interpolate_position_logits(self.integer_logits(q), p)
         root_d = math.sqrt(self.head_dim)
@@ -179,7 +213,13 @@ class CoPE(nn.Module):
 def cope_internals(model: nn.Module, idx: torch.Tensor) -> list[dict[str, torch.Tensor]]:
     """Run ``model`` on token ids ``idx`` and return, for each :class:`CoPE` layer in order, its ``gates``
     and clamped ``positions`` [b, h, s, s] and ``integer_logits`` [b, h, s, npos_max] (:math:`q_i\\cdot e[n]`),
-    read with forward hooks (the model is not changed)."""
+    read with forward hooks (the model is not changed).
+
+    Args:
+        model: a module containing :class:`CoPE` layers (ValueError if none), called as ``model(idx)``; it is
+            put in eval mode and left there.
+        idx: the token ids the model takes, e.g. [b, s].
+    """
     found, handles = [], []
 
     def hook(module, args, _output):
@@ -212,6 +252,15 @@ def reference_cope(
     """float64 oracle: CoPE's logits with explicit loops over batch, head, query and key (slow; tests only).
 
     ``pos_emb`` is [d, npos] (shared) or [h, d, npos] (per head); arguments as in :class:`CoPE`.
+
+    Args:
+        q: the queries [b, h, s, d].
+        qk: the unscaled scores q @ k^T [b, h, s, s_k].
+        mask: a bool [s, s_k] (True = may attend).
+        pos_emb: the position table, [d, npos] or [h, d, npos].
+        scale: ``"after"`` or ``"before"`` (:data:`SCALES`; ValueError otherwise).
+
+    Returns float64 logits [b, h, s, s_k], -inf where masked.
     """
     _check_scale(scale)
     q, qk, pos_emb = q.double(), qk.double(), pos_emb.double()
@@ -262,6 +311,14 @@ def cope_gates(text: str, count: str = "symbols (not blanks or punctuation)", sh
     Returns ``tokens`` (the characters), ``gates`` and ``positions`` [s, s] (float64, causal: zero above
     the diagonal), and ``token_distance`` [s, s] (:math:`i - j + 1`, what RoPE or an absolute encoding
     would count).
+
+    Args:
+        text: a non-empty string of at most 256 characters, one token per character.
+        count: a name of :data:`COUNT_RULES`: which characters the gates count.
+        sharpness: s, a number in [0, 50]; 0 makes every gate 1/2.
+        npos_max: the table's rows (positions are clamped at ``npos_max - 1``), an int in [2, 4096].
+
+    ValueError names an argument out of range.
     """
     if not isinstance(text, str) or not text:
         raise ValueError("text must be a non-empty string (one token per character), e.g. 'a b  c'.")
