@@ -60,6 +60,15 @@ def cache_bytes_per_token(config: Mapping[str, Any] | Any, *, bytes_per_element:
     :math:`l (d_h + d_v)`, MLA :math:`l (d_c + d^R_h)` elements, times ``bytes_per_element`` (2 for bf16).
     A GQA port that kept MLA's 192-dim keys (:math:`d_h + d^R_h`, RoPE included) would cache
     :math:`l\,n_g (d_h + d^R_h + d_v)` instead: 25% more than the table's :math:`2 n_g d_h l` at V3's sizes.
+
+    Args:
+        config: a transformers config object or a dict with ``num_hidden_layers``, ``num_attention_heads``,
+            ``qk_nope_head_dim``, ``v_head_dim``, ``kv_lora_rank`` and ``qk_rope_head_dim`` (ValueError names
+            a missing one).
+        bytes_per_element: bytes of one cached element (2 for bf16/fp16).
+        gqa_groups: the GQA baseline's number of KV heads, an int >= 1.
+
+    Returns ``{"MHA", "GQA (g groups)", "MQA", "MLA"}`` -> bytes per token over all layers.
     """
     if not isinstance(gqa_groups, int) or gqa_groups < 1:
         raise ValueError(f"gqa_groups is the number of KV heads of the GQA baseline, an int >= 1; got {gqa_groups!r}.")
@@ -73,7 +82,13 @@ def cache_bytes_per_token(config: Mapping[str, Any] | Any, *, bytes_per_element:
 
 def gqa_equivalent_groups(config: Mapping[str, Any] | Any) -> float:
     r"""The GQA group count with MLA's cache: :math:`(d_c + d^R_h) / (d_h + d_v)` (2.25 in DeepSeek-V2's
-    Table 1, where :math:`d_c = 4 d_h` and :math:`d^R_h = d_h / 2`)."""
+    Table 1, where :math:`d_c = 4 d_h` and :math:`d^R_h = d_h / 2`).
+
+    Args:
+        config: a transformers config object or a dict with ``num_hidden_layers``, ``num_attention_heads``,
+            ``qk_nope_head_dim``, ``v_head_dim``, ``kv_lora_rank`` and ``qk_rope_head_dim`` (ValueError names
+            a missing one).
+    """
     mla = int(_get(config, "kv_lora_rank")) + int(_get(config, "qk_rope_head_dim"))
     return mla / (int(_get(config, "qk_nope_head_dim")) + int(_get(config, "v_head_dim")))
 
@@ -92,6 +107,16 @@ def mla_scores(c_q: torch.Tensor, c_kv: torch.Tensor, h: torch.Tensor, w: Mappin
     ``UK`` [H, d_nope, d_c], ``QR`` [H, d_rope, d_cq], ``KR`` [d_rope, d_model]. Explicit:
     :math:`q^C\cdot k^C + q^R\cdot k^R`. Absorbed: :math:`c^Q (W^{UQ\top} W^{UK}) c^{KV} + q^R\cdot k^R`,
     reading only the cached :math:`c^{KV}` and :math:`k^R` (float64).
+
+    Args:
+        c_q: the query latents [s, d_cq].
+        c_kv: the cached KV latents [s, d_c].
+        h: the hidden states [s, d_model] the shared rotary key is projected from.
+        w: the weights ``UQ``, ``UK``, ``QR``, ``KR`` of the shapes above (float64 for a float64 result).
+        positions: the tokens' positions [s] (queries and keys alike).
+        absorbed: score through the absorbed matrix :math:`W^{UQ\top} W^{UK}` (True) or with the keys
+            materialised (False); the two agree up to roundoff.
+        base: RoPE's base for the d_rope rotary dims (default style, pairs (i, i + d_rope/2)).
     """
     inv_freq = frequencies(w["QR"].shape[1], base)[0].to(torch.float64)
     q_r = _rot(torch.einsum("hrc,sc->hsr", w["QR"], c_q).transpose(0, 1), positions, inv_freq)  # [s, H, r]
@@ -110,9 +135,19 @@ def absorption_error(seed: int = 0, *, d_latent: int = 32, d_head: int = 16, seq
     r"""Relative error of the absorbed score :math:`c_q^\top (W^{UQ\top} W^{UK}) c_{kv}` (float64).
 
     ``"no_rope"``: the keys are not rotated (absorption exact, roundoff only). ``"rope"``: RoPE rotates
-    :math:`q^C` and :math:`k^C` (a fixed absorbed matrix is wrong by O(1)). ``"rope_fixed_distance"``:
-    the best fixed matrix, :math:`W^{UQ\top} R_{\Delta} W^{UK}` for one distance Δ, is exact on that
-    diagonal and wrong elsewhere (largest relative error over the other distances).
+    :math:`q^C` and :math:`k^C` (a fixed absorbed matrix is wrong by O(1)). ``"rope_fixed_distance_on"`` and
+    ``"rope_fixed_distance_off"``: the best fixed matrix, :math:`W^{UQ\top} R_{\Delta} W^{UK}` for one
+    distance Δ = 3, is exact on that diagonal (``_on``, roundoff only) and wrong elsewhere (``_off``, the largest
+    relative error over the other distances). Each error is the largest absolute difference over the [seq, seq]
+    scores divided by the largest explicit score.
+
+    Args:
+        seed: the seed of the random weights and latents (standard normal; weights scaled by
+            :math:`1/\sqrt{d_{latent}}`).
+        d_latent: the latent size (of :math:`c_q` and :math:`c_{kv}` alike).
+        d_head: the head size the rotation acts on (even).
+        seq: the number of positions 0 .. seq - 1 (at least 4, so that distance 3 occurs).
+        base: RoPE's base.
     """
     g = torch.Generator().manual_seed(seed)
     w_uq = torch.randn(d_head, d_latent, generator=g, dtype=torch.float64) / d_latent**0.5
@@ -145,6 +180,16 @@ def deepseek_rope(x: torch.Tensor, positions: Any = None, *, layout: str, interl
     ``interleave=False``: rotate_half pairs. ``interleave=True`` (``config.rope_interleave``): pairs
     (2i, 2i+1), and the output de-interleaved (all first members, then all second members), as the
     original DeepSeek code's view/transpose did and ``apply_rotary_pos_emb_interleave`` does.
+
+    Args:
+        x: the rotary slice (``qk_rope_head_dim`` dims), laid out as ``layout``.
+        positions: as in :func:`ropelab.apply_rope` (None: 0, 1, 2, ...).
+        layout: x's axes, einops-style (``"b h s d"``).
+        interleave: transformers' ``config.rope_interleave``.
+        base: RoPE's base (``rope_theta``).
+        rope_scaling: the config's scaling dict (DeepSeek-V3 uses YaRN), or None.
+
+    Returns a tensor of x's shape and dtype.
     """
     if not interleave:
         return apply_rope(x, positions, layout=layout, base=base, rope_scaling=rope_scaling)
