@@ -356,8 +356,9 @@ def decode_attention(
 
     Args:
         q: [queries, H_q, d], already rotated to its position (query i sits at position ``lengths[i] - 1``).
-        k_cache, v_cache: [batch, H_kv, capacity, d] (any strides); the key at index n has position n.
-            ``post_rope``: keys rotated; ``rope_on_load``: keys before RoPE. Values are never rotated.
+        k_cache: [batch, H_kv, capacity, d] (any strides); the key at index n has position n.
+            ``post_rope``: keys rotated; ``rope_on_load``: keys before RoPE. H_kv divides H_q.
+        v_cache: the values, k_cache's shape; values are never rotated.
         lengths: int [queries], 1 <= L_i <= capacity: query i attends keys 0 .. L_i - 1 of its row.
         mode: ``"post_rope"`` or ``"rope_on_load"``.
         inv_freq: ``rope_on_load`` only: the current step's :math:`\omega` (float64 preferred), r/2 values;
@@ -369,6 +370,7 @@ def decode_attention(
         scale: softmax scale, default :math:`1/\sqrt{d}`.
         split_len: keys per stage-1 program (a multiple of ``block_n``); default: enough splits for about
             four programs per GPU multiprocessor.
+        block_n: keys per inner block of the Triton kernel, a power of two >= 16 (ValueError otherwise).
         backend: ``"triton"``, ``"torch"`` (the same computation in PyTorch, float64 tables), or ``"auto"``
             (triton when it can run here and the dtype is one of ``KERNEL_DTYPES``, else torch).
 

@@ -125,7 +125,24 @@ def torch_path(q, k_cache, v_cache, lengths, rows, mode, inv_freq, attention_fac
 
 def decode_attention_oracle(q, k_cache, v_cache, lengths, *, mode="rope_on_load", inv_freq=None,
                             attention_factor=1.0, style="half", rows=None, scale=None) -> torch.Tensor:
-    """The float64 oracle: the inputs' values as stored, every step in float64. Returns float64."""
+    r"""The float64 oracle: the inputs' values as stored, every step in float64. Returns float64.
+
+    The arguments are :func:`ropelab.kernels.decode_attention`'s, checked the same way.
+
+    Args:
+        q: [queries, H_q, d], already rotated (query i at position ``lengths[i] - 1``).
+        k_cache: [batch, H_kv, capacity, d]; rotated keys (``post_rope``) or keys before RoPE (``rope_on_load``).
+        v_cache: the values, k_cache's shape.
+        lengths: int [queries]: query i attends keys 0 .. lengths[i] - 1 of its row.
+        mode: ``"post_rope"`` or ``"rope_on_load"``.
+        inv_freq: ``rope_on_load`` only: the r/2 frequencies the keys are rotated with as they are read.
+        attention_factor: a, multiplying cos and sin.
+        style: ``"half"`` or ``"interleaved"``.
+        rows: int [queries], the cache row of each query; None: query i reads row i.
+        scale: the softmax scale; None: :math:`1/\sqrt{d}`.
+
+    Returns [queries, H_q, d] in float64.
+    """
     check_decode_args(q, k_cache, v_cache, lengths, rows, mode, inv_freq, style, "torch")
     rows = torch.arange(q.shape[0]) if rows is None else rows
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

@@ -38,7 +38,12 @@ MAX_HEAD_DIM = 256
 
 
 def why_unavailable(device: torch.device | str = "cuda") -> str | None:
-    """None if the Triton kernel can run on ``device``, else the reason in words (and what to do)."""
+    """None if the Triton kernel can run on ``device``, else the reason in words (and what to do).
+
+    Args:
+        device: a torch device or its name; ``"cuda"`` needs triton and CUDA, another device triton's
+            interpreter (``TRITON_INTERPRET=1`` set before triton is first imported).
+    """
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -68,13 +73,24 @@ def why_unavailable(device: torch.device | str = "cuda") -> str | None:
 
 
 def available(device: torch.device | str = "cuda") -> bool:
+    """Whether the Triton kernel can run on ``device`` (:func:`why_unavailable` says why not).
+
+    Args:
+        device: a torch device or its name (``"cuda"``, ``"cpu"``).
+    """
     return why_unavailable(device) is None
 
 
 def as_bshd(x: torch.Tensor, layout: str | Layout) -> torch.Tensor:
     """A [batch, seq (or t), heads, head_dim] *view* of ``x`` (axes permuted, missing ones size 1; no copy).
 
-    ``layout`` is a string, checked against x, or a :class:`ropelab.core.Layout` already checked."""
+    ``layout`` is a string, checked against x, or a :class:`ropelab.core.Layout` already checked.
+
+    Args:
+        x: the tensor to view.
+        layout: x's axes: a string (parsed and checked against ``x.ndim``; ValueError if it does not fit) or a
+            :class:`ropelab.core.Layout`, trusted as it is.
+    """
     lay = layout if isinstance(layout, Layout) else parse_layout(layout, x.ndim)
     seq = lay.seq
     order = [lay.index(a) for a in ("b", seq, "h", "d") if a in lay.axes]
@@ -292,21 +308,32 @@ def rope(
     r"""Rotate q (and k) by RoPE in one fused Triton launch; returns q' (or (q', k')).
 
     Args:
-        q, k: tensors whose axes ``layout`` names; k may have another head count (GQA) but the same
-            other sizes, dtype and device. Any strides (a slice of a packed qkv works without a copy).
-        cos, sin: position-indexed tables ``[P, r/2]``, e.g. ``ropelab.cos_sin(torch.arange(P),
-            inv_freq)``: row p is position p. Or give ``inv_freq`` ``[r/2]`` instead and the kernel
-            forms :math:`a\cos(p\,\omega_i)`, :math:`a\sin(p\,\omega_i)` itself (``angle_dtype``
-            float64 by default, like :func:`ropelab.cos_sin`; ``a`` = ``attention_factor``).
-            ``r = 2 * (r/2)`` dims rotate; the rest of head_dim passes through.
+        q: a tensor whose axes ``layout`` names, float32, float16, bfloat16 or float64, on a device the kernel
+            runs on (:func:`why_unavailable`; ValueError with the reason otherwise). Any strides (a slice of a
+            packed qkv works without a copy).
+        k: None, or a tensor like q: it may have another head count (GQA) but the same other sizes, dtype
+            and device.
+        layout: the axes of q (and k), einops-style: ``"b s h d"``, ``"t h d"``, ...
+        style: ``"half"`` or ``"interleaved"`` pairs.
+        cos: a position-indexed table ``[P, r/2]``, e.g. ``ropelab.cos_sin(torch.arange(P), inv_freq)``: row p
+            is position p; float32 (float64 for float64 inputs). ``r = 2 * (r/2)`` dims rotate; the rest of
+            head_dim passes through. Give the tables or ``inv_freq``, exactly one (ValueError otherwise).
+        sin: the sine table, ``cos``'s shape.
+        inv_freq: ``[r/2]`` frequencies instead of the tables: the kernel forms :math:`a\cos(p\,\omega_i)`,
+            :math:`a\sin(p\,\omega_i)` itself (fractional positions need this).
+        attention_factor: a, multiplying cos and sin (with ``inv_freq`` only; tables carry their own).
+        angle_dtype: the dtype the kernel forms the angles in with ``inv_freq``: torch.float64 (default, like
+            :func:`ropelab.cos_sin`) or torch.float32.
         positions: None (0, 1, ... along the sequence, restarting at each ``cu_seqlens`` boundary), or
             ids ``[s]`` / ``[b, s]`` (``[t]`` for packed tokens).
         offset: added to every position: an int, or one per sequence (``[b]``, or ``[n_seq]`` with
             ``cu_seqlens``).
-        cu_seqlens: ``[n_seq + 1]`` cumulative lengths for a ``t`` layout. ``max_seqlen`` (the longest
-            sequence) spares a device-to-host read; without it cu_seqlens is read and checked.
+        cu_seqlens: ``[n_seq + 1]`` cumulative lengths for a ``t`` layout (at most 65535 sequences).
+        max_seqlen: with ``cu_seqlens``, the longest sequence's length: it spares a device-to-host read (the
+            caller vouches for cu_seqlens' values); None: cu_seqlens is read and checked.
         inplace: write into q and k (autograd-safe: they are marked dirty, see :class:`_RopeFunction`).
-        block_s, heads_per_program: tile overrides (tokens per program, heads per program).
+        block_s: tile override: tokens per program (None: the launch's choice, :func:`launch_tiles`).
+        heads_per_program: tile override: heads per program (None: the launch's choice).
 
     positions, offset and cu_seqlens are checked by :func:`ropelab.core.check_position_args`, as
     :func:`ropelab.apply_rope` checks them; the kernel reads them as they are (no position per token is
