@@ -40,7 +40,18 @@ def fmt(v: float | None, digits: int = 4) -> str:
 
 @dataclass
 class Ladder:
-    """A known frequency ladder matched to measured ``inv_freq``."""
+    """A known frequency ladder matched to measured ``inv_freq``.
+
+    Args:
+        name: the ladder's rope type: ``"default"``, ``"linear"``, ``"yarn"``, ``"llama3"`` or
+            ``"proportional"``.
+        base: its base.
+        rope_scaling: its Hugging Face scaling dict, None for the default ladder.
+        inv_freq: the ideal ladder, float64, one frequency per pair.
+        attention_factor: the attention factor the ladder implies.
+        rel_err: max |measured / ideal - 1| over the pairs (``exact`` when within the fit's tolerance).
+        note: what the ladder cannot determine (e.g. YaRN's L0 and betas only up to a common scale).
+    """
 
     name: str  # "default", "linear", "yarn", "llama3", "proportional"
     base: float

@@ -47,6 +47,61 @@ class Diagnosis:
     ``pairs`` are read in input dims (after undoing an ``output_permutation``); the rotary slice is head
     dims ``rotary_start .. rotary_start + rotary_dim - 1``; ``phase_allowed`` is the phase error a correct
     implementation may show (``ropelab.precision.phase_tolerance``).
+
+    :func:`diagnose` builds and fills it; None in a field means not measured (or not applicable).
+
+    Args:
+        name: how the report names fn.
+        layout: the layout diagnosed, as a string (``"b s h d"``).
+        sizes: the probe's axis sizes, axis letter -> size (the caller's, the rest picked by the checker).
+        dtype: the dtype of the phase check.
+        probe_dtype: the dtype of the structure probe: float64 when fn keeps float64, else float32.
+        cu_seqlens: the probe's cumulative lengths for a ``t`` layout, else None.
+        output_shape: fn's output shape, set only when it differs from the input's.
+        declared_seq: the layout's sequence axis, ``"s"`` or ``"t"``.
+        seq_axis: the axis the measured positions run along (index 0, 1, 2, ... of it), None if none.
+        varies_along: the token axes along which the rotation angle changes.
+        positions_ok: whether every token's measured position is the expected one (0, 1, 2, ... along the
+            declared axis, restarting at each ``cu_seqlens`` boundary for ``t``).
+        restarts_at_cu_seqlens: ``t`` layouts: whether positions restart at each sequence boundary.
+        style: ``"half"``, ``"interleaved"`` or ``"other"`` (then ``pairs`` lists them).
+        pairs: the measured pairs (a, b) of input dims that rotate together, b turning forward from a.
+        rotary_dim: how many head dims rotate.
+        rotary_start: the first rotating head dim.
+        output_permutation: output dim k holds input dim ``output_permutation[k]``; None when fn does not
+            reorder its output.
+        head_dim: the probe's head size d.
+        inv_freq: the measured frequencies, one per pair (float64), in pair order.
+        base: the base of the ladder that reproduces them.
+        scaling: that ladder in words (``"default"``, or its rope_type and parameters; "unrecognised ..." when
+            no known ladder reproduces the frequencies).
+        rope_scaling: the matched ladder as a Hugging Face dict, None for the default ladder.
+        ladder_rel_err: max relative difference between the measured and the matched ladder, set only when
+            the match is not exact.
+        direction: +1 when the pairs turn forward with position, -1 when backward (the sin term's sign).
+        norm_scale: the median factor by which the 2x2 blocks scale a pair (1 for a pure rotation; an
+            attention factor shows here).
+        identity_at_zero: whether position 0 leaves x unchanged (angle 0).
+        heads_alike: whether every head gets the same rotation (None without an ``h`` axis).
+        batch_alike: whether every batch element gets the same rotation (None without a ``b`` axis).
+        length_dependent: whether the frequencies change with the sequence length (dynamic scalings).
+        phase_error: the worst pair's phase error (radians) over the phase check, against the matched ladder
+            in float64.
+        phase_error_position: the position where that error is largest.
+        phase_allowed: the phase error a correct implementation may show in ``dtype``.
+        phase_cause: the rounding that explains an error past ``phase_allowed`` (e.g. ``"positions in bf16"``),
+            or ``"unexplained"``.
+        phase_first: the first position whose phase error passes ``phase_allowed`` (when a cause is named).
+        ladder_rounding: the rounding that turns the matched ladder into the measured one (e.g.
+            ``"inv_freq in bf16"``), if any.
+        roundoff_ratio: the worst phase error over the most any 16-bit rounding can give (set past
+            ``phase_allowed``; above 1: no rounding explains it).
+        late_turn: how far dims that did not rotate in the short probe move over the phase check.
+        position_spread: how far the pairs of one token disagree about its position (when read).
+        max_position: the last position of the phase check.
+        problems: the findings, one sentence each with its fix; empty when ``ok``.
+        codes: the short name of each problem, in the same order.
+        notes: what is worth knowing but not wrong.
     """
 
     name: str
