@@ -32,7 +32,14 @@ __all__ = ["write_lengths", "stale_phase_error", "effective_position", "pair_ene
 
 def write_lengths(length: int, prompt_len: int = 1) -> torch.Tensor:
     """:math:`L_m`, the length at which the key at position m entered the cache: the prompt's keys all
-    enter at ``prompt_len``, each decoded key at m + 1."""
+    enter at ``prompt_len``, each decoded key at m + 1.
+
+    Args:
+        length: L, how many keys (positions 0 .. L - 1).
+        prompt_len: the prefill's length.
+
+    Returns int64 [L].
+    """
     return torch.arange(length).add(1).clamp(min=prompt_len)
 
 
@@ -49,7 +56,13 @@ def _inv_at_lengths(schedule: RopeSchedule, lengths: torch.Tensor) -> torch.Tens
 def stale_phase_error(schedule: RopeSchedule, length: int, prompt_len: int = 1) -> torch.Tensor:
     r"""Phase error of every post-RoPE cached key against the current query's frame at length L,
     :math:`\varepsilon_i(m, L) = m\,(\omega_i(L) - \omega_i(L_m))`, shape [L, r/2] (key position, pair), float64.
-    (Not wrapped: ``ropelab.precision.phase_error`` is the different, rounding error of one angle.)"""
+    (Not wrapped: ``ropelab.precision.phase_error`` is the different, rounding error of one angle.)
+
+    Args:
+        schedule: the model's frequencies at each length (:class:`ropelab.kvcache.RopeSchedule`).
+        length: the current length L; keys at positions 0 .. L - 1 are cached.
+        prompt_len: the prefill's length: keys 0 .. prompt_len - 1 were all written at length ``prompt_len``.
+    """
     inv_now, _ = schedule.at(length)
     inv_then = _inv_at_lengths(schedule, write_lengths(length, prompt_len))
     m = torch.arange(length, dtype=torch.float64)[:, None]
@@ -58,14 +71,25 @@ def stale_phase_error(schedule: RopeSchedule, length: int, prompt_len: int = 1) 
 
 def effective_position(schedule: RopeSchedule, length: int, prompt_len: int = 1) -> torch.Tensor:
     r"""The position each pair *sees* for an old key in the current frame, :math:`m_i^{eff} = m\,
-    \omega_i(L_m) / \omega_i(L)`, shape [L, r/2]: the warp a stale key undergoes (m itself when consistent)."""
+    \omega_i(L_m) / \omega_i(L)`, shape [L, r/2]: the warp a stale key undergoes (m itself when consistent).
+
+    Args:
+        schedule: the model's frequencies at each length (:class:`ropelab.kvcache.RopeSchedule`).
+        length: the current length L; keys at positions 0 .. L - 1 are cached.
+        prompt_len: the prefill's length: keys 0 .. prompt_len - 1 were all written at length ``prompt_len``.
+    """
     inv_now, _ = schedule.at(length)
     inv_then = _inv_at_lengths(schedule, write_lengths(length, prompt_len))
     return torch.arange(length, dtype=torch.float64)[:, None] * inv_then / inv_now[None, :]
 
 
 def pair_energy(x: torch.Tensor, style: str = "half") -> torch.Tensor:
-    """Mean norm of each rotary pair of ``x`` [..., d] over all leading dims, shape [d/2]."""
+    """Mean norm of each rotary pair of ``x`` [..., d] over all leading dims, shape [d/2].
+
+    Args:
+        x: keys or queries [..., d] (every dim rotates; computed in float64).
+        style: which dims form a pair: ``"half"`` or ``"interleaved"``.
+    """
     a, b = pair_indices(x.shape[-1], style)
     return torch.sqrt(x[..., a].double() ** 2 + x[..., b].double() ** 2).reshape(-1, a.numel()).mean(0)
 
@@ -73,7 +97,14 @@ def pair_energy(x: torch.Tensor, style: str = "half") -> torch.Tensor:
 class DriftProbe(RotaryKVCache):
     """A ``post_rope`` cache that also keeps the raw keys, and at every step and layer measures what the
     consistent frame would have given for the *same* query and keys: the KL divergence
-    KL(consistent || post_rope) of the last query's attention and the largest absolute logit error."""
+    KL(consistent || post_rope) of the last query's attention and the largest absolute logit error.
+
+    ``kl[layer]`` and ``logit_err[layer]`` hold one value per step.
+
+    Args:
+        schedule: the model's frequencies at each length.
+        n_layers: how many layers the cache holds.
+    """
 
     def __init__(self, schedule: RopeSchedule, n_layers: int):
         super().__init__(schedule, "post_rope", n_layers)
@@ -82,7 +113,16 @@ class DriftProbe(RotaryKVCache):
         self.logit_err: list[list[float]] = [[] for _ in range(n_layers)]
 
     def step(self, layer, q, k, v, positions, length):
-        """The post_rope step, plus this step's KL and logit error of the last query."""
+        """The post_rope step, plus this step's KL and logit error of the last query.
+
+        Args:
+            layer: as in :meth:`ropelab.kvcache.RotaryKVCache.step`.
+            q: as there.
+            k: as there (also kept raw, to rotate into the consistent frame).
+            v: as there.
+            positions: as there.
+            length: as there.
+        """
         out = super().step(layer, q, k, v, positions, length)
         self.raw[layer].append(k)
         inv, af = self.schedule.at(length)
@@ -97,7 +137,14 @@ class DriftProbe(RotaryKVCache):
 @torch.no_grad()
 def drift_probe(adapter, ids: torch.Tensor, schedule: RopeSchedule, *, prompt_len: int = 1) -> DriftProbe:
     """Run post_rope (Hugging Face's) cached decoding and return the probe with per-layer, per-step KL and
-    logit error of the stale frame against the consistent one."""
+    logit error of the stale frame against the consistent one.
+
+    Args:
+        adapter: a decoder adapter (:mod:`ropelab.adapters`).
+        ids: token ids [b, T], fed one per step after the prefill (teacher forcing).
+        schedule: the model's frequencies at each length (unbucketed: post_rope).
+        prompt_len: the prefill's length, 1 .. T.
+    """
     return decode(adapter, ids, schedule, "post_rope", prompt_len=prompt_len,
                   cache=DriftProbe(schedule, adapter.n_layers)).cache
 
@@ -113,6 +160,15 @@ def ntk_drift(length: int = 1024, head_dim: int = 64, base: float = 10000.0, ori
     ``base_now`` :math:`b(L)`; and ``frac_over_half_pi``: the fraction of (key, pair) phases whose wrapped
     error exceeds :math:`\pi/2`, i.e. whose :math:`\cos\varepsilon < 0`: the pair's contribution has
     changed sign.
+
+    Args:
+        length: the current length L, an int in [1, 65536].
+        head_dim: d, an even int in [2, 1024] (the whole head rotates).
+        base: the base b (a finite number > 1).
+        original_length: the trained context :math:`L_0` (an int >= 1), where dynamic NTK starts.
+        factor: dynamic NTK's factor s, a number >= 1.
+
+    ValueError names an argument out of range.
     """
     length = check_int("length", length, 1, 1 << 16)
     head_dim = check_int("head_dim", head_dim, 2, 1024, even=True)
