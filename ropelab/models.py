@@ -63,7 +63,25 @@ _LEGACY_ROPE_KEYS = {"rope_style": "style", "rope_base": "base", "rope_scaling":
 @dataclass(frozen=True)
 class ModelConfig:
     """The model's sizes and its position encoding ``pe`` (one of ``PE_TYPES``); ``rope`` is the RoPE of
-    every layer when ``pe`` has RoPE. Frozen: another RoPE is ``dataclasses.replace(cfg, rope=...)``."""
+    every layer when ``pe`` has RoPE. Frozen: another RoPE is ``dataclasses.replace(cfg, rope=...)``.
+
+    Args:
+        vocab_size: the number of token ids.
+        d_model: the width of the residual stream; a multiple of ``n_heads``.
+        n_layers: the number of blocks.
+        n_heads: attention heads per block; head_dim = d_model / n_heads (even with RoPE).
+        d_ff: the MLP's hidden width; None: 4 * d_model.
+        pe: the position encoding, one of :data:`PE_TYPES` (ValueError otherwise).
+        max_len: the rows of the learned or sinusoidal table: positions must stay below it.
+        rope: the RoPE of every layer (a :class:`ropelab.spec.RopeSpec`) when ``pe`` has RoPE.
+        cope_npos_max: CoPE's table rows (positions clamped at npos_max - 1).
+        cope_per_head: one CoPE table per head (True) or one shared by the heads (False).
+        cope_scale: ``"after"`` or ``"before"``: where CoPE's position term enters (:class:`ropelab.cope.CoPE`).
+        dropout: the dropout after attention and after the MLP (training only).
+
+    ValueError names a field that does not fit (pe, a head count that does not divide d_model, an odd head dim
+    with RoPE, a rope that is not a RopeSpec).
+    """
 
     vocab_size: int
     d_model: int = 64
@@ -104,7 +122,12 @@ class ModelConfig:
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
         """Inverse of :meth:`to_dict`; also reads checkpoints written with the earlier flat RoPE fields
         (``rope_style``, ``rope_base``, ``rope_scaling``, ``max_position_embeddings``; an ``extra`` dict, unused
-        by any model, must be empty)."""
+        by any model, must be empty).
+
+        Args:
+            d: a mapping as :meth:`to_dict` writes it (or with the legacy flat fields; both at once raises
+                ValueError).
+        """
         d = dict(d)
         if d.pop("extra", None):
             raise ValueError("this checkpoint's config has a non-empty 'extra' dict, which ModelConfig no longer has.")
@@ -117,7 +140,14 @@ class ModelConfig:
 
 def sinusoidal_table(n_positions: int, d_model: int) -> torch.Tensor:
     r"""Vaswani et al. 2017: :math:`PE_{m, 2i} = \sin(m / 10000^{2i/d})`,
-    :math:`PE_{m, 2i+1} = \cos(m / 10000^{2i/d})`."""
+    :math:`PE_{m, 2i+1} = \cos(m / 10000^{2i/d})`.
+
+    Args:
+        n_positions: the table's rows, positions 0 .. n_positions - 1.
+        d_model: the table's width d (even).
+
+    Returns a float32 tensor [n_positions, d_model] (computed in float64).
+    """
     pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
     inv = 1.0 / (10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model))
     table = torch.zeros(n_positions, d_model, dtype=torch.float64)
@@ -128,7 +158,13 @@ def sinusoidal_table(n_positions: int, d_model: int) -> torch.Tensor:
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
     r"""ALiBi's head slopes: the geometric sequence :math:`2^{-8h/H}`, h = 1..H, for H a power of two;
-    otherwise the closest power of two's slopes plus every other slope of the next (Press et al. 2021)."""
+    otherwise the closest power of two's slopes plus every other slope of the next (Press et al. 2021).
+
+    Args:
+        n_heads: H, the number of heads (a positive int).
+
+    Returns a float32 tensor [H].
+    """
 
     def power_of_two(n: int) -> list[float]:
         start = 2 ** (-8 / n)
@@ -141,7 +177,11 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Multi-head causal self-attention with the position encoding of ``cfg.pe``."""
+    """Multi-head causal self-attention with the position encoding of ``cfg.pe``.
+
+    Args:
+        cfg: the model's configuration (sizes, ``pe``, ``rope``, CoPE's settings).
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -160,20 +200,35 @@ class Attention(nn.Module):
             self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v of shape [b, h, s, head_dim], before any rotation (the KV cache and notebooks start here)."""
+        """q, k, v of shape [b, h, s, head_dim], before any rotation (the KV cache and notebooks start here).
+
+        Args:
+            x: the (normed) residual stream [b, s, d_model].
+        """
         b, s, _ = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, self.cfg.n_heads, self.cfg.head_dim).permute(2, 0, 3, 1, 4)
         return q, k, v
 
     def merge(self, y: torch.Tensor) -> torch.Tensor:
-        """Attention output [b, h, s, head_dim] -> the residual stream's [b, s, d_model], through ``out``."""
+        """Attention output [b, h, s, head_dim] -> the residual stream's [b, s, d_model], through ``out``.
+
+        Args:
+            y: the heads' attention output [b, h, s, head_dim].
+        """
         b, _, s, _ = y.shape
         return self.out(y.transpose(1, 2).reshape(b, s, self.cfg.d_model))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor,
                 rope: RopeSpec | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(output [b, s, d_model], attention [b, h, s, s]) for x [b, s, d_model]; ``rope`` overrides
-        ``cfg.rope`` for this call."""
+        ``cfg.rope`` for this call.
+
+        Args:
+            x: the (normed) residual stream [b, s, d_model].
+            positions: the tokens' positions [s], used by RoPE, ALiBi and CoPE+RoPE.
+            rope: a RopeSpec to use instead of ``cfg.rope`` for this call; None: ``cfg.rope``. Ignored without
+                RoPE.
+        """
         cfg = self.cfg
         s = x.shape[1]
         q, k, v = self.project(x)
@@ -195,7 +250,11 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block: x + attn(ln1 x), then + mlp(ln2 x)."""
+    """Pre-LN transformer block: x + attn(ln1 x), then + mlp(ln2 x).
+
+    Args:
+        cfg: the model's configuration.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -206,7 +265,14 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, positions, rope: RopeSpec | None = None):
-        """(hidden states, this block's attention [b, h, s, s])."""
+        """(hidden states, this block's attention [b, h, s, s]).
+
+        Args:
+            x: the residual stream [b, s, d_model].
+            positions: the tokens' positions [s], used by RoPE, ALiBi and CoPE+RoPE.
+            rope: a RopeSpec to use instead of ``cfg.rope`` for this call; None: ``cfg.rope``. Ignored without
+                RoPE.
+        """
         a, attn = self.attn(self.ln1(x), positions, rope)
         x = x + self.drop(a)
         x = x + self.drop(self.mlp(self.ln2(x)))
@@ -214,14 +280,23 @@ class Block(nn.Module):
 
 
 class LMOutput(NamedTuple):
-    """What :meth:`TinyLM.forward_with_attention` returns."""
+    """What :meth:`TinyLM.forward_with_attention` returns.
+
+    Args:
+        logits: [b, s, vocab].
+        attention: one [b, h, s, s] tensor of attention probabilities per layer.
+    """
 
     logits: torch.Tensor  # [b, s, vocab]
     attention: list[torch.Tensor]  # one [b, h, s, s] per layer
 
 
 class TinyLM(nn.Module):
-    """Decoder-only transformer: token embedding, pre-LN blocks, tied output head."""
+    """Decoder-only transformer: token embedding, pre-LN blocks, tied output head.
+
+    Args:
+        cfg: the model's configuration; the weights start random (normal, std 0.02; biases zero).
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -247,12 +322,26 @@ class TinyLM(nn.Module):
     def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None, *,
                 rope: RopeSpec | None = None) -> torch.Tensor:
         """Logits [b, s, vocab] for token ids [b, s]. ``rope`` runs the model with another RoPE than
-        ``cfg.rope`` for this call (the weights are shared; nothing is mutated)."""
+        ``cfg.rope`` for this call (the weights are shared; nothing is mutated).
+
+        Args:
+            idx: token ids [b, s].
+            positions: the tokens' positions [s]; None: 0 .. s - 1. With a learned or sinusoidal table a
+                position >= ``cfg.max_len`` raises ValueError.
+            rope: as in :meth:`forward_with_attention`.
+        """
         return self.forward_with_attention(idx, positions, rope=rope).logits
 
     def forward_with_attention(self, idx: torch.Tensor, positions: torch.Tensor | None = None, *,
                                rope: RopeSpec | None = None) -> LMOutput:
-        """Logits and every layer's attention probabilities [b, h, s, s] (:class:`LMOutput`)."""
+        """Logits and every layer's attention probabilities [b, h, s, s] (:class:`LMOutput`).
+
+        Args:
+            idx: token ids [b, s].
+            positions: the tokens' positions [s]; None: 0 .. s - 1. With a learned or sinusoidal table a
+                position >= ``cfg.max_len`` raises ValueError.
+            rope: a RopeSpec to use instead of ``cfg.rope`` for this call; None: ``cfg.rope``.
+        """
         b, s = idx.shape
         if positions is None:
             positions = torch.arange(s, device=idx.device)
@@ -273,13 +362,26 @@ class TinyLM(nn.Module):
         return LMOutput(self.logits(x), maps)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Final norm and the tied output head: hidden states [b, s, d_model] -> logits [b, s, vocab]."""
+        """Final norm and the tied output head: hidden states [b, s, d_model] -> logits [b, s, vocab].
+
+        Args:
+            h: the residual stream after the last block, [b, s, d_model].
+        """
         return self.ln_f(h) @ self.embed.weight.T
 
 
 def masked_loss(logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
     r"""Mean cross-entropy over the positions where ``loss_mask`` is True (all positions when None); a float
-    ``loss_mask`` weighs each position (the weighted mean :math:`\sum w_t \ell_t / \sum w_t`)."""
+    ``loss_mask`` weighs each position (the weighted mean :math:`\sum w_t \ell_t / \sum w_t`).
+
+    Args:
+        logits: [..., vocab].
+        targets: the target ids, logits' shape without vocab.
+        loss_mask: None, or a bool or float tensor of targets' shape; the denominator is clamped at 1, so an
+            all-False mask gives 0, not NaN.
+
+    Returns a 0-D tensor (differentiable).
+    """
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
     if loss_mask is None:
         return ce.mean()
@@ -307,6 +409,23 @@ def train(
     ``sample(generator)`` returns ``(inputs, targets, loss_mask)``. Returns the history: one dict per
     ``log_every`` steps with the step and mean training loss, plus ``evaluate(model)``'s dict every
     ``eval_every`` steps.
+
+    Args:
+        model: the model to train, in place (left in eval mode).
+        sample: ``sample(generator) -> (inputs [b, s], targets [b, s], loss_mask or None)``, drawing from the
+            generator seeded with ``seed``.
+        steps: the number of optimiser steps.
+        lr: the peak learning rate, reached after the warm-up; the cosine decays to 0.1 * lr.
+        weight_decay: AdamW's decoupled weight decay (betas 0.9, 0.98; gradients clipped at norm 1).
+        warmup: steps of linear warm-up.
+        seed: the seed of the sampling generator (the weights' initialisation is the caller's).
+        log_every: steps per history entry (and at the last step).
+        evaluate: ``evaluate(model) -> dict`` merged into a history entry, run under ``torch.no_grad`` in eval
+            mode; None: no evaluation.
+        eval_every: evaluate at the logged steps that are multiples of it, and at the last step; None: the
+            last step only.
+        progress: show a tqdm progress bar.
+        desc: the progress bar's label.
     """
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
@@ -351,7 +470,12 @@ def train(
 
 def checkpoint_dict(model: TinyLM, dtype: torch.dtype = torch.float32) -> dict:
     """``{"config": model.cfg.to_dict(), "state_dict": ...}`` with floating tensors cast to ``dtype``: the one
-    checkpoint format (:func:`save_checkpoint` writes one to a file; notebook 04 keeps several in one file)."""
+    checkpoint format (:func:`save_checkpoint` writes one to a file; notebook 04 keeps several in one file).
+
+    Args:
+        model: the model.
+        dtype: a floating torch dtype for the floating tensors (ValueError otherwise); other tensors are kept.
+    """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch dtype (torch.float32, torch.float16), got {dtype!r}.")
     state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model.state_dict().items()}
@@ -360,7 +484,11 @@ def checkpoint_dict(model: TinyLM, dtype: torch.dtype = torch.float32) -> dict:
 
 def from_checkpoint_dict(ckpt: Mapping[str, Any]) -> TinyLM:
     """The model of a :func:`checkpoint_dict` (or of the flat-field configs of older ones, see
-    :meth:`ModelConfig.from_dict`), as a float32 ``TinyLM`` in eval mode."""
+    :meth:`ModelConfig.from_dict`), as a float32 ``TinyLM`` in eval mode.
+
+    Args:
+        ckpt: a mapping with ``"config"`` and ``"state_dict"``.
+    """
     model = TinyLM(ModelConfig.from_dict(ckpt["config"]))
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ckpt["state_dict"].items()})
     return model.eval()
@@ -370,7 +498,14 @@ def save_checkpoint(model: TinyLM, path: str | Path, *, dtype: torch.dtype = tor
                     meta: Mapping[str, Any] | None = None) -> Path:
     """Write :func:`checkpoint_dict` to ``path`` (float16 halves the bytes; :func:`load_checkpoint` reads
     either back as float32), and ``meta`` (a training record) as JSON to ``path`` with the suffix ``.json``.
-    Returns ``path``."""
+    Returns ``path``.
+
+    Args:
+        model: the model.
+        path: the file to write (its folder is created).
+        dtype: the floating tensors' dtype in the file (:func:`checkpoint_dict`).
+        meta: a JSON-serialisable mapping written next to it, or None for none.
+    """
     ckpt = checkpoint_dict(model, dtype)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -381,7 +516,12 @@ def save_checkpoint(model: TinyLM, path: str | Path, *, dtype: torch.dtype = tor
 
 
 def load_checkpoint(path: str | Path) -> TinyLM:
-    """A checkpoint written by :func:`save_checkpoint`, as :func:`from_checkpoint_dict` reads it."""
+    """A checkpoint written by :func:`save_checkpoint`, as :func:`from_checkpoint_dict` reads it.
+
+    Args:
+        path: the checkpoint file, read with ``torch.load(..., weights_only=True)`` on the CPU;
+            FileNotFoundError (saying how to make it) when it is missing.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing; `make lm` writes the study checkpoints in data/lm/ "
