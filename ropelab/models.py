@@ -225,7 +225,7 @@ class Attention(nn.Module):
 
         Args:
             x: the (normed) residual stream [b, s, d_model].
-            positions: the tokens' positions [s], used by RoPE, ALiBi and CoPE+RoPE.
+            positions: the tokens' positions [s], used by RoPE and ALiBi (the absolute tables are added in TinyLM).
             rope: a RopeSpec to use instead of ``cfg.rope`` for this call; None: ``cfg.rope``. Ignored without
                 RoPE.
         """
@@ -269,7 +269,7 @@ class Block(nn.Module):
 
         Args:
             x: the residual stream [b, s, d_model].
-            positions: the tokens' positions [s], used by RoPE, ALiBi and CoPE+RoPE.
+            positions: the tokens' positions [s], used by RoPE and ALiBi (the absolute tables are added in TinyLM).
             rope: a RopeSpec to use instead of ``cfg.rope`` for this call; None: ``cfg.rope``. Ignored without
                 RoPE.
         """
