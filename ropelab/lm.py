@@ -85,7 +85,11 @@ EVAL_RESULTS = LM_DIR / "eval_schemes.pt"  # notebook 05's 45-window evaluation,
 
 
 def build_corpus(out: Path = CORPUS) -> Path:
-    """Write the Python Language Reference topics (CPython's ``pydoc_data``) as one UTF-8 text file."""
+    """Write the Python Language Reference topics (CPython's ``pydoc_data``) as one UTF-8 text file.
+
+    Args:
+        out: the file to write (its folder is created); returned.
+    """
     import pydoc_data.topics as topics
 
     text = "\n\n".join(topics.topics[k].strip() for k in sorted(topics.topics))
@@ -95,14 +99,22 @@ def build_corpus(out: Path = CORPUS) -> Path:
 
 
 def load_corpus(path: Path = CORPUS) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train, validation) byte tensors: the first 90 % and the last 10 % of the corpus."""
+    """(train, validation) byte tensors: the first 90 % and the last 10 % of the corpus.
+
+    Args:
+        path: the corpus file (:func:`build_corpus` writes it); its bytes become int64 token ids 0 .. 255.
+    """
     data = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8).long()
     cut = int(0.9 * data.numel())
     return data[:cut], data[cut:]
 
 
 def model_config(**overrides) -> ModelConfig:
-    """The LM's architecture: 4 layers, d_model 128, 4 heads, RoPE (half style, base 1e4, L0 = 256)."""
+    """The LM's architecture: 4 layers, d_model 128, 4 heads, RoPE (half style, base 1e4, L0 = 256).
+
+    Args:
+        **overrides: :class:`ropelab.models.ModelConfig` fields to change (``vocab_size`` is 256: bytes).
+    """
     kw = dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, pe="rope",
               rope=RopeSpec(style="half", base=10000.0, max_position_embeddings=L0))
     kw.update(overrides)
@@ -111,7 +123,19 @@ def model_config(**overrides) -> ModelConfig:
 
 def train_lm(steps: int = 1500, batch: int = 16, seed: int = 0, out: Path = CHECKPOINT, progress: bool = True,
              **cfg_overrides) -> tuple[TinyLM, list[dict]]:
-    """Train TinyLM at context L0 on random windows of the training split; save a float32 checkpoint."""
+    """Train TinyLM at context L0 on random windows of the training split; save a float32 checkpoint.
+
+    AdamW at peak lr 3e-3 with 100 warm-up steps (:func:`ropelab.models.train`); the validation loss on 16
+    windows every 250 steps goes into the history. Returns ``(model, history)``.
+
+    Args:
+        steps: optimiser steps.
+        batch: windows of L0 + 1 bytes per step.
+        seed: seeds the weights' initialisation (``torch.manual_seed``) and the window sampling.
+        out: the checkpoint to write, with its training record next to it (``.json``).
+        progress: show a progress bar.
+        **cfg_overrides: :func:`model_config` overrides.
+    """
     torch.manual_seed(seed)
     train_data, val_data = load_corpus()
     cfg = model_config(**cfg_overrides)
@@ -139,12 +163,26 @@ def train_lm(steps: int = 1500, batch: int = 16, seed: int = 0, out: Path = CHEC
 
 
 def load_lm(path: Path = CHECKPOINT) -> TinyLM:
-    """The trained LM from its checkpoint, in eval mode (``models.load_checkpoint``)."""
+    """The trained LM from its checkpoint, in eval mode (``models.load_checkpoint``).
+
+    Args:
+        path: the checkpoint (FileNotFoundError, saying how to make it, when missing).
+    """
     return load_checkpoint(path)
 
 
 def val_windows(val_data: torch.Tensor, n: int, length: int, seed: int = 0) -> torch.Tensor:
-    """``n`` evenly spaced windows of ``length + 1`` bytes from the validation split (deterministic)."""
+    """``n`` evenly spaced windows of ``length + 1`` bytes from the validation split (deterministic).
+
+    Args:
+        val_data: the validation split (:func:`load_corpus`' second), at least ``length + 1`` bytes (ValueError
+            otherwise).
+        n: how many windows; they overlap when n exceeds :func:`disjoint_windows`.
+        length: tokens per window (each holds length + 1 bytes: inputs and the next-byte targets).
+        seed: shifts every start by this many bytes (clamped at the split's end); not random.
+
+    Returns int64 [n, length + 1].
+    """
     if val_data.numel() < length + 1:
         raise ValueError(f"validation split has {val_data.numel()} bytes, fewer than a window of {length + 1}.")
     starts = torch.linspace(0, val_data.numel() - length - 1, n).long() + seed
@@ -154,13 +192,24 @@ def val_windows(val_data: torch.Tensor, n: int, length: int, seed: int = 0) -> t
 
 def disjoint_windows(val_data: torch.Tensor, length: int) -> int:
     """How many windows of ``length + 1`` bytes fit in the validation split without overlapping: the most
-    ``val_windows`` can return as independent samples (45 at length 1024)."""
+    ``val_windows`` can return as independent samples (45 at length 1024).
+
+    Args:
+        val_data: the validation split.
+        length: tokens per window.
+    """
     return val_data.numel() // (length + 1)
 
 
 def static_ntk_base(base: float, rotary_dim: int, alpha: float) -> float:
     """Deprecated: ``ropelab.scaling.ntk_aware_base`` (the same formula; notebook 05's "NTK-aware" scheme is
-    ``ropelab.extend.methods``' at alpha = s)."""
+    ``ropelab.extend.methods``' at alpha = s).
+
+    Args:
+        base: as in ``ropelab.scaling.ntk_aware_base``.
+        rotary_dim: as there.
+        alpha: as there.
+    """
     warnings.warn("ropelab.lm.static_ntk_base is deprecated; use ropelab.scaling.ntk_aware_base (same arguments).",
                   DeprecationWarning, stacklevel=2)
     return ntk_aware_base(base, rotary_dim, alpha)
@@ -168,7 +217,12 @@ def static_ntk_base(base: float, rotary_dim: int, alpha: float) -> float:
 
 class Scheme(NamedTuple):
     """One evaluated scheme: a method's RoPE (a ``RopeSpec`` of ``ropelab.extend.methods``) and the cache policy
-    it decodes with (None: one full forward)."""
+    it decodes with (None: one full forward).
+
+    Args:
+        rope: the method's RopeSpec (its base and scaling go onto the model's RoPE).
+        policy: a cache policy's name (``ropelab.kvcache.POLICIES``), or None for one full forward.
+    """
 
     rope: RopeSpec
     policy: str | None = None
@@ -180,7 +234,11 @@ def schemes(head_dim: int) -> dict[str, Scheme]:
 
     "NTK-aware" is static NTK-aware scaling at alpha = s (base 4.39 b at s = 4, r = 32). "dynamic NTK, full
     sequence" evaluates Hugging Face's dynamic formula at the full length: at L = 4 L0 its alpha is 13
-    (base 15.4 b)."""
+    (base 15.4 b).
+
+    Args:
+        head_dim: the model's head size d (NTK-aware's base depends on it).
+    """
     table = methods(SCALE, head_dim, base=10000.0, original=L0)
     out = {label: Scheme(table[name]) for label, name in METHODS.items()}
     out.update({f"dynamic NTK, cache {policy}": Scheme(table["dynamic NTK"], policy) for policy in CACHE_POLICIES})
@@ -205,7 +263,16 @@ def per_position_loss(model: TinyLM, ids: torch.Tensor, scheme: Scheme | RopeSpe
     """Cross-entropy at every position [n, T] for windows ``ids`` [n, T + 1] under one scheme: a :class:`Scheme`,
     a method's ``RopeSpec`` (one full forward), or a mapping ``{"base", "scaling"[, "policy"]}``. The model's RoPE
     takes the scheme's base and scaling (``extend.method_spec``); cached schemes prefill ``prompt_len`` tokens and
-    then decode one token per step on the schedule their policy asks for (``kvcache.schedule_for``)."""
+    then decode one token per step on the schedule their policy asks for (``kvcache.schedule_for``).
+
+    Args:
+        model: a TinyLM with RoPE.
+        ids: windows of token ids [n, T + 1] (:func:`val_windows`).
+        scheme: a :class:`Scheme`, a RopeSpec or a mapping as above (ValueError otherwise).
+        prompt_len: the prefill's length for a cached scheme, 1 .. T.
+
+    Returns float32 [n, T] losses in nats.
+    """
     inputs, targets = ids[:, :-1], ids[:, 1:]
     rope, policy = _scheme(scheme)
     spec = method_spec(model.cfg.rope, rope)
@@ -220,7 +287,18 @@ def per_position_loss(model: TinyLM, ids: torch.Tensor, scheme: Scheme | RopeSpe
 def evaluate_schemes(model: TinyLM, n: int = 8, length: int = int(SCALE * L0), progress: bool = True,
                      names: list[str] | None = None) -> dict:
     """Mean per-position loss for every scheme (or those in ``names``) on ``n`` validation windows of
-    ``length`` tokens."""
+    ``length`` tokens.
+
+    Args:
+        model: the trained LM.
+        n: validation windows (:func:`val_windows`).
+        length: tokens per window (default 4 L0).
+        progress: show a progress bar over the schemes.
+        names: the schemes' labels to evaluate (of :func:`schemes`); None: all.
+
+    Returns ``{"n_windows", "length", "L0", "scale", "loss": name -> mean loss per position,
+    "window_loss": name -> [window][position] losses}``.
+    """
     _, val_data = load_corpus()
     ids = val_windows(val_data, n, length)
     result = {"n_windows": n, "length": length, "L0": L0, "scale": SCALE, "loss": {}}
@@ -246,7 +324,13 @@ def _checkpoint_sha256(path: Path = CHECKPOINT) -> str:
 def save_scheme_losses(result: dict, path: str | Path = EVAL_RESULTS) -> Path:
     """Write :func:`evaluate_schemes`' result for the committed checkpoint: every window's per-position loss as
     float32 tensors (the losses are float32, so nothing is rounded), with the settings and the checkpoint's
-    SHA-256, so :func:`load_or_evaluate_schemes` can tell whether the file answers a request."""
+    SHA-256, so :func:`load_or_evaluate_schemes` can tell whether the file answers a request.
+
+    Args:
+        result: :func:`evaluate_schemes`' result (of the committed checkpoint :data:`CHECKPOINT`, whose hash is
+            recorded).
+        path: the file to write (its folder is created); returned.
+    """
     meta = {k: result[k] for k in ("n_windows", "length", "L0", "scale")}
     meta.update(checkpoint=CHECKPOINT.name, checkpoint_sha256=_checkpoint_sha256(), command="python -m ropelab.lm eval",
                 schemes=list(result["window_loss"]))
@@ -263,7 +347,18 @@ def load_or_evaluate_schemes(model: TinyLM, n: int, length: int, names: list[str
     """:func:`evaluate_schemes` for ``names``, read from ``path`` when it holds them for the same ``n`` windows,
     ``length``, L0, scale and checkpoint (``model`` must be the committed ``checkpoint``, as :func:`load_lm`
     gives); computed otherwise (minutes: every cached scheme decodes token by token). The numbers are the same
-    either way: the file stores the float32 losses themselves."""
+    either way: the file stores the float32 losses themselves.
+
+    Args:
+        model: the LM to evaluate when the file does not answer.
+        n: validation windows.
+        length: tokens per window.
+        names: the schemes wanted.
+        path: the saved results (:func:`save_scheme_losses`).
+        checkpoint: the checkpoint whose SHA-256 the file must record.
+
+    The result is :func:`evaluate_schemes`', with ``"source"``: the file's path or ``"computed"``.
+    """
     path = Path(path)
     if path.exists():
         blob = torch.load(path, map_location="cpu", weights_only=True)
@@ -278,7 +373,14 @@ def load_or_evaluate_schemes(model: TinyLM, n: int, length: int, names: list[str
 
 
 def summarize(result: dict, edges=(0, 256, 512, 768, 1024)) -> dict[str, list[float]]:
-    """Mean loss (nats per byte) per position band [edges[i], edges[i+1])."""
+    """Mean loss (nats per byte) per position band [edges[i], edges[i+1]).
+
+    Args:
+        result: :func:`evaluate_schemes`' result; its ``"loss"`` (scheme -> mean loss per position) is read.
+        edges: the bands' edges, ascending; a band starting past the evaluated positions is left out.
+
+    Returns scheme -> one mean per band.
+    """
     out = {}
     for name, curve in result["loss"].items():
         c = torch.tensor(curve)
@@ -288,7 +390,16 @@ def summarize(result: dict, edges=(0, 256, 512, 768, 1024)) -> dict[str, list[fl
 
 def bootstrap_means(per_window: torch.Tensor, n_boot: int = 2000, seed: int = 0, level: float = 0.95):
     """Mean over windows of ``per_window`` [n, ...] and its percentile bootstrap interval (windows resampled
-    with replacement, ``n_boot`` times, fixed seed): three tensors of shape [...]."""
+    with replacement, ``n_boot`` times, fixed seed): three tensors of shape [...].
+
+    Args:
+        per_window: [n, ...], one row per window, n >= 2 (ValueError otherwise); computed in float64.
+        n_boot: bootstrap resamples of the windows.
+        seed: the resampling generator's seed (fixed: the intervals are reproducible).
+        level: the interval's coverage (0.95: the 2.5 % and 97.5 % percentiles).
+
+    Returns ``(mean, low, high)``, float64.
+    """
     if per_window.ndim < 1 or per_window.shape[0] < 2:
         raise ValueError(f"need at least 2 windows to bootstrap, got shape {tuple(per_window.shape)}.")
     g = torch.Generator().manual_seed(seed)
@@ -303,7 +414,16 @@ def band_intervals(result: dict, edges=(0, 256, 512, 768, 1024), reference: str 
                    n_boot: int = 2000, seed: int = 0) -> dict[str, list[tuple[float, float, float]]]:
     """Per scheme and band [edges[i], edges[i+1]): (mean, low, high) of the loss in nats per byte, a 95 %
     bootstrap interval over the evaluation windows. With ``reference``, of the paired difference
-    scheme - reference (the same windows resampled for both), which is what a claimed ordering rests on."""
+    scheme - reference (the same windows resampled for both), which is what a claimed ordering rests on.
+
+    Args:
+        result: :func:`evaluate_schemes`' (or :func:`load_or_evaluate_schemes`') result; its ``"window_loss"``
+            (scheme -> [window, position] losses) is read.
+        edges: the bands' edges (positions), ascending.
+        reference: a scheme's name (ValueError if not evaluated), or None for the losses themselves.
+        n_boot: bootstrap resamples of the windows.
+        seed: the resampling generator's seed (fixed: the intervals are reproducible).
+    """
     wl = {k: torch.tensor(v, dtype=torch.float64) for k, v in result["window_loss"].items()}
     if reference is not None and reference not in wl:
         raise ValueError(f"reference {reference!r} is not among the evaluated schemes {sorted(wl)}.")
@@ -320,7 +440,14 @@ def band_intervals(result: dict, edges=(0, 256, 512, 768, 1024), reference: str 
 def span_means(result: dict, start: int, stop: int) -> dict[str, torch.Tensor]:
     """Per scheme of ``result["window_loss"]``: each window's mean loss over positions [start, stop), a float64
     tensor [windows]. Differences of these (a rise from one span to another, one scheme minus another) stay paired
-    by window, which is what :func:`paired_intervals` needs."""
+    by window, which is what :func:`paired_intervals` needs.
+
+    Args:
+        result: :func:`evaluate_schemes`' (or :func:`load_or_evaluate_schemes`') result; its ``"window_loss"``
+            (scheme -> [window, position] losses) is read.
+        start: the span's first position.
+        stop: one past its last; 0 <= start < stop <= the window's length (ValueError otherwise).
+    """
     out = {}
     for name, v in result["window_loss"].items():
         w = torch.as_tensor(v, dtype=torch.float64)
@@ -335,7 +462,14 @@ def paired_intervals(values: dict[str, torch.Tensor], reference: str | None = No
                      seed: int = 0) -> dict[str, tuple[float, float, float]]:
     """(mean, low, high) over windows of one number per window and scheme (e.g. from :func:`span_means`), a 95 %
     percentile bootstrap interval with the windows resampled (:func:`bootstrap_means`). With ``reference``, of the
-    paired difference ``values[name] - values[reference]``: the same windows resampled for both."""
+    paired difference ``values[name] - values[reference]``: the same windows resampled for both.
+
+    Args:
+        values: scheme -> a 1-D tensor [windows], every scheme over the same windows (ValueError otherwise).
+        reference: a key of ``values`` (ValueError otherwise), or None for the values themselves.
+        n_boot: bootstrap resamples of the windows.
+        seed: the resampling generator's seed (fixed: the intervals are reproducible).
+    """
     if reference is not None and reference not in values:
         raise ValueError(f"reference {reference!r} is not among the schemes {sorted(values)}.")
     n = {k: tuple(v.shape) for k, v in values.items()}
@@ -354,7 +488,17 @@ def neighbour_intervals(result: dict, order: list[str], edges=(0, 256, 512, 768,
     """For schemes listed in ``order`` (e.g. by mean loss), the paired difference between each and the next in
     one band (``band`` indexes the bands of ``edges``): (this, next, (mean, low, high)) of next - this, a 95 %
     bootstrap interval over the windows. Two neighbours are ordered only where the interval excludes zero, the
-    rule every ordering claim in the notebooks follows."""
+    rule every ordering claim in the notebooks follows.
+
+    Args:
+        result: :func:`evaluate_schemes`' (or :func:`load_or_evaluate_schemes`') result; its ``"window_loss"``
+            (scheme -> [window, position] losses) is read.
+        order: the schemes, in the order to compare (each must have been evaluated; ValueError otherwise).
+        edges: the bands' edges (positions).
+        band: which band (an index into the bands; -1: the last).
+        n_boot: bootstrap resamples of the windows.
+        seed: the resampling generator's seed (fixed: the intervals are reproducible).
+    """
     missing = [k for k in order if k not in result["window_loss"]]
     if missing:
         raise ValueError(f"order names schemes that were not evaluated: {missing}; choose from "
@@ -368,8 +512,15 @@ def neighbour_intervals(result: dict, order: list[str], edges=(0, 256, 512, 768,
 
 
 def order_text(steps: list, values: dict[str, float], fmt: str = "{:.2f}") -> str:
-    """An ordering as text from :func:`neighbour_intervals`' ``steps``: "a 1.71 ≈ b 1.73 < c 1.89", with "<" where
-    the paired interval of the difference excludes zero and "≈" (equal within noise) where it does not."""
+    """An ordering as text from :func:`neighbour_intervals`' ``steps``: "a 1.71 ≈ b 1.73 < c 1.89", with "<" (or ">")
+    where the paired interval of next - this lies above (or below) zero and "≈" (equal within noise) where it
+    contains zero.
+
+    Args:
+        steps: :func:`neighbour_intervals`' list of (this, next, (mean, low, high)); empty gives "".
+        values: scheme -> the number printed after its name.
+        fmt: the format of those numbers.
+    """
     if not steps:
         return ""
     parts = [f"{steps[0][0]} {fmt.format(values[steps[0][0]])}"]
@@ -380,7 +531,13 @@ def order_text(steps: list, values: dict[str, float], fmt: str = "{:.2f}") -> st
 
 def smooth_positions(per_window: torch.Tensor, width: int = 32, stride: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """Means of ``width`` consecutive positions every ``stride`` positions of ``per_window`` [n, T]: (the smoothed
-    [n, T'] losses, the centre position of each mean [T'])."""
+    [n, T'] losses, the centre position of each mean [T']).
+
+    Args:
+        per_window: losses [n, T] (computed in float64).
+        width: positions per mean (at most T).
+        stride: positions between consecutive means.
+    """
     sm = torch.nn.functional.avg_pool1d(per_window.double()[:, None], width, stride)[:, 0]
     return sm, torch.arange(sm.shape[1]) * stride + width // 2
 
@@ -393,7 +550,20 @@ def plot_band_panels(window_loss: dict, reference: str, *, L0: int = L0, ncol: i
     scheme's mean drawn dashed in every other panel, and :math:`L_0` dotted. The y range covers every band's upper
     end (no interval is clipped). The legend goes in the upper left of panel ``legend_in`` (default: the first
     panel other than the reference's): name a panel whose curve leaves that corner free. Returns the figure
-    (notebooks 05 and 07)."""
+    (notebooks 05 and 07).
+
+    Args:
+        window_loss: scheme -> [window, position] losses (a tensor or nested lists).
+        reference: the scheme drawn dashed in the other panels (ValueError if absent).
+        L0: the trained context, drawn as a dotted line.
+        ncol: panels per row.
+        title: the figure's title ("" for none).
+        reference_label: the reference's legend label; None: its name.
+        width: positions per smoothed mean (:func:`smooth_positions`).
+        stride: positions between smoothed means.
+        legend_in: the scheme whose panel holds the legend (ValueError if absent); None: the first that is not
+            the reference.
+    """
     import matplotlib.pyplot as plt
 
     if reference not in window_loss:
@@ -434,7 +604,15 @@ def plot_band_panels(window_loss: dict, reference: str, *, L0: int = L0, ncol: i
 
 def plot_attention_drift(axes, kl: torch.Tensor, contribution: torch.Tensor, length: int) -> None:
     """KL(consistent || post_rope) per layer against the current length, and the energy-weighted phase error
-    per pair of layer 0 (notebook 05, section 4)."""
+    per pair of layer 0 (notebook 05, section 4).
+
+    Args:
+        axes: two matplotlib Axes.
+        kl: [layers, steps], :class:`ropelab.staleness.DriftProbe`'s KL per layer and step, the first step at
+            current length :data:`L0`.
+        contribution: [pairs], layer 0's energy-weighted phase error per pair.
+        length: the current length L the right panel is at (its title).
+    """
     for layer in range(kl.shape[0]):
         axes[0].plot(torch.arange(L0, L0 + kl.shape[1]), kl[layer], label=f"layer {layer}",
                      ls=["-", "--", "-.", ":"][layer % 4])
@@ -450,7 +628,13 @@ def plot_attention_drift(axes, kl: torch.Tensor, contribution: torch.Tensor, len
 def plot_decode_cost(axes, bench: dict) -> None:
     """``python -m ropelab.bench decode``'s medians per policy against the cached length, one panel per batch,
     with the interquartile range as error bars where the file has one, and the boundary step of every policy
-    that has one (a bucketed schedule)."""
+    that has one (a bucketed schedule).
+
+    Args:
+        axes: one matplotlib Axes per batch size in the file, in ascending batch order.
+        bench: the decode benchmark's JSON as a dict: ``"rows"``, each with ``policy``, ``batch``,
+            ``cached_tokens``, ``median_ms`` (and optionally ``q25_ms``, ``q75_ms``, ``boundary_ms``, ``max_ms``).
+    """
     rows = bench["rows"]
     # the file's policies with a step-time distribution, in its order (amortised rows carry none)
     policies = list(dict.fromkeys(r["policy"] for r in rows if "median_ms" in r))
@@ -472,7 +656,13 @@ def plot_decode_cost(axes, bench: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ropelab.lm corpus | train | eval``."""
+    """``python -m ropelab.lm corpus | train | eval``.
+
+    Args:
+        argv: the command-line arguments (``what``, ``--steps``, ``--threads``); None: ``sys.argv[1:]``.
+
+    Returns the exit status, 0.
+    """
     parser = argparse.ArgumentParser(prog="python -m ropelab.lm", description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=["corpus", "train", "eval"])
     parser.add_argument("--steps", type=int, default=1500)
