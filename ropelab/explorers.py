@@ -71,7 +71,12 @@ class Explorer:
     """One figure redrawn from a compute function. Subclasses set ``name`` (the file stem), ``defaults``
     (the parameters of the static figure) and ``size``, and implement ``build(fig)`` (axes and empty
     artists, once), ``refresh(**params)`` (new data into those artists: far cheaper than new axes, whose
-    ticks dominate a redraw) and ``controls()`` (a dict of ipywidgets keyed by parameter name)."""
+    ticks dominate a redraw) and ``controls()`` (a dict of ipywidgets keyed by parameter name).
+
+    Args:
+        **params: the view's parameters, overriding the subclass's ``defaults`` (an unknown name raises
+            ValueError); the figure is laid out but not drawn until :meth:`render`.
+    """
 
     name = "explore"
     defaults: dict = {}
@@ -89,11 +94,19 @@ class Explorer:
         self.build(self.fig)
 
     def build(self, fig: Figure) -> None:  # pragma: no cover - abstract
-        """Lay out the figure's axes (called once)."""
+        """Lay out the figure's axes (called once).
+
+        Args:
+            fig: the explorer's own matplotlib Figure (Agg canvas).
+        """
         raise NotImplementedError
 
     def refresh(self, **params) -> None:  # pragma: no cover - abstract
-        """Redraw the figure for these control values."""
+        """Redraw the figure for these control values.
+
+        Args:
+            **params: every parameter of ``defaults``, by name; a bad value raises ValueError.
+        """
         raise NotImplementedError
 
     def controls(self) -> dict:  # pragma: no cover - abstract
@@ -101,7 +114,12 @@ class Explorer:
         raise NotImplementedError
 
     def render(self, **params) -> Figure:
-        """Redraw the figure for ``params`` (merged into the current ones) and return it."""
+        """Redraw the figure for ``params`` (merged into the current ones) and return it.
+
+        Args:
+            **params: parameters to change (an unknown name raises ValueError); the current ones change only
+                when the redraw succeeds.
+        """
         unknown = set(params) - set(self.defaults)
         if unknown:
             raise ValueError(f"unknown parameters {sorted(unknown)}; choose from {sorted(self.defaults)}.")
@@ -112,7 +130,11 @@ class Explorer:
         return self.fig
 
     def update(self, **params) -> bytes:
-        """Redraw and return the figure as PNG bytes (what the widget shows)."""
+        """Redraw and return the figure as PNG bytes (what the widget shows).
+
+        Args:
+            **params: as in :meth:`render`.
+        """
         self.render(**params)
         buf = io.BytesIO()
         # zlib level 1: the encoder took 40 % of an update at the default level 6; the file is ~1.5x larger
@@ -121,7 +143,13 @@ class Explorer:
 
     def save(self, figures_dir: str | os.PathLike) -> list[Path]:
         """Write the default view as ``<name>.png`` and ``.svg`` into ``figures_dir`` (byte-stable, like
-        :func:`ropelab.figures.save`), for readers without a live kernel."""
+        :func:`ropelab.figures.save`), for readers without a live kernel.
+
+        Args:
+            figures_dir: the folder to write into (created if missing).
+
+        Returns the two paths written.
+        """
         self.render(**self.defaults)
         out = Path(figures_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -177,7 +205,12 @@ def _pad_log(lo: float, hi: float) -> tuple[float, float]:
 
 
 class LadderExplorer(Explorer):
-    """The frequency ladder and the rotation of four pairs at one position (notebook 00)."""
+    """The frequency ladder and the rotation of four pairs at one position (notebook 00).
+
+    Args:
+        **params: the view's parameters, those of :func:`ropelab.precision.ladder`
+            (``defaults`` gives the static figure's).
+    """
 
     name = "00_explore_ladder"
     defaults = {"base": 10000.0, "head_dim": 64, "position": 100, "dtype": "bfloat16"}
@@ -185,7 +218,11 @@ class LadderExplorer(Explorer):
     _PAIRS = ("0", "d/8", "d/4", "d/2-1")
 
     def build(self, fig):
-        """Lay out the figure's axes (called once)."""
+        """Lay out the figure's axes (called once).
+
+        Args:
+            fig: the explorer's own matplotlib Figure.
+        """
         fig.subplots_adjust(left=0.07, right=0.98, bottom=0.15, top=0.84, wspace=0.3)
         self.ax = fig.subplots(1, 3, width_ratios=[1.3, 1, 1.3])
         ax0, ax1, ax2 = self.ax
@@ -204,7 +241,16 @@ class LadderExplorer(Explorer):
         ax2.set(xlabel="pair i", ylabel="phase error (rad)")
 
     def refresh(self, base, head_dim, position, dtype):
-        """Redraw the figure for these control values."""
+        """Redraw the figure for these control values.
+
+        The numbers are :func:`ropelab.precision.ladder`'s; a bad value raises its ValueError.
+
+        Args:
+            base: as in :func:`ropelab.precision.ladder`.
+            head_dim: as in :func:`ropelab.precision.ladder`.
+            position: as in :func:`ropelab.precision.ladder`.
+            dtype: as in :func:`ropelab.precision.ladder`.
+        """
         out = ladder(base, head_dim, position, dtype)
         ax0, ax1, ax2 = self.ax
         i = np.arange(head_dim // 2)
@@ -237,14 +283,23 @@ class LadderExplorer(Explorer):
 
 
 class DecayExplorer(Explorer):
-    """RoFormer's envelope against Gaussian and aligned q, k (notebook 03)."""
+    """RoFormer's envelope against Gaussian and aligned q, k (notebook 03).
+
+    Args:
+        **params: the view's parameters, those of :func:`ropelab.decay.decay_view`
+            (``defaults`` gives the static figure's).
+    """
 
     name = "03_explore_decay"
     defaults = {"base": 10000.0, "head_dim": 128, "distance": 4096}
     size = (10.0, 3.6)
 
     def build(self, fig):
-        """Lay out the figure's axes (called once)."""
+        """Lay out the figure's axes (called once).
+
+        Args:
+            fig: the explorer's own matplotlib Figure.
+        """
         fig.subplots_adjust(left=0.07, right=0.98, bottom=0.14, top=0.9)
         self.ax = ax = fig.subplots()
         (self.env,) = ax.plot([], [], color="C0", label="RoFormer envelope (1/(d/2)) Σ|S_j|")
@@ -256,7 +311,15 @@ class DecayExplorer(Explorer):
         ax.legend(fontsize=8, loc="upper right")
 
     def refresh(self, base, head_dim, distance):
-        """Redraw the figure for these control values."""
+        """Redraw the figure for these control values.
+
+        The numbers are :func:`ropelab.decay.decay_view`'s; a bad value raises its ValueError.
+
+        Args:
+            base: as in :func:`ropelab.decay.decay_view`.
+            head_dim: as in :func:`ropelab.decay.decay_view`.
+            distance: as in :func:`ropelab.decay.decay_view`.
+        """
         out = decay_view(base, head_dim, distance)
         r, ax = out["r"], self.ax
         self.env.set_data(r, out["envelope"])
@@ -287,14 +350,23 @@ class DecayExplorer(Explorer):
 
 
 class DriftExplorer(Explorer):
-    """Dynamic-NTK phase error of cached keys at current length L (notebook 05)."""
+    """Dynamic-NTK phase error of cached keys at current length L (notebook 05).
+
+    Args:
+        **params: the view's parameters, those of :func:`ropelab.staleness.ntk_drift`
+            (``defaults`` gives the static figure's).
+    """
 
     name = "05_explore_drift"
     defaults = {"length": 1024, "head_dim": 64, "base": 10000.0, "original_length": 256, "factor": 4.0}
     size = (11.0, 3.6)
 
     def build(self, fig):
-        """Lay out the figure's axes (called once)."""
+        """Lay out the figure's axes (called once).
+
+        Args:
+            fig: the explorer's own matplotlib Figure.
+        """
         fig.subplots_adjust(left=0.06, right=0.98, bottom=0.14, top=0.88, wspace=0.25)
         self.ax = fig.subplots(1, 2, width_ratios=[1.4, 1])
         ax0, ax1 = self.ax
@@ -307,7 +379,17 @@ class DriftExplorer(Explorer):
         ax1.set(xlabel="pair i", ylabel="largest |phase error| over keys (rad)")
 
     def refresh(self, length, head_dim, base, original_length, factor):
-        """Redraw the figure for these control values."""
+        """Redraw the figure for these control values.
+
+        The numbers are :func:`ropelab.staleness.ntk_drift`'s; a bad value raises its ValueError.
+
+        Args:
+            length: as in :func:`ropelab.staleness.ntk_drift`.
+            head_dim: as in :func:`ropelab.staleness.ntk_drift`.
+            base: as in :func:`ropelab.staleness.ntk_drift`.
+            original_length: as in :func:`ropelab.staleness.ntk_drift`.
+            factor: as in :func:`ropelab.staleness.ntk_drift`.
+        """
         out = ntk_drift(length, head_dim, base, original_length, factor)
         ax0, ax1 = self.ax
         err = out["wrapped"]
@@ -339,7 +421,12 @@ class DriftExplorer(Explorer):
 
 
 class ExtensionExplorer(Explorer):
-    """What each context-extension method does to each pair at factor s (notebook 07)."""
+    """What each context-extension method does to each pair at factor s (notebook 07).
+
+    Args:
+        **params: the view's parameters, those of :func:`ropelab.extend.extension_ratios`
+            (``defaults`` gives the static figure's).
+    """
 
     name = "07_explore_extension"
     defaults = {"factor": 4.0, "head_dim": 32, "base": 10000.0, "original_length": 256}
@@ -347,7 +434,11 @@ class ExtensionExplorer(Explorer):
     _STYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (1, 1)))
 
     def build(self, fig):
-        """Lay out the figure's axes (called once)."""
+        """Lay out the figure's axes (called once).
+
+        Args:
+            fig: the explorer's own matplotlib Figure.
+        """
         fig.subplots_adjust(left=0.07, right=0.98, bottom=0.14, top=0.86, wspace=0.28)
         self.ax = fig.subplots(1, 2)
         ax0, ax1 = self.ax
@@ -363,7 +454,16 @@ class ExtensionExplorer(Explorer):
         ax0.legend(fontsize=7, loc="lower left")
 
     def refresh(self, factor, head_dim, base, original_length):
-        """Redraw the figure for these control values."""
+        """Redraw the figure for these control values.
+
+        The numbers are :func:`ropelab.extend.extension_ratios`'s; a bad value raises its ValueError.
+
+        Args:
+            factor: as in :func:`ropelab.extend.extension_ratios`.
+            head_dim: as in :func:`ropelab.extend.extension_ratios`.
+            base: as in :func:`ropelab.extend.extension_ratios`.
+            original_length: as in :func:`ropelab.extend.extension_ratios`.
+        """
         out = extension_ratios(factor, head_dim, base, original_length)
         ax0, ax1 = self.ax
         i = np.arange(head_dim // 2)
@@ -397,14 +497,23 @@ class ExtensionExplorer(Explorer):
 
 
 class CoPEExplorer(Explorer):
-    """CoPE's gates and contextual positions on a typed sequence, with hand-set (untrained) q, k (notebook 04)."""
+    """CoPE's gates and contextual positions on a typed sequence, with hand-set (untrained) q, k (notebook 04).
+
+    Args:
+        **params: the view's parameters, those of :func:`ropelab.cope.cope_gates`
+            (``defaults`` gives the static figure's).
+    """
 
     name = "04_explore_cope"
     defaults = {"text": "a b  c   d e", "count": "symbols (not blanks or punctuation)", "sharpness": 6.0}
     size = (11.0, 3.8)
 
     def build(self, fig):
-        """Lay out the figure's axes (called once)."""
+        """Lay out the figure's axes (called once).
+
+        Args:
+            fig: the explorer's own matplotlib Figure.
+        """
         fig.subplots_adjust(left=0.05, right=0.98, bottom=0.14, top=0.88, wspace=0.2)
         self.ax = fig.subplots(1, 2, width_ratios=[1.3, 1])
         ax0, ax1 = self.ax
@@ -418,7 +527,15 @@ class CoPEExplorer(Explorer):
         ax1.set(xlabel="key j", ylabel="query i")
 
     def refresh(self, text, count, sharpness):
-        """Redraw the figure for these control values."""
+        """Redraw the figure for these control values.
+
+        The numbers are :func:`ropelab.cope.cope_gates`'s; a bad value raises its ValueError.
+
+        Args:
+            text: as in :func:`ropelab.cope.cope_gates`.
+            count: as in :func:`ropelab.cope.cope_gates`.
+            sharpness: as in :func:`ropelab.cope.cope_gates`.
+        """
         out = cope_gates(text, count, sharpness)
         s = len(out["tokens"])
         ax0, ax1 = self.ax
@@ -451,7 +568,12 @@ class CoPEExplorer(Explorer):
 
 
 class BytesExplorer(Explorer):
-    """The bytes each RoPE implementation moves at one shape, in units of a copy of q and k (notebook 06)."""
+    """The bytes each RoPE implementation moves at one shape, in units of a copy of q and k (notebook 06).
+
+    Args:
+        **params: the view's parameters, those of :func:`ropelab.kernels.traffic.bytes_view`
+            (``defaults`` gives the static figure's).
+    """
 
     name = "06_explore_bytes"
     defaults = {"batch": 1, "heads_q": 32, "heads_k": 8, "seq": 2048, "head_dim": 128, "dtype": "bfloat16"}
@@ -460,7 +582,11 @@ class BytesExplorer(Explorer):
              ("fused_issued", "fused, as issued"))
 
     def build(self, fig):
-        """Lay out the figure's axes (called once)."""
+        """Lay out the figure's axes (called once).
+
+        Args:
+            fig: the explorer's own matplotlib Figure.
+        """
         fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.86)
         self.ax = fig.subplots()
         x = np.arange(len(self._BARS))
@@ -472,7 +598,18 @@ class BytesExplorer(Explorer):
         self.ax.legend(loc="upper right")
 
     def refresh(self, batch, heads_q, heads_k, seq, head_dim, dtype):
-        """Redraw the figure for these control values."""
+        """Redraw the figure for these control values.
+
+        The numbers are :func:`ropelab.kernels.traffic.bytes_view`'s; a bad value raises its ValueError.
+
+        Args:
+            batch: as in :func:`ropelab.kernels.traffic.bytes_view`.
+            heads_q: as in :func:`ropelab.kernels.traffic.bytes_view`.
+            heads_k: as in :func:`ropelab.kernels.traffic.bytes_view`.
+            seq: as in :func:`ropelab.kernels.traffic.bytes_view`.
+            head_dim: as in :func:`ropelab.kernels.traffic.bytes_view`.
+            dtype: as in :func:`ropelab.kernels.traffic.bytes_view`.
+        """
         out = bytes_view(batch, heads_q, heads_k, seq, head_dim, dtype)
         copy = sum(out["copy"])
         keys = [k for k, _ in self._BARS]
