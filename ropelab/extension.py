@@ -118,7 +118,11 @@ TEMPERATURE_FACTORS = (1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.4)  # the grid of
 
 
 def finetuned_checkpoint(method: str) -> Path:
-    """Where the model fine-tuned at :math:`2L_0` with ``method`` (one of ``FINETUNED``) is stored."""
+    """Where the model fine-tuned at :math:`2L_0` with ``method`` (one of ``FINETUNED``) is stored.
+
+    Args:
+        method: a name of :data:`FINETUNED` (ValueError otherwise).
+    """
     if method not in FINETUNED:
         raise ValueError(f"no fine-tuned model for {method!r}; the fine-tuned methods are {FINETUNED}.")
     slug = {"no scaling": "none", "PI": "pi", "NTK-aware": "ntk", "YaRN": "yarn"}[method]
@@ -155,7 +159,17 @@ def temperature_sweep(model: TinyLM, windows: torch.Tensor, scale: float, factor
                       original: int = L0) -> list[float]:
     r"""Mean loss of YaRN at ``scale`` on ``windows`` [n, T + 1] for each attention factor :math:`\sqrt{1/t}` in
     ``factors`` (Hugging Face's ``attention_factor`` key overrides :math:`0.1\ln s + 1`): the experiment behind
-    YaRN's eq. 22, which fits the loss-minimising :math:`\sqrt{1/t}` against s on LLaMA without fine-tuning."""
+    YaRN's eq. 22, which fits the loss-minimising :math:`\sqrt{1/t}` against s on LLaMA without fine-tuning.
+
+    Args:
+        model: a TinyLM with RoPE.
+        windows: token ids [n, T + 1].
+        scale: YaRN's factor s.
+        factors: the attention factors to try (numbers).
+        original: the trained context :math:`L_0` (YaRN's ``original_max_position_embeddings``).
+
+    Returns one mean loss (nats per byte) per factor, in order.
+    """
     out = []
     for f in factors:
         m = replace(model.cfg.rope, scaling={"rope_type": "yarn", "factor": float(scale),
@@ -173,7 +187,17 @@ def temperature_study(model: TinyLM, windows: torch.Tensor, scales=(2.0, 4.0), f
     at each attention factor of ``factors`` and at eq. 22's :math:`0.1\ln s + 1`. Returns a JSON-ready dict:
     ``{"factors": [...], "scales": {str(s): {"formula": f, "window_loss": {str(factor): [n floats]},
     "formula_window_loss": [n floats]}}}``; a difference between two factors is then paired over the same
-    windows (``lm.bootstrap_means`` of it gives its interval)."""
+    windows (``lm.bootstrap_means`` of it gives its interval). The dict also holds ``"n_windows"``, ``"L0"``
+    and each scale's ``"length"``.
+
+    Args:
+        model: a TinyLM with RoPE.
+        windows: token ids [n, >= s L0 + 1] for the largest s (ValueError otherwise).
+        scales: YaRN's factors s to sweep.
+        factors: the attention factors to try at each scale.
+        original: the trained context :math:`L_0`.
+        progress: show a progress bar.
+    """
     out = {"factors": [float(f) for f in factors], "n_windows": int(windows.shape[0]), "L0": original, "scales": {}}
     todo = [(float(s), f) for s in scales for f in [*factors, None]]
     if progress:
@@ -201,7 +225,12 @@ def temperature_study(model: TinyLM, windows: torch.Tensor, scales=(2.0, 4.0), f
 # ---- the retrieval probe -------------------------------------------------------------------------------------
 
 def random_keys(n: int, gen: torch.Generator) -> torch.Tensor:
-    """``n`` keys of ``KEY_LEN`` symbols drawn uniformly from ``KEY_ALPHABET``, [n, KEY_LEN] int64."""
+    """``n`` keys of ``KEY_LEN`` symbols drawn uniformly from ``KEY_ALPHABET``, [n, KEY_LEN] int64.
+
+    Args:
+        n: how many keys.
+        gen: the torch generator they are drawn from.
+    """
     alphabet = torch.tensor(KEY_ALPHABET)
     return alphabet[torch.randint(0, len(KEY_ALPHABET), (n, KEY_LEN), generator=gen)]
 
@@ -209,7 +238,16 @@ def random_keys(n: int, gen: torch.Generator) -> torch.Tensor:
 def plant_keys(windows: torch.Tensor, keys: torch.Tensor, key_pos: torch.Tensor,
                query_pos: torch.Tensor) -> torch.Tensor:
     """A copy of ``windows`` [n, T] with ``KEY_OPEN key KEY_CLOSE`` written at ``key_pos`` and again at
-    ``query_pos`` (per row). The key's letters after the second ``KEY_OPEN`` are what the probe scores."""
+    ``query_pos`` (per row). The key's letters after the second ``KEY_OPEN`` are what the probe scores.
+
+    Args:
+        windows: token ids [n, T] (not modified).
+        keys: [n, KEY_LEN] key letters (:func:`random_keys`).
+        key_pos: [n], where each row's first block starts (>= 0).
+        query_pos: [n], where its second block starts: at least ``key_pos + SPAN`` and at most ``T - SPAN``.
+
+    ValueError names a shape or a position that does not fit.
+    """
     n, t = windows.shape
     span = SPAN
     if keys.shape != (n, KEY_LEN) or key_pos.shape != (n,) or query_pos.shape != (n,):
@@ -232,12 +270,23 @@ def probe_sample(data: torch.Tensor, batch: int, length: int, p_key: float = 0.5
                  key_weight: float = KEY_WEIGHT, copy_weight: float = COPY_WEIGHT):
     """The training sampler: random windows of ``length + 1`` bytes of ``data``. A fraction ``p_key`` carries a
     key block (:func:`plant_keys`; key uniform in the window's first half, query uniform after it); a fraction
-    ``p_copy`` (of the rest) carries a copy segment instead: 16-48 random ``KEY_ALPHABET`` letters early, and the
-    same letters again later at a random distance. Returns ``sample(gen) -> (inputs, targets, weights)`` for
-    ``models.train``: every target weighs 1 except the key's letters after the second ``KEY_OPEN``
-    (``key_weight``) and the second copy's letters (``copy_weight``). Why: five letters in a window of hundreds
-    of bytes are too small a share of the loss, and matching a letter to its earlier copy (an induction
-    circuit) is a skill the text-only LM does not have (measured: it copies a repeated random string at chance)."""
+    ``p_copy`` of all windows (from those without a key) carries a copy segment instead: 16-48 random
+    ``KEY_ALPHABET`` letters early, and the same letters again later at a random distance. Returns
+    ``sample(gen) -> (inputs, targets, weights)`` for ``models.train``: every target weighs 1 except the key's
+    letters after the second ``KEY_OPEN`` (``key_weight``) and the second copy's letters (``copy_weight``). Why:
+    five letters in a window of hundreds of bytes are too small a share of the loss, and matching a letter to its
+    earlier copy (an induction circuit) is a skill the text-only LM does not have (measured: it copies a repeated
+    random string at chance).
+
+    Args:
+        data: the byte tensor to draw windows from (the training split).
+        batch: windows per sample.
+        length: tokens per window, at least 4 * SPAN (and 64 with copy segments; ValueError otherwise).
+        p_key: the fraction of windows with a key block.
+        p_copy: the fraction of windows with a copy segment; p_key + p_copy <= 1.
+        key_weight: the loss weight of a key's letters.
+        copy_weight: the loss weight of the second copy's letters.
+    """
     span = SPAN
     alphabet = torch.tensor(KEY_ALPHABET)
     if length < 4 * span or (p_copy > 0 and length < 64):
@@ -275,7 +324,13 @@ def probe_sample(data: torch.Tensor, batch: int, length: int, p_key: float = 0.5
 
 def save_half(model: TinyLM, path: Path, meta: dict) -> None:
     """A float16 checkpoint (``load_model`` reads it back as float32) and its training record ``path.json``
-    (``models.save_checkpoint`` in float16)."""
+    (``models.save_checkpoint`` in float16).
+
+    Args:
+        model: the model.
+        path: the checkpoint file.
+        meta: the training record, written as JSON to ``path`` with the suffix ``.json``.
+    """
     save_checkpoint(model, path, dtype=torch.float16, meta=meta)
 
 
@@ -305,7 +360,18 @@ def _probe_eval(length: int, progress: bool):
 def train_probe_model(steps: int = PROBE_STEPS, batch: int = 16, seed: int = 0, lr: float = PROBE_LR,
                       out: Path = PROBE_CHECKPOINT, progress: bool = True) -> list[dict]:
     """Notebook 05's LM trained ``steps`` more at :math:`L_0`: half the windows carry a key, a quarter a copy
-    segment, a quarter are plain text (:func:`probe_sample`)."""
+    segment, a quarter are plain text (:func:`probe_sample`).
+
+    Args:
+        steps: optimiser steps.
+        batch: windows per step.
+        seed: seeds the initialisation's randomness (``torch.manual_seed``) and the sampler's generator.
+        lr: the peak learning rate (:func:`ropelab.models.train`).
+        out: the float16 checkpoint to write (with its training record).
+        progress: show a progress bar and print each evaluation.
+
+    Returns the training history (:func:`ropelab.models.train`).
+    """
     torch.manual_seed(seed)
     model = load_lm(CHECKPOINT)
     train_data, _ = load_corpus()
@@ -324,7 +390,19 @@ def train_probe_model(steps: int = PROBE_STEPS, batch: int = 16, seed: int = 0, 
 def finetune(method: str, steps: int = FT_STEPS, batch: int = 8, seed: int = 0, lr: float = 1e-3,
              out: Path | None = None, progress: bool = True) -> list[dict]:
     """The probe model trained ``steps`` more at :math:`2L_0` under ``method`` at :math:`s = 2`; ``batch`` 8 at
-    512 is the same 4096 tokens per step as 16 at :math:`L_0`."""
+    512 is the same 4096 tokens per step as 16 at :math:`L_0`.
+
+    Args:
+        method: a name of :data:`FINETUNED` (ValueError otherwise).
+        steps: optimiser steps.
+        batch: windows per step.
+        seed: seeds the initialisation's randomness (``torch.manual_seed``) and the sampler's generator.
+        lr: the peak learning rate (:func:`ropelab.models.train`).
+        out: the float16 checkpoint to write; None: :func:`finetuned_checkpoint` (method).
+        progress: show a progress bar and print each evaluation.
+
+    Returns the training history.
+    """
     base = load_model(PROBE_CHECKPOINT)
     m = methods(FT_SCALE, base.cfg.head_dim)[method] if method in FINETUNED else None
     if m is None:
@@ -354,7 +432,16 @@ def retrieval(model: TinyLM, spec: RopeSpec, distances, windows: torch.Tensor, k
     """Exact-match retrieval per distance: for each ``d`` in ``distances``, a key at ``key_pos`` and its query at
     ``key_pos + d`` in every row of ``windows`` [n, >= key_pos + d + SPAN + 1] (validation text; fresh random
     keys, seeded). Returns d -> bool [n], True where the greedy prediction of all ``KEY_LEN`` letters after the
-    second ``KEY_OPEN`` is right (teacher-forced, one forward)."""
+    second ``KEY_OPEN`` is right (teacher-forced, one forward).
+
+    Args:
+        model: a TinyLM.
+        spec: the RoPE to run it with (``model(..., rope=spec)``).
+        distances: the key-to-query distances d (ints); a window too short for one raises ValueError.
+        windows: token ids [n, T] (validation text).
+        key_pos: where the key block starts in every row.
+        seed: the seed of the keys' generator (one draw of n keys per distance, in order).
+    """
     n = windows.shape[0]
     gen = torch.Generator().manual_seed(seed)
     out = {}
@@ -373,7 +460,15 @@ def retrieval(model: TinyLM, spec: RopeSpec, distances, windows: torch.Tensor, k
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """Wilson score interval (95 % at ``z`` = 1.96) for ``k`` successes in ``n`` trials: unlike the normal
-    approximation it stays inside [0, 1] and is not empty at k = 0 or k = n."""
+    approximation it stays inside [0, 1] and is not empty at k = 0 or k = n.
+
+    Args:
+        k: successes, 0 <= k <= n.
+        n: trials, >= 1 (ValueError otherwise).
+        z: the normal quantile of the interval's coverage.
+
+    Returns ``(low, high)``.
+    """
     if n < 1 or not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n and n >= 1, got k = {k}, n = {n}.")
     p = k / n
@@ -385,7 +480,14 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 def mcnemar_exact(hits_a: torch.Tensor, hits_b: torch.Tensor) -> dict:
     """McNemar's exact test of two paired sets of hits (the same windows and keys under two settings): the windows
     only ``a`` gets right, the windows only ``b`` gets right, and the two-sided p-value of that split under the
-    hypothesis that either is as likely (a binomial test with p = 1/2 on the discordant windows; 1 when none)."""
+    hypothesis that either is as likely (a binomial test with p = 1/2 on the discordant windows; 1 when none).
+
+    Args:
+        hits_a: bools (or 0/1), one per window, under setting a (flattened).
+        hits_b: the same windows under setting b, the same shape (ValueError otherwise).
+
+    Returns ``{"only_a", "only_b", "p_value"}``.
+    """
     a, b = torch.as_tensor(hits_a).bool().flatten(), torch.as_tensor(hits_b).bool().flatten()
     if a.shape != b.shape:
         raise ValueError(f"paired hits need the same windows: got {tuple(a.shape)} and {tuple(b.shape)}.")
@@ -396,7 +498,14 @@ def mcnemar_exact(hits_a: torch.Tensor, hits_b: torch.Tensor) -> dict:
 
 
 def retrieval_curves(models_specs: dict, distances, windows: torch.Tensor, seed: int = 7) -> dict:
-    """:func:`retrieval` for each name -> (model, spec): name -> {distance: (hits, windows)}."""
+    """:func:`retrieval` for each name -> (model, spec): name -> {distance: (hits, windows)}.
+
+    Args:
+        models_specs: name -> (TinyLM, RopeSpec).
+        distances: as in :func:`retrieval`.
+        windows: as in :func:`retrieval`.
+        seed: as in :func:`retrieval`; one seed for every model, so all see the same keys.
+    """
     out = {}
     for name, (m, spec) in models_specs.items():
         hits = retrieval(m, spec, distances, windows, seed=seed)
@@ -406,7 +515,14 @@ def retrieval_curves(models_specs: dict, distances, windows: torch.Tensor, seed:
 
 def plot_retrieval(ax, curves: dict, title: str, original: int = L0) -> None:
     """Exact retrieval against distance for each curve of :func:`retrieval_curves`, with Wilson 95 % bars and
-    :math:`L_0` dotted."""
+    :math:`L_0` dotted.
+
+    Args:
+        ax: the matplotlib Axes.
+        curves: :func:`retrieval_curves`' result.
+        title: the Axes' title.
+        original: the trained context :math:`L_0`, drawn dotted.
+    """
     for j, (name, row) in enumerate(curves.items()):
         dist = list(row)
         acc = [k / n for k, n in row.values()]
@@ -422,7 +538,15 @@ def temperature_summary(study: dict, n_boot: int = 2000, seed: int = 0) -> dict:
     r"""From :func:`temperature_study`'s dict, per scale: the grid's loss-minimising factor (``best``), eq. 22's
     (``formula``), the mean loss at every grid factor (``means``), and paired 95 % bootstrap intervals over the
     windows of loss(formula) - loss(best) (``formula_minus_best``) and loss(formula) - loss(1)
-    (``formula_minus_one``), each (mean, low, high)."""
+    (``formula_minus_one``), each (mean, low, high).
+
+    Args:
+        study: :func:`temperature_study`'s dict (its grid must include the factor 1.0).
+        n_boot: bootstrap resamples of the windows.
+        seed: the resampling's seed.
+
+    Returns scale -> that summary (also ``formula_loss``, the mean loss at eq. 22's factor).
+    """
     from .lm import bootstrap_means
 
     out = {}
@@ -442,7 +566,15 @@ def temperature_summary(study: dict, n_boot: int = 2000, seed: int = 0) -> dict:
 
 def plot_ramp(ax, turns, gamma, gamma_paper, scale: float) -> None:
     r"""NTK-by-parts' ramp :math:`\gamma_i` against the turns :math:`\rho_i` within :math:`L_0`: the code's (linear in
-    pair index) and the paper's eq. 18 (linear in turns), with :math:`\alpha = 1` and :math:`\beta = 32` marked."""
+    pair index) and the paper's eq. 18 (linear in turns), with :math:`\alpha = 1` and :math:`\beta = 32` marked.
+
+    Args:
+        ax: the matplotlib Axes (log x).
+        turns: :math:`\rho_i` per pair, the turns within :math:`L_0`.
+        gamma: the code's ramp per pair.
+        gamma_paper: the paper's eq. 18 ramp per pair.
+        scale: the factor s, in the title.
+    """
     ax.semilogx(turns, gamma, "o-", label="code: linear in pair index")
     ax.semilogx(turns, gamma_paper, "s--", label="paper eq. 18: linear in turns")
     for beta, name in ((1, r"$\alpha$ = beta_slow = 1"), (32, r"$\beta$ = beta_fast = 32")):
@@ -457,7 +589,12 @@ def plot_temperature(ax, study: dict) -> None:
     r"""Per scale of :func:`temperature_study`: the loss at every attention factor :math:`\sqrt{1/t}` of the grid
     minus the loss at the grid's best, paired over the same windows, with a 95 % bootstrap band (zero at the best
     point by construction; a band clear of zero is a measured difference), and eq. 22's value dotted. Paired,
-    because the windows' own spread, shared by every factor, would hide differences of a few hundredths."""
+    because the windows' own spread, shared by every factor, would hide differences of a few hundredths.
+
+    Args:
+        ax: the matplotlib Axes.
+        study: :func:`temperature_study`'s dict.
+    """
     from .lm import bootstrap_means
 
     for j, (s, row) in enumerate(study["scales"].items()):
@@ -481,7 +618,12 @@ def plot_temperature(ax, study: dict) -> None:
 
 def longrope_training_windows(scale: float = 4.0, n_windows: int = 6) -> torch.Tensor:
     """The ``n_windows`` windows of :math:`sL_0 + 1` bytes of the *training* split that :func:`longrope_search`
-    scores factors on, evenly spaced through the split: [n_windows, sL_0 + 1]."""
+    scores factors on, evenly spaced through the split: [n_windows, sL_0 + 1].
+
+    Args:
+        scale: the factor s.
+        n_windows: how many windows.
+    """
     length = int(scale * L0)
     train_data, _ = load_corpus()
     starts = torch.linspace(0, train_data.numel() - length - 1, n_windows).long()
@@ -489,8 +631,14 @@ def longrope_training_windows(scale: float = 4.0, n_windows: int = 6) -> torch.T
 
 
 def longrope_rope(rope: RopeSpec, long_factor, scale: float = 4.0) -> RopeSpec:
-    """``rope`` with Hugging Face's ``longrope`` scaling at ``scale``: ``long_factor`` past :math:`L_0`,
-    ``short_factor`` all ones (the trained ladder within :math:`L_0`), and longrope's default attention factor."""
+    r"""``rope`` with Hugging Face's ``longrope`` scaling at ``scale``: ``long_factor`` past :math:`L_0`,
+    ``short_factor`` all ones (the trained ladder within :math:`L_0`), and longrope's default attention factor.
+
+    Args:
+        rope: the model's RoPE (its other fields kept).
+        long_factor: the per-pair factors :math:`\lambda_i`, r/2 numbers.
+        scale: the factor s.
+    """
     lam = [float(x) for x in long_factor]
     return replace(rope, scaling={"rope_type": "longrope", "factor": scale, "original_max_position_embeddings": L0,
                                   "long_factor": lam, "short_factor": [1.0] * len(lam)})
@@ -499,7 +647,16 @@ def longrope_rope(rope: RopeSpec, long_factor, scale: float = 4.0) -> RopeSpec:
 def longrope_seed_factors(name: str, scale: float, head_dim: int, base: float) -> torch.Tensor:
     r"""The per-pair factors :math:`\lambda_i = \omega_i/\omega_i'` of method ``name`` (PI, NTK-aware or YaRN) at
     :math:`L = sL_0`, made monotone and bounded as the search keeps them: the search's seeds. Run through
-    :func:`longrope_rope` they use longrope's attention factor, not the seed method's own."""
+    :func:`longrope_rope` they use longrope's attention factor, not the seed method's own.
+
+    Args:
+        name: ``"PI"``, ``"NTK-aware"`` or ``"YaRN"`` (a method of :func:`methods`).
+        scale: the factor s.
+        head_dim: the model's head size d.
+        base: the model's base.
+
+    Returns float64 [d/2], each in [1, 4 s].
+    """
     length = int(scale * L0)
     ref = default_inv_freq(head_dim, base)
     inv, _ = methods(scale, head_dim, base=base)[name].frequencies(head_dim, seq_len=length)
@@ -520,7 +677,20 @@ def longrope_search(model: TinyLM, scale: float = 4.0, *, n_windows: int = 6, ge
     scores by the mean loss over every position of ``n_windows`` windows of :math:`sL_0` bytes of the *training*
     split (:func:`longrope_training_windows`; the notebook evaluates on the validation split). ``short_factor`` is
     all ones: within :math:`L_0` the model keeps its trained ladder. The paper's other parts (keeping the first
-    tokens unscaled, progressive extension) are left out."""
+    tokens unscaled, progressive extension) are left out.
+
+    Args:
+        model: the TinyLM whose factors are searched.
+        scale: the factor s.
+        n_windows: training windows scored (:func:`longrope_training_windows`).
+        generations: rounds of mutation; each keeps the best 8 and breeds from the best 4.
+        population: children per generation.
+        seed: the mutations' generator seed.
+        progress: show a progress bar.
+
+    Returns a JSON-ready dict: ``long_factor``, ``short_factor``, the best loss per generation (``history``), the
+    seeds' losses and the settings.
+    """
     head_dim = model.cfg.head_dim
     length = int(scale * L0)
     ids = longrope_training_windows(scale, n_windows)
@@ -563,7 +733,15 @@ def longrope_train_vs_val(model: TinyLM, longrope: dict, val_windows: torch.Tens
     """The searched LongRoPE factors against YaRN's, compared as :func:`longrope_search` scored them (YaRN's
     factors run through ``longrope``, so both use longrope's attention factor; the same positions), on the search's
     training windows and on ``val_windows``: ``{(split, span): (mean, low, high)}`` of searched minus YaRN's, a
-    paired 95 % bootstrap interval over the windows (:func:`ropelab.lm.paired_intervals`)."""
+    paired 95 % bootstrap interval over the windows (:func:`ropelab.lm.paired_intervals`).
+
+    Args:
+        model: the TinyLM searched.
+        longrope: :func:`longrope_search`'s dict (``long_factor``, ``n_windows``).
+        val_windows: validation token ids [n, >= the largest span's end + 1].
+        scale: the factor s.
+        spans: position spans [start, stop) to compare over.
+    """
     from .lm import paired_intervals, span_means
 
     specs = {"searched": longrope_rope(model.cfg.rope, longrope["long_factor"], scale),
@@ -591,6 +769,15 @@ def table1_comparison(finetuned: dict, finetuned_length: int, methods=("PI", "NT
       ``at``: at each, the loss over the ``width`` positions before it, ``methods`` minus ``reference``;
     - ``widths``: at 1.25 times, the first method minus ``reference`` for each band width in ``widths``, to show
       how much the point comparison depends on it.
+
+    Args:
+        finetuned: a result with ``"window_loss"`` (name -> [window, position] losses) for every fine-tuned model,
+            evaluated to at least 2 L.
+        finetuned_length: L, the length they were fine-tuned at.
+        methods: the methods compared at the points (the first also across ``widths``).
+        reference: the method every difference is taken against.
+        width: positions per point comparison.
+        widths: the band widths of the ``widths`` comparison.
     """
     from .lm import paired_intervals, span_means
 
@@ -608,7 +795,13 @@ def table1_comparison(finetuned: dict, finetuned_length: int, methods=("PI", "NT
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ropelab.extension probe | finetune METHOD | longrope | temperature | list``."""
+    """``python -m ropelab.extension probe | finetune METHOD | longrope | temperature | list``.
+
+    Args:
+        argv: the command-line arguments; None: ``sys.argv[1:]``.
+
+    Returns the exit status, 0 (a missing finetune method exits through argparse with status 2).
+    """
     parser = argparse.ArgumentParser(prog="python -m ropelab.extension", description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=["probe", "finetune", "longrope", "temperature", "list"],
                         help="list: print the fine-tuned methods, one per line (what `make lm` fine-tunes)")
