@@ -16,7 +16,7 @@ import re
 import pytest
 
 COMPLETE = [
-    "adapters", "attention", "context_parallel", "convert", "cope", "core", "decay", "diagnosis", "engines",
+    "adapters", "attention", "bench", "context_parallel", "convert", "cope", "core", "decay", "diagnosis", "engines",
     "explorers", "extend", "extension", "kernels", "kvcache", "lm", "mla", "models", "precision", "prope", "rope",
     "scaling", "staleness",
 ]

@@ -59,7 +59,11 @@ def _write_json(result: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ropelab.bench cpu | gpu | decode | explorers | fused``."""
+    """``python -m ropelab.bench cpu | gpu | decode | explorers | fused``.
+
+    Args:
+        argv: the command-line arguments (a subcommand and its options); None: ``sys.argv[1:]``.
+    """
     parser = argparse.ArgumentParser(prog="python -m ropelab.bench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="which", required=True)
     cpu = sub.add_parser("cpu", help="RoPE on q and k: ropelab vs Hugging Face eager and compiled, vs a copy")

@@ -98,7 +98,17 @@ def bench_cpu(shape=(1, 32, 4096, 128), repeats: int = 20, threads: int = 2, com
               dtype: torch.dtype = torch.float32, decode: bool = False) -> dict:
     """RoPE on q and k [b, h, s, d] (``decode``: [b, h, 1, d] at positions 32000 + i): ropelab vs Hugging Face
     eager and compiled vs ggml vs a copy into preallocated buffers (module docstring). Each row has
-    ``median_ms``, ``q25_ms``, ``q75_ms`` and ``ratio_to_copy``."""
+    ``median_ms``, ``q25_ms``, ``q75_ms`` and ``ratio_to_copy``.
+
+    Args:
+        shape: (b, h, s, d) of q and of k (random normal, seed 0); with ``decode`` s is 1.
+        repeats: timed rounds, a positive int (20 or more for an IQR; ValueError otherwise).
+        threads: torch's intra-op threads, set for the process (``torch.set_num_threads``) and left so.
+        compile: also time the ``torch.compile`` rows (ropelab's compiled formula, Hugging Face's function); their
+            compile time is a note, not a row.
+        dtype: torch.float32 or torch.bfloat16 (ValueError otherwise).
+        decode: the decode case: batch b of one token each, at positions 32000 + i.
+    """
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int (20 or more for an IQR), got {repeats!r}.")
     if dtype not in (torch.float32, torch.bfloat16):
@@ -254,7 +264,11 @@ def bench_cpu(shape=(1, 32, 4096, 128), repeats: int = 20, threads: int = 2, com
 
 
 def print_table(result: dict) -> None:
-    """Print ``bench_cpu``'s rows and ratios as a table."""
+    """Print ``bench_cpu``'s rows and ratios as a table.
+
+    Args:
+        result: :func:`bench_cpu`'s dict (or the JSON it was saved as).
+    """
     print(f"RoPE on q and k, {result.get('case', 'prefill')} shape {result['shape_bhsd']} (b h s d) "
           f"{result['dtype']}, "
           f"{result['machine']['torch_threads']} threads, {result['machine']['cpu']}")

@@ -39,6 +39,16 @@ def bench_decode(lengths=(1024, 4096, 16384, 32768), batches=(1, 8), heads=(32, 
     overlaps ``post_rope``'s (:func:`iqr_overlap`): then no speed difference between the two is claimed. At
     the default 100 repeats the run takes about a quarter of an hour on 2 idle cores (the batch-8, 32k-token
     cache is refilled for every timed step).
+
+    Args:
+        lengths: the cached lengths L (tokens after the step).
+        batches: the batch sizes.
+        heads: (query heads, key/value heads).
+        head_dim: d.
+        repeats: timed steps per policy, length and batch: a positive int (ValueError otherwise).
+        threads: torch's intra-op threads, set for the process.
+        l0: dynamic NTK's :math:`L_0` (``max_position_embeddings``), where the frequencies start to move.
+        factor: dynamic NTK's factor s.
     """
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive int (at least 30 for a median with an IQR, 100 for a "
@@ -152,6 +162,11 @@ def step_distribution(steps: list[float], boundary: list[float], window: int) ->
       IQR over its repeats (``None`` and 0 without a boundary).
     - ``max_ms``: the window's largest step: the boundary step's median if it has one and it is larger, else the
       slowest ordinary sample.
+
+    Args:
+        steps: timed ordinary steps in seconds, at least one (ValueError otherwise).
+        boundary: timed repeats of the boundary step in seconds; empty when the window has none.
+        window: the window's number of steps, an int >= 1 (>= 2 with a boundary).
     """
     if not steps:
         raise ValueError("step_distribution needs at least one measured ordinary step.")
@@ -181,7 +196,11 @@ def step_distribution(steps: list[float], boundary: list[float], window: int) ->
 
 
 def print_decode(result: dict) -> None:
-    """Print ``bench_decode``'s rows as a table."""
+    """Print ``bench_decode``'s rows as a table.
+
+    Args:
+        result: :func:`bench_decode`'s dict (or the JSON it was saved as).
+    """
     print(f"one decoding step, one layer, heads {result['heads_q_kv']} (q, kv), d={result['head_dim']}, "
           f"dynamic NTK past {result['l0']}, {result['machine']['torch_threads']} threads, {result['machine']['cpu']}")
     print(f"{'batch':>5s} {'cached':>7s} {'policy':22s} {'ms/step':>9s} {'x post_rope':>11s} {'key MB/step':>11s} "

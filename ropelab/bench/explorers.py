@@ -40,7 +40,12 @@ def _clear_caches() -> None:
 
 def bench_explorers(repeats: int = 7, threads: int = 2) -> dict:
     """CPU time of one update per explorer and move (module docstring): the median over ``repeats`` and its spread
-    (min and max), and per explorer the median and the slowest move's median. Nothing is asserted."""
+    (min and max), and per explorer the median and the slowest move's median. Nothing is asserted.
+
+    Args:
+        repeats: timed updates per move, a positive int (ValueError otherwise).
+        threads: torch's intra-op threads, set for the process.
+    """
     from .. import explorers
 
     if repeats < 1:
@@ -71,7 +76,11 @@ def bench_explorers(repeats: int = 7, threads: int = 2) -> dict:
 
 
 def print_explorers(result: dict) -> None:
-    """Print one line per explorer: the median update's CPU time over its moves, and the slowest move's."""
+    """Print one line per explorer: the median update's CPU time over its moves, and the slowest move's.
+
+    Args:
+        result: :func:`bench_explorers`' dict.
+    """
     print(f"explorer update CPU time ({result['repeats']} repeats per move; budget {result['budget_ms']} ms)")
     for name, s in result["summary"].items():
         median, slowest = s["cpu_ms_median_over_moves"], s["cpu_ms_slowest_move"]

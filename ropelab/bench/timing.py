@@ -11,7 +11,16 @@ __all__ = ["time_methods", "quartiles", "iqr_overlap", "P99_MIN_SAMPLES"]
 
 
 def time_methods(methods: dict[str, Callable[[], object]], repeats: int, warmup: int = 3) -> dict[str, list[float]]:
-    """Run every method ``warmup`` times, then ``repeats`` rounds of all methods in turn; seconds per call."""
+    """Run every method ``warmup`` times, then ``repeats`` rounds of all methods in turn; seconds per call.
+
+    Args:
+        methods: name -> a callable of no arguments, timed as a whole (wall time, ``time.perf_counter``).
+        repeats: rounds; each method gets one timed call per round, in dict order (interleaved, so drift in the
+            machine's speed touches all alike).
+        warmup: untimed calls of each method first.
+
+    Returns name -> ``repeats`` times in seconds.
+    """
     for fn in methods.values():
         for _ in range(warmup):
             fn()
@@ -37,7 +46,12 @@ P99_MIN_SAMPLES = 100  # nearest-rank p99 of n < 100 samples is just their maxim
 
 def iqr_overlap(a: dict, b: dict) -> bool:
     """Whether two rows' interquartile ranges (``q25_ms`` to ``q75_ms``) overlap: then their medians are equal
-    within noise, and no ordering of the two is claimed."""
+    within noise, and no ordering of the two is claimed.
+
+    Args:
+        a: a benchmark row with ``q25_ms`` and ``q75_ms``.
+        b: another.
+    """
     return a["q25_ms"] <= b["q75_ms"] and b["q25_ms"] <= a["q75_ms"]
 
 
