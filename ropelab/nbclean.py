@@ -47,7 +47,11 @@ EXTRA_KEYS = (
 
 def strip(nb):
     """Strip a notebook (an ``nbformat.NotebookNode``) in place and return it: no outputs, no execution
-    counts, none of :data:`EXTRA_KEYS`; cell ids are kept."""
+    counts, none of :data:`EXTRA_KEYS`; cell ids are kept.
+
+    Args:
+        nb: the notebook (needs ``nbstripout``).
+    """
     from nbstripout import strip_output
 
     return strip_output(nb, keep_output=False, keep_count=False, keep_id=True, extra_keys=list(EXTRA_KEYS))
@@ -55,7 +59,15 @@ def strip(nb):
 
 def pre_save_hook(model, path, **kwargs):
     """Jupyter server pre-save hook: strip notebooks saved under a ``notebooks/`` folder (the project's;
-    a notebook elsewhere keeps its outputs)."""
+    a notebook elsewhere keeps its outputs).
+
+    Args:
+        model: the Jupyter contents model being saved; its ``content`` is replaced by the stripped notebook. A
+            model that is not a notebook, or has no content, is left alone.
+        path: the notebook's path as the server names it.
+        **kwargs: the server's other arguments; ``contents_manager`` locates the file on disk, whose kernelspec
+            is kept when the lab sends the same kernel under another display name.
+    """
     if model.get("type") != "notebook" or model.get("content") is None:
         return
     if "notebooks" not in Path(path).parts[:-1]:
@@ -79,7 +91,12 @@ def pre_save_hook(model, path, **kwargs):
 def install_git_filter(repo: str | Path = ".", python: str = sys.executable) -> list[list[str]]:
     """Configure this clone's git to strip notebooks (``.gitattributes`` names the files): sets
     ``filter.nbstripout.clean`` / ``smudge`` / ``required`` / ``extrakeys`` and ``diff.ipynb.textconv``
-    in the repository's own config. Returns the commands run."""
+    in the repository's own config. Returns the commands run.
+
+    Args:
+        repo: the clone's folder (``git config`` runs there; a failing command raises CalledProcessError).
+        python: the interpreter the filter runs ``nbstripout`` with.
+    """
     clean = f"'{python}' -m nbstripout --keep-id"
     commands = [
         ["git", "config", "filter.nbstripout.clean", clean],

@@ -17,8 +17,8 @@ import pytest
 
 COMPLETE = [
     "adapters", "attention", "bench", "context_parallel", "convert", "cope", "core", "decay", "diagnosis", "engines",
-    "explorers", "extend", "extension", "kernels", "kvcache", "lm", "mla", "models", "precision", "prope", "rope",
-    "scaling", "staleness",
+    "explorers", "extend", "extension", "kernels", "kvcache", "lm", "mla", "models", "nbclean", "precision", "prope",
+    "rope", "scaling", "staleness", "webexplorers",
 ]
 
 _SECTION = re.compile(r"^(\s*)(Args|Arguments|Keyword Args|Keyword Arguments|Parameters|Other Parameters):\s*$")
@@ -94,7 +94,7 @@ def _public_callables(modname: str):
                 func = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
                 if not attr.startswith("_") and inspect.isfunction(func) and func.__doc__:
                     yield f"{modname}.{name}.{attr}", getattr(obj, attr), func.__doc__
-        elif inspect.isfunction(obj):
+        elif inspect.isfunction(inspect.unwrap(obj)):  # a function, or one wrapped by functools.cache
             yield f"{modname}.{name}", obj, obj.__doc__
 
 

@@ -85,7 +85,11 @@ _IMPORT_COMMON = re.compile(r'^import\s*\{[^}]*\}\s*from\s*"\./common\.js";\s*$'
 @functools.cache
 def esm(name: str) -> str:
     """The explorer's module as one self-contained ES module (``common.js`` inlined in place of its import):
-    anywidget loads ``_esm`` from a string, where a relative import has nothing to resolve against."""
+    anywidget loads ``_esm`` from a string, where a relative import has nothing to resolve against.
+
+    Args:
+        name: an explorer's name, a key of :data:`STATE` (ValueError otherwise).
+    """
     _check_name(name)
     src = (STATIC / f"{name}.js").read_text(encoding="utf-8")
     common = (STATIC / "common.js").read_text(encoding="utf-8")
@@ -146,7 +150,17 @@ def embed_html(name: str, *, base_url: str = "_static/explorers/", inline: bool 
     module itself in the script instead (about 20 kB, no file to copy): the form that also works on a page
     opened from disk (``file://``), where Chromium refuses to import modules. ``state`` overrides the defaults
     (:data:`STATE`); an unknown name or a value of the wrong type is a ValueError. The element id defaults to
-    one derived from the name and state, so the same call gives the same bytes."""
+    one derived from the name and state, so the same call gives the same bytes.
+
+    Args:
+        name: an explorer's name, a key of :data:`STATE` (ValueError otherwise).
+        base_url: the folder the modules are served from, ending in ``/`` (ValueError otherwise); a bare
+            relative folder gets ``./`` prepended. Unused with ``inline``.
+        inline: put the module in the script instead of importing it.
+        element_id: the host ``<div>``'s id (letters, digits, ``_`` or ``-``, starting with a letter); None:
+            derived from the name and state.
+        **state: the explorer's controls to set, by name (``STATE[name]`` lists them and their types).
+    """
     full = _checked_state(name, state)
     blob = json.dumps(full, sort_keys=True, ensure_ascii=True)
     if element_id is None:
@@ -229,7 +243,12 @@ def _widget_class(name: str):
 
 
 def widget(name: str, **state):
-    """The anywidget of explorer ``name`` with ``state`` set (needs ``anywidget``, in the ``notebooks`` extra)."""
+    """The anywidget of explorer ``name`` with ``state`` set (needs ``anywidget``, in the ``notebooks`` extra).
+
+    Args:
+        name: an explorer's name, a key of :data:`STATE` (ValueError otherwise).
+        **state: the controls to set, as in :func:`embed_html`.
+    """
     return _widget_class(name)(**_checked_state(name, state))
 
 
