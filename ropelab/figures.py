@@ -140,7 +140,12 @@ def setup(seed: int | None = None, threads: int | None = None) -> None:
     """Make a notebook deterministic: seed python, numpy and torch (``seed``, else ``ROPELAB_SEED`` or 0), fix the
     thread count (``threads``, else ``ROPELAB_THREADS`` or 2), and set matplotlib to write byte-stable files (no
     dates, a fixed SVG id salt). A rerun on the same machine with the same thread count gives the same bytes; another
-    CPU or thread count changes float results in the last bits (``docs/guides/running.md`` says by how much)."""
+    CPU or thread count changes float results in the last bits (``docs/guides/running.md`` says by how much).
+
+    Args:
+        seed: the seed of python's, numpy's and torch's generators; None: ``ROPELAB_SEED`` or 0.
+        threads: torch's thread count (set for the process); None: ``ROPELAB_THREADS`` or 2.
+    """
     import matplotlib
     import numpy as np
     import torch
@@ -166,7 +171,13 @@ def setup(seed: int | None = None, threads: int | None = None) -> None:
 def save(fig, name: str, figures_dir: str | os.PathLike = FIGURES_DIR) -> None:
     """Write ``fig`` as ``name.png`` and ``name.svg`` into ``figures_dir``, without dates or versions in the
     metadata, so a re-run with the same numbers gives the same bytes. Returns None, so a notebook cell
-    ending in ``save(...)`` prints nothing."""
+    ending in ``save(...)`` prints nothing.
+
+    Args:
+        fig: the matplotlib Figure (saved with ``bbox_inches="tight"``).
+        name: the files' stem, e.g. ``"03_decay"``.
+        figures_dir: the folder (created if missing); notebooks pass their ``FIGURES_DIR``.
+    """
     out = Path(figures_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.svg"]
@@ -177,7 +188,12 @@ def save(fig, name: str, figures_dir: str | os.PathLike = FIGURES_DIR) -> None:
 def answer(text: str, smoke: bool) -> None:
     """Show a section's answer as Markdown, built in the cell that measured its numbers (so prose cannot go
     stale). In a smoke run the sizes are tiny: the answer says so instead of passing its numbers off as the
-    full run's."""
+    full run's.
+
+    Args:
+        text: the answer, Markdown (``$...$`` math allowed), after the bold "Answer." lead.
+        smoke: whether this is a smoke run (then the lead says the numbers are not the full run's).
+    """
     from IPython.display import Markdown, display
 
     if smoke:
@@ -196,14 +212,23 @@ CHECK_PASSED = "Correct: your answer passes the check."
 def checked(yours) -> None:
     """An exercise check's verdict, printed after its asserts passed: it never prints the answer (a reader who has
     not solved the exercise yet must not find it in the check's output, nor on the site). ``yours`` is the reader's
-    answer variable: None means the check ran on the hidden solution, which the verdict says."""
+    answer variable: None means the check ran on the hidden solution, which the verdict says.
+
+    Args:
+        yours: the reader's answer (only whether it is None is read; it is never printed).
+    """
     print(CHECK_ON_SOLUTION if yours is None else CHECK_PASSED)
 
 
 def headline(text: str, smoke: bool) -> None:
     """Show a notebook's headline, its main finding in one or two sentences with the number behind it, built
     from the numbers it measured. A full run of the runner saves the text in ``figures/runs.json``, from which
-    the notebook map shows it (:func:`render_map`), so the map's answers cannot drift from the notebooks'."""
+    the notebook map shows it (:func:`render_map`), so the map's answers cannot drift from the notebooks'.
+
+    Args:
+        text: the headline, Markdown; also stored in the output's metadata, where the runner reads it.
+        smoke: whether this is a smoke run (then the lead says so).
+    """
     from IPython.display import Markdown, display
 
     head = "**In one line (smoke run: tiny sizes, not the full run's numbers).** " if smoke else "**In one line.** "
@@ -224,7 +249,17 @@ def _headline_of(executed: Path) -> str | None:
 def record_run(nb_path: str | os.PathLike, seconds: float, executed: str | os.PathLike,
                path: str | os.PathLike | None = None) -> dict:
     """Record one notebook's full run in ``figures/runs.json`` (the runner calls it after each notebook of a full
-    run): its seconds, headline, source hash, the machine and the load average at its end."""
+    run): its seconds, headline, source hash, the machine and the load average at its end.
+
+    Args:
+        nb_path: the source notebook (its stem is the record's key, its :func:`ropelab.manifest.notebook_hash`
+            the ``notebook_sha256``).
+        seconds: the run's wall time.
+        executed: the executed copy, whose :func:`headline` output is recorded (None when it has none).
+        path: the JSON file; None: ``figures/runs.json``.
+
+    Returns every record, as written.
+    """
     from .machine import machine_info
 
     path = RUNS if path is None else Path(path)
@@ -245,7 +280,12 @@ def record_run(nb_path: str | os.PathLike, seconds: float, executed: str | os.Pa
 
 def runtime_note(notebook: str, path: str | os.PathLike | None = None) -> None:
     """Show, at run time, how long this notebook's last recorded full run took (from ``figures/runs.json``): a
-    notebook cannot hard-code its own run time. ``notebook`` is its file stem."""
+    notebook cannot hard-code its own run time. ``notebook`` is its file stem.
+
+    Args:
+        notebook: the notebook's file stem.
+        path: the runs file; None: ``figures/runs.json``.
+    """
     from IPython.display import Markdown, display
 
     display(Markdown("**Run time.** " + runtime_text(notebook, load_runs(path))))
@@ -253,7 +293,11 @@ def runtime_note(notebook: str, path: str | os.PathLike | None = None) -> None:
 
 def render_runs(runs: dict | None = None) -> str:
     """The run-time block of ``docs/guides/running.md``: each notebook's last full-run time, the total and the
-    machine."""
+    machine.
+
+    Args:
+        runs: notebook stem -> run record (``ropelab.manifest.load_runs``' form); None: ``figures/runs.json``.
+    """
     runs = load_runs() if runs is None else runs
     stems = [nb.stem for nb in notebooks()]
     recorded = {k: runs[k] for k in stems if k in runs}
@@ -271,7 +315,11 @@ def render_runs(runs: dict | None = None) -> str:
 
 def render_readme(runs: dict | None = None) -> str:
     """Deprecated: the old name of :func:`render_runs` (the run-time block moved from the README to
-    ``docs/guides/running.md``)."""
+    ``docs/guides/running.md``).
+
+    Args:
+        runs: as in :func:`render_runs`.
+    """
     warnings.warn("ropelab.figures.render_readme is now render_runs (the run-time block moved to "
                   "docs/guides/running.md); the old name is a deprecated alias.", DeprecationWarning, stacklevel=2)
     return render_runs(runs)
@@ -279,7 +327,11 @@ def render_readme(runs: dict | None = None) -> str:
 
 def render_notebook_table(runs: dict | None = None) -> str:
     """The README's notebook table, one line per notebook: its title and question as the map
-    (``notebooks/index.ipynb``) gives them, and its headline from its last full run (``figures/runs.json``)."""
+    (``notebooks/index.ipynb``) gives them, and its headline from its last full run (``figures/runs.json``).
+
+    Args:
+        runs: notebook stem -> run record (``ropelab.manifest.load_runs``' form); None: ``figures/runs.json``.
+    """
     runs = load_runs() if runs is None else runs
     asked = questions()
     lines = ["| notebook | its question | what its last full run found |", "|---|---|---|"]
@@ -392,6 +444,12 @@ def run_notebook(
     (``ROPELAB_THREADS`` and ``OMP_NUM_THREADS``) for this run only. Returns a dict
     with the notebook name, the executed copy's path and the wall time in seconds. Raises
     ``nbclient.exceptions.CellExecutionError`` when a cell fails.
+
+    Args:
+        path: the notebook to run.
+        smoke: tiny sizes (the notebook's ``SMOKE`` parameter), everything written under ``build/smoke/``.
+        timeout: nbclient's per-cell timeout, in seconds.
+        threads: the kernel's thread count; None: the environment's (``ROPELAB_THREADS``, else 2).
     """
     import nbformat
     from nbclient import NotebookClient
@@ -468,7 +526,12 @@ def _run_one(args: tuple[str, bool, int]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ropelab.figures [--smoke] [--only NAME ...] [--jobs N]``; non-zero if a notebook failed."""
+    """``python -m ropelab.figures [--smoke] [--only NAME ...] [--jobs N]``; non-zero if a notebook failed.
+
+    Args:
+        argv: the command-line arguments (also ``--timeout``, ``--manifest``, ``--readme``, ``--nav``); None:
+            ``sys.argv[1:]``.
+    """
     parser = argparse.ArgumentParser(prog="python -m ropelab.figures", description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes; write only under build/smoke/")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these notebooks (name or prefix)")

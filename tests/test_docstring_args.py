@@ -17,8 +17,8 @@ import pytest
 
 COMPLETE = [
     "adapters", "attention", "bench", "context_parallel", "convert", "cope", "core", "decay", "diagnosis", "engines",
-    "explorers", "extend", "extension", "kernels", "kvcache", "lm", "mla", "models", "nbclean", "precision", "prope",
-    "rope", "scaling", "staleness", "webexplorers",
+    "explorers", "extend", "extension", "figures", "kernels", "kvcache", "lm", "manifest", "mla", "models", "nbclean",
+    "precision", "prope", "rope", "scaling", "staleness", "webexplorers",
 ]
 
 _SECTION = re.compile(r"^(\s*)(Args|Arguments|Keyword Args|Keyword Arguments|Parameters|Other Parameters):\s*$")
