@@ -597,7 +597,7 @@ def tables_for(
     Args:
         x: the tensor the tables will rotate (its sizes along ``axes``).
         layout: x's parsed layout.
-        cos: the cosine table, shape [*sizes of ``axes``, r/2] (from :func:`cos_sin`).
+        cos: the cosine table, shape ``[*sizes of axes, r/2]`` (from :func:`cos_sin`).
         sin: the sine table, the same shape as ``cos``.
         axes: the layout axes the tables' leading dims run along, in the tables' order (e.g. ``("s",)``,
             ``("b", "s")``, ``("t",)``), as :func:`resolve_positions` returns them.

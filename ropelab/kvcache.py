@@ -303,7 +303,12 @@ POLICIES: dict[str, type[CachePolicy]] = {}
 
 
 def register_policy(cls: type[CachePolicy]) -> type[CachePolicy]:
-    """Class decorator: make a :class:`CachePolicy` available by its ``name`` (``POLICIES[name]``)."""
+    """Class decorator: make a :class:`CachePolicy` available by its ``name`` (``POLICIES[name]``).
+
+    Args:
+        cls: a :class:`CachePolicy` subclass with a ``name`` not yet registered (ValueError otherwise); returned
+            unchanged.
+    """
     if not cls.name or cls.name in POLICIES:
         raise ValueError(f"a policy needs a new, non-empty name; got {cls.name!r} (taken: {sorted(POLICIES)}).")
     POLICIES[cls.name] = cls

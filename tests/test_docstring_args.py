@@ -65,7 +65,7 @@ def test_described_reads_google_style_entries():
 
 
 def _parameters(obj) -> list[str]:
-    """The signature's parameters but self and cls; none for a class whose constructor is a builtin's (an exception
+    """The signature's parameters but self; none for a class whose constructor is a builtin's (an exception
     or a dict subclass: inspect cannot read its signature, and it has no parameters of its own to describe)."""
     try:
         sig = inspect.signature(obj)
@@ -73,7 +73,7 @@ def _parameters(obj) -> list[str]:
         if inspect.isclass(obj) and isinstance(obj.__init__, type(object.__init__)):
             return []
         raise
-    return [p.name for p in sig.parameters.values() if p.name not in ("self", "cls")]
+    return [p.name for p in sig.parameters.values() if p.name != "self"]  # a function's own cls parameter counts
 
 
 def _public_callables(modname: str):

@@ -49,7 +49,7 @@ class Ladder:
         rope_scaling: its Hugging Face scaling dict, None for the default ladder.
         inv_freq: the ideal ladder, float64, one frequency per pair.
         attention_factor: the attention factor the ladder implies.
-        rel_err: max |measured / ideal - 1| over the pairs (``exact`` when within the fit's tolerance).
+        rel_err: max ``|measured / ideal - 1|`` over the pairs (``exact`` when within the fit's tolerance).
         note: what the ladder cannot determine (e.g. YaRN's L0 and betas only up to a common scale).
     """
 
