@@ -185,7 +185,22 @@ class GrowableBuffer:
             x: [b, h, s, d] positions to append; b, h and d must match what the buffer holds, and the first
                 append sets its dtype and device.
         """
+        if x.dim() != 4:
+            raise ValueError(f"append takes x of shape [b, h, s, d]; got {x.dim()} dims {tuple(x.shape)}")
         b, h, s, d = x.shape
+        if self.buf is not None:
+            held = (self.buf.shape[0], self.buf.shape[1], self.buf.shape[3])
+            if (b, h, d) != held:
+                # Slice assignment below would broadcast a batch or head of 1 over the buffer without a word.
+                raise ValueError(
+                    f"append: x has (b, h, d) = {(b, h, d)} but the buffer holds {held}; append tensors of the "
+                    "buffer's batch, heads and head dim (start a new buffer for another shape)"
+                )
+            if x.dtype != self.buf.dtype or x.device != self.buf.device:
+                raise ValueError(
+                    f"append: x is {x.dtype} on {x.device} but the buffer holds {self.buf.dtype} on "
+                    f"{self.buf.device}; convert x first (x.to(...)) so nothing is cast silently"
+                )
         if self.buf is None or self.n + s > self.buf.shape[2]:
             cap = max(2 * (self.buf.shape[2] if self.buf is not None else 0), self.n + s, 16)
             new = torch.empty(b, h, cap, d, dtype=x.dtype, device=x.device)

@@ -13,6 +13,7 @@ from ropelab.kvcache import (
     BUILTIN_POLICIES,
     POLICIES,
     CachePolicy,
+    GrowableBuffer,
     RopeSchedule,
     RotaryKVCache,
     decode,
@@ -234,3 +235,18 @@ def test_a_registered_policy_with_buckets_runs_through_decode_and_lm_with_no_oth
         assert "test_tripling" not in " ".join(lm.schemes(16))  # registering joins no study's evaluation
     finally:
         POLICIES.pop("test_tripling")
+
+
+def test_growable_buffer_refuses_a_shape_it_would_broadcast():
+    """A batch-1 append to a batch-2 buffer would broadcast through slice assignment; it is refused instead."""
+    buf = GrowableBuffer()
+    buf.append(torch.zeros(2, 3, 4, 8))
+    with pytest.raises(ValueError, match=r"\(b, h, d\) = \(1, 3, 8\).*holds \(2, 3, 8\)"):
+        buf.append(torch.ones(1, 3, 1, 8))
+    with pytest.raises(ValueError, match="float64.*holds torch.float32"):
+        buf.append(torch.ones(2, 3, 1, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"shape \[b, h, s, d\]"):
+        buf.append(torch.ones(2, 3, 8))
+    assert buf.n == 4 and torch.equal(buf.view(), torch.zeros(2, 3, 4, 8))
+    buf.append(torch.ones(2, 3, 1, 8))
+    assert buf.n == 5 and torch.equal(buf.view()[:, :, 4], torch.ones(2, 3, 8))
