@@ -8,7 +8,9 @@ import importlib
 import json
 from typing import Any
 
-from ..spec import RopeSpec, head_dim_of
+import torch
+
+from ..spec import RopeSpec, head_dim_of, text_part
 from .compare import compare_call
 from .convention import config_conventions, ignored_slice_keys, measure_calls, table_entry
 from .discovery import tiny_kwargs, variants
@@ -479,8 +481,11 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     try:
         specs = RopeSpec.per_layer(top_d)
     except Exception as e:  # noqa: BLE001
-        out.update(status="not covered", reason=f"ropelab: {error_text(e)}")
-        return out
+        mrope = _mrope_text_read(top_d, run)
+        if mrope is None:
+            out.update(status="not covered", reason=f"ropelab: {error_text(e)}")
+            return out
+        specs, out["mrope"] = mrope
     layers = compare_layers(run, specs, run["n_layers"], head_dim, call_dim, perm)
     out["layers"] = layers
     st = [e["status"] for e in layers]
@@ -490,6 +495,36 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     elif out["status"] == "agree" and probe:
         out["diagnose"] = diagnose_probe(run, specs, layers, sliced, head_dim)
     return out
+
+
+def _mrope_text_read(top_d: dict, run: dict):
+    """``(specs, sections, note)`` of an M-RoPE text model (``mrope_section`` in its rope dict, which
+    ``RopeSpec.per_layer`` refuses) read by ropelab's M-RoPE reader, ``ropelab.engines.hf.read_config`` (the specs of
+    the config without its M-RoPE keys, and its ``MultiAxis``); None where the config is not M-RoPE, the reader
+    refuses it, or the rotary module did not see every axis equal (text tokens: position_ids [A, batch, s] with one
+    row repeated, as Qwen2-VL numbers them). On text tokens each pair turns by the one position whatever axis drives
+    it, so ``apply_rope`` with the reading's specs at that position (as Qwen2-VL's text path, whose configs hold no
+    sections, is compared) checks the ladder, base and pairing, not the sections themselves; the row says so."""
+    from ..engines.hf import read_config
+
+    text = text_part(top_d)
+    params = (text or {}).get("rope_parameters") or (text or {}).get("rope_scaling")
+    if not isinstance(params, dict) or "mrope_section" not in params:
+        return None
+    seen = [p for *_, p in run.get("rotary", ()) if isinstance(p, torch.Tensor)]
+    if not seen or run["positions"] is None or not all(
+            p.dim() == 3 and p.shape[-1] == len(run["positions"])
+            and bool((p.reshape(-1, p.shape[-1]) == torch.as_tensor(run["positions"])).all()) for p in seen):
+        return None
+    try:
+        reading = read_config(top_d)
+    except Exception:  # noqa: BLE001 - the row keeps per_layer's own refusal
+        return None
+    if reading.sections is None:
+        return None
+    return (reading.layers,
+            f"M-RoPE (sections {list(reading.sections.sections)}) read by ropelab.engines.hf.read_config; the text "
+            f"tokens have every position axis equal, so the ladder, base and pairing are compared, not the sections")
 
 
 def _nope_layer_types(config, run: dict) -> list[str] | None:
