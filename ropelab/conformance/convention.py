@@ -63,7 +63,13 @@ def measure_convention(call, positions) -> dict:
         col = M[last, :, a].abs().clone()
         col[a] = 0
         partner[a] = int(col.argmax())
-    if moving != list(range(r)):
+    if moving != list(range(r)) and _half_over_the_head(moving, partner, d):
+        # ``proportional`` (Gemma 4's, LFM3's full-attention layers): rope_utils' inv_freq spans the whole head with
+        # zeros past the rotated share, so the pairs (i, i + d/2) turn for the leading i and stand still after: the
+        # half pairing of the whole head (the share is the rope dict's, which per_layer reads).
+        out["zero_frequency_pairs"] = d // 2 - r // 2
+        r = out["rotating_dims"] = d
+    if moving != list(range(r)) and "zero_frequency_pairs" not in out:
         return {**out, "style": f"other: rotating dims {moving[:4]}... of {d}"}
     if all(partner[a] == (a + r // 2) % r for a in moving):
         style = "half"
@@ -86,6 +92,14 @@ def measure_convention(call, positions) -> dict:
         out["measured_base"] = float(f"{base:.5g}")
     return {**out, "style": style}
 
+
+
+def _half_over_the_head(moving: list[int], partner: dict[int, int], d: int) -> bool:
+    """Whether the dims that move are the leading k of each half of the head, each paired with the one d/2 after
+    it: the half pairing over the whole head, its last d/2 - k pairs at frequency 0 (``proportional``)."""
+    k = len(moving) // 2
+    return (0 < k < d // 2 and moving == [*range(k), *range(d // 2, d // 2 + k)]
+            and all(partner[a] == (a + d // 2) % d for a in moving))
 
 
 def measure_axes(call) -> dict:

@@ -115,7 +115,7 @@ CONVENTIONS: dict[str, dict] = {
     'lasr_encoder': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'lfm2': {'rotating_dims': 80, 'direction': 1, 'measured_base': 1000000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'lfm2_moe': {'rotating_dims': 64, 'direction': 1, 'measured_base': 1000000.0, 'style': 'half', 'nope_layer_types': ['conv'], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
-    'lfm3': {'rotating_dims': 64, 'style': 'other: rotating dims [0, 1, 2, 3]... of 128', 'nope_layer_types': ['conv'], 'rotary_fraction': 0.5},
+    'lfm3': {'rotating_dims': 128, 'zero_frequency_pairs': 32, 'direction': 1, 'style': 'half', 'nope_layer_types': ['conv'], 'rotary_fraction': 1.0},
     'lfm3_vl_vision': {'rotating_dims': 64, 'direction': 1, 'axes': {'sections': [16, 16], 'axial': True, 'interleaved': False}, 'measured_base': 1000000.0, 'style': 'half', 'rotary_fraction': 1.0, 'nope_layer_types': ['conv']},
     'llama': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'llama4_text': {'rotating_dims': 128, 'direction': 1, 'measured_base': 500000.0, 'style': 'interleaved', 'nope_layer_types': ['full_attention'], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
