@@ -227,7 +227,8 @@ def config_conventions(config_cls, kw: dict) -> dict:
 def measure_calls(calls, positions) -> dict:
     """The convention of each rotation function the layers called (first call of each, in call order): the
     first one's, plus ``rotations`` {function: style} where functions of one layer pair differently (the
-    DeepSeek-V3.2 indexer: half; its main attention: interleaved)."""
+    DeepSeek-V3.2 indexer: half; its main attention: interleaved), and ``rotation_permutations`` {function: its
+    output order} for those that permute their output."""
     by_fn: dict[str, dict] = {}
     for c in calls:
         name = c["fn"].__name__
@@ -237,6 +238,9 @@ def measure_calls(calls, positions) -> dict:
     kinds = {(m.get("style"), m.get("rotating_dims"), tuple(m.get("output_permutation") or ())) for m in by_fn.values()}
     if len(kinds) > 1:
         first["rotations"] = {n: m.get("style") for n, m in by_fn.items()}
+        perms = {n: m["output_permutation"] for n, m in by_fn.items() if m.get("output_permutation")}
+        if perms:  # each function's own output order (the entry's is the first function's)
+            first["rotation_permutations"] = perms
     return first
 
 

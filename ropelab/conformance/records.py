@@ -478,23 +478,74 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     read_type = model_type if key is None else (text_part(top_d) or {}).get("model_type")
     committed = CONVENTIONS.get(read_type) or {}
     perm = committed.get("output_permutation")  # transformers' output order, from the committed table
+    per_rotation = None
     try:
         specs = RopeSpec.per_layer(top_d)
     except Exception as e:  # noqa: BLE001
-        mrope = _mrope_text_read(top_d, run)
-        if mrope is None:
+        per_rotation = _per_rotation_specs(top_d, committed)
+        mrope = None if per_rotation is not None else _mrope_text_read(top_d, run)
+        if per_rotation is None and mrope is None:
             out.update(status="not covered", reason=f"ropelab: {error_text(e)}")
             return out
-        specs, out["mrope"] = mrope
-    layers = compare_layers(run, specs, run["n_layers"], head_dim, call_dim, perm)
+        if mrope is not None:
+            specs, out["mrope"] = mrope
+    if per_rotation is not None:
+        layers, specs = _compare_per_rotation(run, per_rotation, committed, head_dim), None
+        out["rotations"] = {fn: st for fn, (st, _) in per_rotation.items()}
+    else:
+        layers = compare_layers(run, specs, run["n_layers"], head_dim, call_dim, perm)
     out["layers"] = layers
     st = [e["status"] for e in layers]
     out["status"] = "disagree" if "disagree" in st else ("agree" if "agree" in st else "not covered")
     if out["status"] == "not covered":
         out["reason"] = layers[0].get("reason", "no layer compared")
-    elif out["status"] == "agree" and probe:
+    elif out["status"] == "agree" and probe and specs is not None:
         out["diagnose"] = diagnose_probe(run, specs, layers, sliced, head_dim)
     return out
+
+
+def _per_rotation_specs(top_d: dict, committed: dict) -> dict | None:
+    """{rotation function: (its pairing, ``RopeSpec.per_layer(config, style=that pairing)``)} for a model type whose
+    layers call rotation functions that pair differently (the committed table's ``rotations``: DeepSeek-V3.2's
+    sparse-attention indexer pairs half, its main attention interleaved), which ``per_layer`` without ``style=``
+    refuses; None for any other model type, or where ``per_layer`` refuses a pairing too."""
+    rotations = committed.get("rotations")
+    if not rotations or any(st not in ("half", "interleaved") for st in rotations.values()):
+        return None
+    try:
+        return {fn: (st, RopeSpec.per_layer(top_d, style=st)) for fn, st in rotations.items()}
+    except Exception:  # noqa: BLE001 - the row keeps per_layer's own refusal
+        return None
+
+
+def _compare_per_rotation(run: dict, per_rotation: dict, committed: dict, head_dim: int) -> list[dict]:
+    """Each layer's calls of each rotation function against ``per_layer(config, style=)`` of that function's
+    measured pairing, with that function's committed output order; a layer's entry is its worst function's, with
+    each function's status under ``rotations``. A function the layers call that the table does not list leaves the
+    layer not covered."""
+    perms = committed.get("rotation_permutations", {})
+    by_fn: dict[str, list[dict]] = {}
+    for fn, (_, specs) in per_rotation.items():
+        calls = [c for c in run["calls"] if c["fn"].__name__ == fn]
+        if not calls:
+            continue
+        sub = {**run, "calls": calls}
+        call_dim = rotated_pairs(calls[0])[0][0].shape[-1]
+        by_fn[fn] = compare_layers(sub, specs, run["n_layers"], head_dim, call_dim, perms.get(fn))
+    unknown = sorted({c["fn"].__name__ for c in run["calls"]} - set(per_rotation))
+    rank = {"disagree": 2, "not covered": 1, "agree": 0}
+    layers = []
+    for i in range(run["n_layers"]):
+        entries = {fn: ls[i] for fn, ls in by_fn.items()}
+        called = {fn: e for fn, e in entries.items() if "max_error" in e or e["status"] != "agree"}
+        worst = max(called.values() or entries.values(),
+                    key=lambda e: (rank[e["status"]], e.get("error_over_bound", 0.0)))
+        entry = {**worst, "rotations": {fn: e["status"] for fn, e in entries.items()}}
+        if unknown and any(c["layer"] == i and c["fn"].__name__ in unknown for c in run["calls"]):
+            entry.update(status="not covered", reason=f"rotation function(s) {unknown} are not in the table's "
+                         "rotations")
+        layers.append(entry)
+    return layers
 
 
 def _mrope_text_read(top_d: dict, run: dict):
