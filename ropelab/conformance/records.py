@@ -429,6 +429,7 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
                 "tower or an encoder); the sweep attributes calls to decoder layers only"}
     # Gemma 4's vision tower: apply_multidimensional_rope calls apply_rotary_pos_emb(x=..., cos=..., sin=...) once
     # per axis, on a slice of the head
+    run = _without_inner_keyword_calls(run)
     keyword_only = sorted({c["fn"].__name__ for c in run["calls"] if not rotated_pairs(c)})
     if keyword_only:
         return {"status": "not covered", "inputs": run.get("inputs"), "reason": f"a rotation function was called "
@@ -502,6 +503,17 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     elif out["status"] == "agree" and probe and specs is not None:
         out["diagnose"] = diagnose_probe(run, specs, layers, sliced, head_dim)
     return out
+
+
+def _without_inner_keyword_calls(run: dict) -> dict:
+    """``run`` without the keyword-only rotation calls made inside another recorded rotation call (Gemma 4's
+    ``apply_multidimensional_rope(x, cos, sin, position_ids)`` calls ``apply_rotary_pos_emb(x=..., cos=..., sin=...)``
+    on each axis' slice of the head): the outer call, recorded with its whole input and output, is the rotation
+    compared. A keyword-only call made on its own stays, and leaves the row not covered."""
+    inner = [c for c in run["calls"] if c.get("inside") and not rotated_pairs(c)]
+    if not inner:
+        return run
+    return {**run, "calls": [c for c in run["calls"] if not any(c is i for i in inner)]}
 
 
 def _per_rotation_specs(top_d: dict, committed: dict) -> dict | None:
