@@ -94,6 +94,20 @@ def measure_convention(call, positions) -> dict:
 
 
 
+def _half_blocks(partner: dict[int, int], r: int) -> list[int] | None:
+    """The pair counts of contiguous blocks that each pair half within themselves (dim o + j with o + h + j, block
+    [o, o + 2h)) and cover the r rotating dims, or None (Gemma 4's vision tower: one block per position axis)."""
+    blocks, o = [], 0
+    while o < r:
+        h = partner.get(o, o) - o
+        if h <= 0 or o + 2 * h > r or any(partner.get(o + j) != o + h + j or partner.get(o + h + j) != o + j
+                                          for j in range(h)):
+            return None
+        blocks.append(h)
+        o += 2 * h
+    return blocks if len(blocks) > 1 else None
+
+
 def _half_over_the_head(moving: list[int], partner: dict[int, int], d: int) -> bool:
     """Whether the dims that move are the leading k of each half of the head, each paired with the one d/2 after
     it: the half pairing over the whole head, its last d/2 - k pairs at frequency 0 (``proportional``)."""
@@ -137,13 +151,20 @@ def measure_axes(call) -> dict:
         col = M[last, :, a].abs().clone()
         col[a] = 0
         partner[a] = int(col.argmax())
+    blocks = None
     if all(partner[a] == (a + r // 2) % r for a in moving):
         style = "half"
     elif all(partner[a] == a ^ 1 for a in moving):
         style = "interleaved"
+    elif (blocks := _half_blocks(partner, r)) is not None:
+        style = "half"  # within each block (Gemma 4's vision tower); the blocks are the axes' sections, below
     else:
         return {**out, "style": "other: pairs " + str([(a, partner[a]) for a in moving[:4]])}
-    pa, pb = pair_indices(r, style)
+    if blocks is not None:
+        blocked = MultiAxis(tuple(blocks), axial=True, blockwise=True)
+        pa, pb = blocked.pair_dims(r, "half")
+    else:
+        pa, pb = pair_indices(r, style)
     theta = torch.atan2(M[:, pb, pa] - M[:, pa, pb], M[:, pa, pa] + M[:, pb, pb])  # [s, r/2]
     # Each pair fitted by one axis at a time, theta = p_k w: the axis that fits within the float32 tables' rounding
     # (cos/sin rounded once, the angle in float32: far below 2^-21 (1 + |theta|)) drives it; a pair that another
@@ -169,7 +190,9 @@ def measure_axes(call) -> dict:
     w = W.T.gather(1, axis[:, None])[:, 0]
     out["direction"] = 1 if bool((w > 0).all()) else -1 if bool((w < 0).all()) else 0
     counts = tuple(int((axis == k).sum()) for k in range(pos.shape[0]))
-    for kw in ({"axial": True}, {}, {"interleaved": True}):
+    kinds = (({"axial": True, "blockwise": True},) if blocks is not None
+             else ({"axial": True}, {}, {"interleaved": True}))
+    for kw in kinds:
         try:
             cand = MultiAxis(counts, **kw)
         except ValueError:
@@ -178,7 +201,8 @@ def measure_axes(call) -> dict:
             continue
         base, _why = ladder_check(cand, w.abs())
         if base is not None:
-            out["axes"] = {"sections": list(counts), "axial": cand.axial, "interleaved": cand.interleaved}
+            out["axes"] = {"sections": list(counts), "axial": cand.axial, "interleaved": cand.interleaved,
+                           **({"blockwise": True} if cand.blockwise else {})}
             out["measured_base"] = float(f"{base:.5g}")
             break
     else:

@@ -71,7 +71,7 @@ CONVENTIONS: dict[str, dict] = {
     'gemma3n_text': {'rotating_dims': 256, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': [], 'v4': {'scaled_layer_types': ['full_attention'], 'default_theta': {'sliding_attention': 10000.0}}, 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'gemma4_text': {'rotating_dims': 256, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0},
     'gemma4_unified_text': {'rotating_dims': 256, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0},
-    'gemma4_vision': {'rotating_dims': 64, 'style': 'other: pairs [(0, 16), (1, 17), (2, 18), (3, 19)]', 'rotary_fraction': 1.0},
+    'gemma4_vision': {'rotating_dims': 64, 'direction': 1, 'axes': {'sections': [16, 16], 'axial': True, 'interleaved': False, 'blockwise': True}, 'measured_base': 100.0, 'style': 'half', 'rotary_fraction': 1.0},
     'glm': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'rotary_fraction': 0.5},
     'glm4': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'rotary_fraction': 0.5},
     'glm4_moe': {'rotating_dims': 24, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 0.5},
