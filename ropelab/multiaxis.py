@@ -48,17 +48,29 @@ class MultiAxis:
     :math:`2 s_k` dims, pair j of the block being dims :math:`(o_k + j, o_k + s_k + j)`, :math:`o_k = 2\sum_{l<k}
     s_l` (Gemma 4's vision tower: ``apply_multidimensional_rope`` splits the head into one block per axis and
     applies ``rotate_half`` to each), instead of the half pairing :math:`(i, i + r/2)` across the head.
+    ``order`` (contiguous runs only) is the order of the axes' runs along the head, e.g. ``(1, 0)``: the column's
+    run of pairs first, then the row's (Step3p5's vision tower flips (row, column) to (column, row) before laying
+    out its angles); None is ``(0, 1, ...)``. ``sections[k]`` stays axis k's count.
     """
 
     sections: tuple[int, ...]
     interleaved: bool = False
     axial: bool = False
     blockwise: bool = False
+    order: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         s = self.sections
         if not isinstance(s, tuple) or not s or not all(isinstance(v, int) and v >= 0 for v in s):
             raise ValueError(f"sections must be a non-empty tuple of pair counts (ints >= 0), got {s!r}.")
+        if self.order is not None:
+            if not isinstance(self.order, tuple) or sorted(self.order) != list(range(len(s))):
+                raise ValueError(f"order must be a tuple ordering the axes 0 .. {len(s) - 1} (e.g. (1, 0)), got "
+                                 f"{self.order!r}.")
+            if self.interleaved:
+                raise ValueError("order lays out contiguous runs of pairs; interleaved sections have none.")
+            if self.order == tuple(range(len(s))):
+                object.__setattr__(self, "order", None)  # the default: one spelling per layout
         if self.interleaved and self.axial:
             raise ValueError("an axial spec has one ladder per axis; interleaving its pairs is not defined.")
         if self.blockwise and not self.axial:
@@ -111,12 +123,17 @@ class MultiAxis:
         """a(i) for every pair i: the axis whose position rotates pair i (int64, length r/2)."""
         a = len(self.sections)
         if not self.interleaved:
-            return torch.repeat_interleave(torch.arange(a), torch.tensor(self.sections))
+            runs = self._runs()
+            return torch.repeat_interleave(torch.tensor(runs), torch.tensor([self.sections[k] for k in runs]))
         i = torch.arange(self.n_pairs)
         out = torch.zeros_like(i)
         for k in range(1, a):
             out[(i % a == k) & (i < a * self.sections[k])] = k
         return out
+
+    def _runs(self) -> tuple[int, ...]:
+        """The axes in the order of their runs of pairs along the head."""
+        return self.order if self.order is not None else tuple(range(len(self.sections)))
 
     def pair_dims(self, rotary_dim: int, style: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The dims (a_i, b_i) of every pair i of a head whose first ``rotary_dim`` dims rotate: the style's pairing
@@ -126,15 +143,17 @@ class MultiAxis:
         if style != "half" or rotary_dim != 2 * self.n_pairs:
             raise ValueError(f"blockwise sections {self.sections} pair half within each axis' block of the "
                              f"{2 * self.n_pairs} rotating dims; got style {style!r}, rotary_dim {rotary_dim}.")
-        offsets = [2 * sum(self.sections[:k]) for k in range(self.n_axes)]
-        a = torch.cat([o + torch.arange(n) for o, n in zip(offsets, self.sections)])
-        return a, a + torch.repeat_interleave(torch.tensor(self.sections), torch.tensor(self.sections))
+        sizes = [self.sections[k] for k in self._runs()]
+        offsets = [2 * sum(sizes[:k]) for k in range(len(sizes))]
+        a = torch.cat([o + torch.arange(n) for o, n in zip(offsets, sizes)])
+        return a, a + torch.repeat_interleave(torch.tensor(sizes), torch.tensor(sizes))
 
     def inv_freq(self, base: float = 10000.0) -> torch.Tensor:
         r"""Per-pair frequencies (float64) of an axial spec: axis k's ladder :math:`b^{-2j/(2 s_k)}`."""
         if not self.axial:
             raise ValueError("only an axial spec has its own ladders; M-RoPE uses the head's one ladder.")
-        return torch.cat([frequencies(2 * s, base)[0].to(torch.float64) for s in self.sections if s])
+        return torch.cat([frequencies(2 * self.sections[k], base)[0].to(torch.float64) for k in self._runs()
+                          if self.sections[k]])
 
 
 def per_layer_axes(config: Mapping[str, Any] | Any) -> tuple[tuple[RopeSpec, MultiAxis], ...]:
@@ -198,7 +217,8 @@ def per_layer_axes(config: Mapping[str, Any] | Any) -> tuple[tuple[RopeSpec, Mul
         raise ValueError(f"the measured sections {measured} of model type {_get(config, 'model_type')!r} do not "
                          f"scale to {pairs} pairs (head_dim {head_dim}).")
     sections = MultiAxis(tuple(int(v) for v in scaled), interleaved=bool(axes.get("interleaved")),
-                         axial=bool(axes.get("axial")), blockwise=bool(axes.get("blockwise")))
+                         axial=bool(axes.get("axial")), blockwise=bool(axes.get("blockwise")),
+                         order=tuple(axes["order"]) if axes.get("order") is not None else None)
     spec = RopeSpec(style=conv["style"], base=float(base), rotary_dim=None if 2 * pairs == head_dim else 2 * pairs)
     # Layer types without RoPE (LFM3-VL's vision "conv" layers: measured, no rotation call there)
     types = _get(config, "layer_types")

@@ -1,5 +1,6 @@
 """``MultiAxis(blockwise=True)``: each axis' pairs half-paired within a block of its own dims (Gemma 4's vision
-tower), against a float64 oracle and transformers' own ``apply_multidimensional_rope``."""
+tower), and ``MultiAxis(order=...)``: the axes' runs in another order along the head (Step3p5's vision tower), each
+against a float64 oracle and transformers' own rotation."""
 
 from __future__ import annotations
 
@@ -74,3 +75,43 @@ def test_gemma4_vision_reading_is_transformers_multidimensional_rope():
     assert ((ours - theirs).abs() <= tol).all(), float(((ours - theirs).abs() / tol).max())
     wrong = MultiAxis(sections.sections, axial=True)
     assert ((apply_rope(x, pos, layout="b s h d", spec=spec, sections=wrong) - theirs).abs() > tol).any()
+
+
+def test_order_lays_out_the_axes_runs_along_the_head():
+    """``order=(1, 0)``: the column's run of pairs first. Against a float64 oracle (the same rotation with the
+    position rows swapped and the default order), and refused where it means nothing."""
+    x = torch.randn(6, 16, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    pos = grid_positions(2, 3)
+    spec = RopeSpec(base=100.0)
+    ordered = apply_rope(x, pos, layout="s d", spec=spec, sections=MultiAxis((3, 5), axial=True, order=(1, 0)))
+    swapped = apply_rope(x, pos.flip(0), layout="s d", spec=spec, sections=MultiAxis((5, 3), axial=True))
+    assert (ordered - swapped).abs().max() <= 64 * 2.0 ** -53 * x.abs().max()
+    assert MultiAxis((3, 5), axial=True, order=(1, 0)).axis_of_pair().tolist() == [1] * 5 + [0] * 3
+    assert MultiAxis((3, 5), order=(0, 1)) == MultiAxis((3, 5))  # the default order has one spelling
+    with pytest.raises(ValueError, match="order must be a tuple"):
+        MultiAxis((3, 5), order=(1, 1))
+    with pytest.raises(ValueError, match="interleaved sections have none"):
+        MultiAxis((4, 2, 2), interleaved=True, order=(2, 1, 0))
+
+
+def test_step3p5_vision_reading_is_transformers_rotation():
+    """``per_layer_axes`` of Step3p5's vision config (measured: axial, the column's run first) against its rotary
+    module and ``apply_rotary_pos_emb_vision`` (float32 inside), within the conformance sweep's bound."""
+    transformers = pytest.importorskip("transformers")
+    from ropelab.conformance.compare import bound
+
+    module = importlib.import_module("transformers.models.step3p7.modeling_step3p7")
+    config = transformers.CONFIG_MAPPING["step3p5_vision"]()
+    spec, sections = per_layer_axes(config.to_dict())[0]
+    assert sections.order == (1, 0) and sections.axial
+    d = config.hidden_size // config.num_attention_heads
+    rotary = module.Step3p7VisionRotaryEmbedding(config)
+    pos = grid_positions(4, 5)
+    x = torch.randn(1, 20, 2, d, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    cos, sin = rotary(x, pos.T)
+    theirs, _ = module.apply_rotary_pos_emb_vision(x, x, cos[None], sin[None])
+    ours = apply_rope(x, pos, layout="b s h d", spec=spec, sections=sections)
+    tol = bound(x, "b s h d", pos, spec, sections)
+    assert ((ours - theirs).abs() <= tol).all(), float(((ours - theirs).abs() / tol).max())
+    default = MultiAxis(sections.sections, axial=True)
+    assert ((apply_rope(x, pos, layout="b s h d", spec=spec, sections=default) - theirs).abs() > tol).any()

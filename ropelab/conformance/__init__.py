@@ -106,12 +106,12 @@ sparse-attention indexer and main attention: the table's ``rotations``) is compa
 ``per_layer(config, style=)`` of that function's measured pairing and its own measured output order
 (``rotation_permutations``). ``proportional`` RoPE (the half pairing over the whole head, its tail pairs at
 frequency 0) is measured as ``half`` with ``zero_frequency_pairs``.
-A vision tower's rotation is compared on two frames of a 4 x 4 grid of patches (positions up to 4 on each
-axis): its ladder and pairing are checked there, not at large positions; the ``diagnose`` probe is not run on multi-
-axis rotations. Multi-axis rotations ropelab's ``MultiAxis`` cannot hold (Pixtral's: the column axis takes the odd
-frequencies of one ladder, so its ladder is not its own; an axis order that starts with the column) are refused with
-the measured layout named. A composite's towers are built and never run on its text path (they are compared as their
-own model types where the sweep builds their inputs).
+A vision tower's rotation is compared on two frames of a 4 x 4 grid of patches (positions up to 4 on each axis): its
+ladder and pairing are checked there, not at large positions; the ``diagnose`` probe is not run on multi-axis
+rotations. Multi-axis rotations ropelab's ``MultiAxis`` cannot hold (Pixtral's: the column axis takes the odd
+frequencies of one ladder, so its ladder is not its own; Kimi-K2.5's: axial ladders whose pairs alternate between
+the axes, the column's first) are refused with the measured layout named. A composite's towers are built and never
+run on its text path (they are compared as their own model types where the sweep builds their inputs).
 """
 
 __all__: list[str] = []  # the names live in the submodules: ``sweep`` (heavy) and ``hf_table`` (data)

@@ -190,9 +190,13 @@ def measure_axes(call) -> dict:
     w = W.T.gather(1, axis[:, None])[:, 0]
     out["direction"] = 1 if bool((w > 0).all()) else -1 if bool((w < 0).all()) else 0
     counts = tuple(int((axis == k).sum()) for k in range(pos.shape[0]))
+    # The order of the axes' runs along the head (Step3p5's vision tower: the column's first)
+    runs = tuple(dict.fromkeys(axis.tolist()))
+    order = runs if len(runs) == pos.shape[0] and runs != tuple(range(pos.shape[0])) else None
     kinds = (({"axial": True, "blockwise": True},) if blocks is not None
              else ({"axial": True}, {}, {"interleaved": True}))
     for kw in kinds:
+        kw = {**kw, "order": order} if order is not None and "interleaved" not in kw else kw
         try:
             cand = MultiAxis(counts, **kw)
         except ValueError:
@@ -202,7 +206,8 @@ def measure_axes(call) -> dict:
         base, _why = ladder_check(cand, w.abs())
         if base is not None:
             out["axes"] = {"sections": list(counts), "axial": cand.axial, "interleaved": cand.interleaved,
-                           **({"blockwise": True} if cand.blockwise else {})}
+                           **({"blockwise": True} if cand.blockwise else {}),
+                           **({"order": list(cand.order)} if cand.order is not None else {})}
             out["measured_base"] = float(f"{base:.5g}")
             break
     else:

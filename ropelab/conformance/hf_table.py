@@ -202,7 +202,7 @@ CONVENTIONS: dict[str, dict] = {
     'stablelm': {'rotating_dims': 20, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 0.25},
     'starcoder2': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'step3p5': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': [], 'v4': {'scaled_layer_types': ['full_attention'], 'default_theta': {}}, 'rotary_fraction': 1.0},
-    'step3p5_vision': {'rotating_dims': 96, 'direction': 1, 'style': 'other: pair axes [1, 1, 1, 1, 1, 1, 1, 1]... fit no contiguous, interleaved or axial sections with one ladder', 'rotary_fraction': 1.0},
+    'step3p5_vision': {'rotating_dims': 96, 'direction': 1, 'axes': {'sections': [24, 24], 'axial': True, 'interleaved': False, 'order': [1, 0]}, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0},
     't5gemma2_text': {'rotating_dims': 256, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': [], 'v4': {'scaled_layer_types': ['full_attention'], 'default_theta': {'sliding_attention': 10000.0}}, 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'timesfm2_5': {'rotating_dims': 80, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'ultrabert': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
