@@ -371,6 +371,7 @@ class RopeSpec:
             layer_types = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(n_layers)]
         if layer_types is None:
             layer_types = _layer_types_from_indices(config, n_layers) or _periodic(config, "layer_types", n_layers)
+        n_layers, layer_types = _as_the_class_reads_layers(config, n_layers, layer_types)
         if layer_types is None:
             _refuse_underived_layer_types(config, conv)
         if layer_types is not None and len(layer_types) != n_layers:
@@ -584,7 +585,8 @@ def _reads_of(config: Any) -> Mapping[str, Any] | None:
     from .conformance.hf_config_rules import READS
 
     model_type = _get(config, "model_type")
-    return READS.get(model_type) if isinstance(model_type, str) else None
+    reads = READS.get(model_type) if isinstance(model_type, str) else None
+    return reads if reads is not None and "default" in reads else None  # (an entry may hold a layout only)
 
 
 def _first(config: Any, keys: Sequence[str]) -> tuple[str | None, Any]:
@@ -681,6 +683,24 @@ def _refuse_unread(config: Any, field: str, keys: Sequence[str], used: Any) -> N
         raise ValueError(f"the config gives {field} as {said} (= {_get(config, said[0])!r}), which transformers' "
                          f"config class for model type {model_type!r} does not read (it reads {list(keys)}); "
                          f"transformers would run its default instead. To mean it, {fix}.")
+
+
+def _as_the_class_reads_layers(config: Any, n_layers: int, layer_types: Any) -> tuple[int, Any]:
+    """(num_hidden_layers, layer_types) as the config class reads a ``config.json`` that lists k blocks per layer (its
+    measured ``serialized_layout``, ``hf_config_rules``: Dory's list each attention block, then an ``mlp`` block,
+    with ``num_hidden_layers`` doubled; the class keeps every k-th entry and divides the count by k). Unchanged where
+    the class has no such rule or the list holds none of its filler types."""
+    from .conformance.hf_config_rules import READS
+
+    model_type = _get(config, "model_type")
+    rule = (READS.get(model_type) or {}).get("serialized_layout") if isinstance(model_type, str) else None
+    if rule is None or not isinstance(layer_types, Sequence) or not set(layer_types) & set(rule["filler"]):
+        return n_layers, layer_types
+    k = rule["stride"]
+    if len(layer_types) != n_layers or n_layers % k:
+        raise ValueError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={n_layers}; a config "
+                         f"listing {k} blocks per layer (with {rule['filler']}) needs a multiple of {k} of each.")
+    return n_layers // k, list(layer_types)[::k]
 
 
 def _refuse_underived_layer_types(config: Any, conv: Mapping[str, Any]) -> None:

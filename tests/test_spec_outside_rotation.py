@@ -126,3 +126,21 @@ def test_layer_types_the_class_derives_from_keys_not_read_are_refused_in_a_dict(
     specs = RopeSpec.per_layer({**config.to_dict(), "layer_types": list(config.layers_block_type)})
     assert [s.is_nope for s in specs] == [t == "linear_attention" for t in config.layers_block_type]
     assert any(s.is_nope for s in specs) and not all(s.is_nope for s in specs)
+
+
+def test_a_config_listing_blocks_per_layer_is_read_as_its_class_reads_it():
+    """Dory's config.json lists each layer's attention block and then an ``mlp`` block (num_hidden_layers doubled);
+    its class keeps every second entry (measured: ``serialized_layout``). per_layer reads it the same way: one spec
+    per decoder layer, each with its layer type's base."""
+    config = _config("dory")
+    d = config.to_dict()
+    assert len(d["layer_types"]) == 2 * config.num_hidden_layers and "mlp" in d["layer_types"]
+    specs = RopeSpec.per_layer(d)
+    assert len(specs) == config.num_hidden_layers
+    bases = {t: p["rope_theta"] for t, p in config.rope_parameters.items()}
+    assert [s.base for s in specs] == [bases[t] for t in config.layer_types]
+    assert len(set(bases.values())) == 2  # the two layer types differ: the check could fail
+    odd = {**d, "layer_types": d["layer_types"][:-1] + ["full_attention"]}
+    assert len(RopeSpec.per_layer(odd)) == config.num_hidden_layers  # mlp still listed: the same stride
+    with pytest.raises(ValueError, match="layer_types has"):
+        RopeSpec.per_layer({**d, "layer_types": d["layer_types"][:-2]})
