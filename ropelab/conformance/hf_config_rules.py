@@ -424,7 +424,6 @@ NOT_COVERED: dict[str, str] = {
     'dia_decoder': "transformers' model cannot run on tokens: ValueError: not enough values to unpack (expected 2, got 1)",
     'diffusion_gemma': 'a rotation call outside the decoder layers (e.g. a vision tower or an encoder); the sweep attributes calls to decoder layers only',
     'dinov3_vit': 'the positions the model rotated by could not be read: its rotary module was not called with one position_ids tensor of one or several axes (the sweep reads positions from that call, never re-derives them)',
-    'dory': "ropelab: ValueError: rope_parameters has neither 'rope_type' nor an entry per layer type (keys ['full_attention', 'sliding_attention'], layer_types ['full_attention', 'mlp', 'sliding_attention']).",
     'dots3_note': "tiny config cannot be built: StrictDataclassClassValidationError: Class validation error for validator 'validate_architecture': ValueError: vision adapter output width must match the text hidden size",
     'dots3_note_audio_encoder': "transformers' model cannot run on tokens: TypeError: Dots3NoteAudioModel.forward() missing 1 required positional argument: 'chunk_sample_lengths'",
     'dots3_note_vision_encoder': 'tiny config cannot be built: ValueError: `per_layer_config` keys must be integer layer indices in the range [0, 8); got [25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41].',
