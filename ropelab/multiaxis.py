@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .core import Layout, check_positions, parse_layout, rotate, tables_for
+from .core import Layout, check_positions, pair_indices, parse_layout, rotate, tables_for
 from .scaling import frequencies
 from .spec import RopeSpec
 
@@ -38,24 +38,43 @@ __all__ = ["MultiAxis", "per_layer_axes", "apply_multiaxis_rope", "multiaxis_rop
 
 @dataclass(frozen=True)
 class MultiAxis:
-    """Which rotary pairs each position axis drives.
+    r"""Which rotary pairs each position axis drives.
 
     ``sections[k]`` is the number of pairs axis k drives (they sum to the rotary pairs r/2);
     ``interleaved`` spreads them Qwen3-VL's way (pair i to axis i mod A while that axis has pairs left)
     instead of Qwen2-VL's contiguous runs; ``axial`` gives each axis its own frequency ladder
     :math:`b^{-2j/(2 s_k)}`, j < s_k (ViT / DiT axial RoPE) instead of one ladder across the head.
+    ``blockwise`` (axial only, half pairing) lays axis k's pairs out in a contiguous block of its own
+    :math:`2 s_k` dims, pair j of the block being dims :math:`(o_k + j, o_k + s_k + j)`, :math:`o_k = 2\sum_{l<k}
+    s_l` (Gemma 4's vision tower: ``apply_multidimensional_rope`` splits the head into one block per axis and
+    applies ``rotate_half`` to each), instead of the half pairing :math:`(i, i + r/2)` across the head.
+    ``order`` (contiguous runs only) is the order of the axes' runs along the head, e.g. ``(1, 0)``: the column's
+    run of pairs first, then the row's (Step3p5's vision tower flips (row, column) to (column, row) before laying
+    out its angles); None is ``(0, 1, ...)``. ``sections[k]`` stays axis k's count.
     """
 
     sections: tuple[int, ...]
     interleaved: bool = False
     axial: bool = False
+    blockwise: bool = False
+    order: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         s = self.sections
         if not isinstance(s, tuple) or not s or not all(isinstance(v, int) and v >= 0 for v in s):
             raise ValueError(f"sections must be a non-empty tuple of pair counts (ints >= 0), got {s!r}.")
+        if self.order is not None:
+            if not isinstance(self.order, tuple) or sorted(self.order) != list(range(len(s))):
+                raise ValueError(f"order must be a tuple ordering the axes 0 .. {len(s) - 1} (e.g. (1, 0)), got "
+                                 f"{self.order!r}.")
+            if self.interleaved:
+                raise ValueError("order lays out contiguous runs of pairs; interleaved sections have none.")
+            if self.order == tuple(range(len(s))):
+                object.__setattr__(self, "order", None)  # the default: one spelling per layout
         if self.interleaved and self.axial:
             raise ValueError("an axial spec has one ladder per axis; interleaving its pairs is not defined.")
+        if self.blockwise and not self.axial:
+            raise ValueError("blockwise lays out each axis' own ladder in a block of its own: give axial=True too.")
         if self.interleaved:
             # Qwen3-VL's rule gives axis k >= 1 the pairs k, k + A, ... below A s_k, axis 0 the rest: it
             # realises the sections only when every such pair exists.
@@ -104,18 +123,37 @@ class MultiAxis:
         """a(i) for every pair i: the axis whose position rotates pair i (int64, length r/2)."""
         a = len(self.sections)
         if not self.interleaved:
-            return torch.repeat_interleave(torch.arange(a), torch.tensor(self.sections))
+            runs = self._runs()
+            return torch.repeat_interleave(torch.tensor(runs), torch.tensor([self.sections[k] for k in runs]))
         i = torch.arange(self.n_pairs)
         out = torch.zeros_like(i)
         for k in range(1, a):
             out[(i % a == k) & (i < a * self.sections[k])] = k
         return out
 
+    def _runs(self) -> tuple[int, ...]:
+        """The axes in the order of their runs of pairs along the head."""
+        return self.order if self.order is not None else tuple(range(len(self.sections)))
+
+    def pair_dims(self, rotary_dim: int, style: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The dims (a_i, b_i) of every pair i of a head whose first ``rotary_dim`` dims rotate: the style's pairing
+        (``ropelab.core.pair_indices``), or, ``blockwise``, pair j of axis k at :math:`(o_k + j, o_k + s_k + j)`."""
+        if not self.blockwise:
+            return pair_indices(rotary_dim, style)
+        if style != "half" or rotary_dim != 2 * self.n_pairs:
+            raise ValueError(f"blockwise sections {self.sections} pair half within each axis' block of the "
+                             f"{2 * self.n_pairs} rotating dims; got style {style!r}, rotary_dim {rotary_dim}.")
+        sizes = [self.sections[k] for k in self._runs()]
+        offsets = [2 * sum(sizes[:k]) for k in range(len(sizes))]
+        a = torch.cat([o + torch.arange(n) for o, n in zip(offsets, sizes)])
+        return a, a + torch.repeat_interleave(torch.tensor(sizes), torch.tensor(sizes))
+
     def inv_freq(self, base: float = 10000.0) -> torch.Tensor:
         r"""Per-pair frequencies (float64) of an axial spec: axis k's ladder :math:`b^{-2j/(2 s_k)}`."""
         if not self.axial:
             raise ValueError("only an axial spec has its own ladders; M-RoPE uses the head's one ladder.")
-        return torch.cat([frequencies(2 * s, base)[0].to(torch.float64) for s in self.sections if s])
+        return torch.cat([frequencies(2 * self.sections[k], base)[0].to(torch.float64) for k in self._runs()
+                          if self.sections[k]])
 
 
 def per_layer_axes(config: Mapping[str, Any] | Any) -> tuple[tuple[RopeSpec, MultiAxis], ...]:
@@ -179,7 +217,8 @@ def per_layer_axes(config: Mapping[str, Any] | Any) -> tuple[tuple[RopeSpec, Mul
         raise ValueError(f"the measured sections {measured} of model type {_get(config, 'model_type')!r} do not "
                          f"scale to {pairs} pairs (head_dim {head_dim}).")
     sections = MultiAxis(tuple(int(v) for v in scaled), interleaved=bool(axes.get("interleaved")),
-                         axial=bool(axes.get("axial")))
+                         axial=bool(axes.get("axial")), blockwise=bool(axes.get("blockwise")),
+                         order=tuple(axes["order"]) if axes.get("order") is not None else None)
     spec = RopeSpec(style=conv["style"], base=float(base), rotary_dim=None if 2 * pairs == head_dim else 2 * pairs)
     # Layer types without RoPE (LFM3-VL's vision "conv" layers: measured, no rotation call there)
     types = _get(config, "layer_types")
@@ -256,7 +295,15 @@ def multiaxis_rope(
     cos, sin = (torch.cos(angles) * factor).to(cdt), (torch.sin(angles) * factor).to(cdt)
     cos, sin = tables_for(x, layout, cos, sin, ("b", "s") if p.ndim == 3 else ("s",))
     d_idx = layout.index("d")
-    return rotate(x.movedim(d_idx, -1), cos, sin, style=spec.style).movedim(-1, d_idx)
+    xd = x.movedim(d_idx, -1)
+    if not sections.blockwise:
+        return rotate(xd, cos, sin, style=spec.style).movedim(-1, d_idx)
+    # Blockwise: gather each pair's dims into the half layout (a_i, then b_i), rotate, and scatter back.
+    a, b = sections.pair_dims(2 * sections.n_pairs, spec.style)
+    perm = torch.cat([a, b, torch.arange(2 * sections.n_pairs, d)]).to(x.device)
+    out = torch.empty_like(xd)
+    out[..., perm] = rotate(xd[..., perm], cos, sin, style="half")
+    return out.movedim(-1, d_idx)
 
 
 def apply_multiaxis_rope(

@@ -33,6 +33,7 @@ Switching settings is ``dataclasses.replace(spec, base=...)``: a spec is frozen 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import types
 from collections.abc import Mapping, Sequence
@@ -110,6 +111,11 @@ class RopeSpec:
             ``partial_rotary_factor``: those are ``base`` and ``rotary_dim`` here (one home each; use
             :meth:`from_rope_dict` to lift them out of a v5 dict).
         max_position_embeddings: the trained context :math:`L_0` of the length-dependent scalings.
+        llama_4_scaling_beta: :math:`\beta` of the query scale some attentions apply *after* the rotation, outside
+            it (transformers' Ministral 3 and Mistral 4 read it from their rope dict:
+            ``query_states * get_llama_4_attn_scale(position_ids, beta, original_max_position_embeddings)``), or
+            None. The rotation does not read it, and ``apply_rope`` does not apply it (it scales the query, not
+            the key); :meth:`query_scale` gives the factor :math:`1 + \beta\ln(1 + \lfloor m / L_0\rfloor)`.
 
     Validated once, here; frozen, so switching a scheme is ``dataclasses.replace``.
     """
@@ -119,6 +125,7 @@ class RopeSpec:
     rotary_dim: int | None = None
     scaling: Mapping[str, Any] | None = None
     max_position_embeddings: int | None = None
+    llama_4_scaling_beta: float | None = None
 
     def __post_init__(self) -> None:
         check_style(self.style)
@@ -151,6 +158,49 @@ class RopeSpec:
             # The checks frequencies makes, now: a missing key or L0 raises at construction, not at first use.
             check_scaling(params, rotary_dim=self.rotary_dim, max_position_embeddings=self.max_position_embeddings)
             object.__setattr__(self, "scaling", types.MappingProxyType(dict(self.scaling)))
+        if self.llama_4_scaling_beta is not None:
+            beta = self.llama_4_scaling_beta
+            if not is_real(beta) or not math.isfinite(beta):
+                raise ValueError(f"llama_4_scaling_beta must be a finite number (the query scale's beta, e.g. 0.1), "
+                                 f"got {type(beta).__name__} {beta!r}.")
+            object.__setattr__(self, "llama_4_scaling_beta", float(beta))
+            self._query_scale_length()  # ValueError now, not at first use, where L0 is missing
+
+    def _query_scale_length(self) -> int:
+        """:math:`L_0` of the query scale: the scaling's ``original_max_position_embeddings`` (transformers reads
+        ``rope_parameters.get("original_max_position_embeddings")``, which ``standardize_rope_params`` fills from
+        ``max_position_embeddings`` for the types whose L0 falls back to it)."""
+        if self.is_nope:
+            raise ValueError("llama_4_scaling_beta on a layer without RoPE (rotary_dim=0): transformers applies it "
+                             "where it rotates; drop it.")
+        rec = ROPE_TYPES[self.rope_type]
+        original = (self.scaling or {}).get("original_max_position_embeddings")
+        if original is None and rec.original_key == "original_max_position_embeddings":
+            original = self.max_position_embeddings
+        if original is None:
+            raise ValueError(f"llama_4_scaling_beta needs L0, the rope dict's original_max_position_embeddings "
+                             f"(rope_type {self.rope_type!r} has none here); transformers divides the position by it "
+                             "and fails without one. Add it to the rope dict.")
+        return original
+
+    def query_scale(self, positions: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        r"""The factor the attention multiplies its *rotated query* by at each position m, float64:
+        :math:`1 + \beta\ln(1 + \lfloor m / L_0\rfloor)` (Llama 4's attention temperature in the form of
+        transformers' ``get_llama_4_attn_scale``, Ministral 3 and Mistral 4; :math:`\beta` =
+        ``llama_4_scaling_beta``, :math:`L_0` the rope dict's ``original_max_position_embeddings``), and ones where
+        the spec has no ``llama_4_scaling_beta``. ``apply_rope`` does not apply it: multiply the rotated query by
+        ``query_scale(positions)[..., None]`` (a head axis between, as the layout needs) to match such a model.
+
+        Args:
+            positions: the token positions m (ints >= 0), any shape.
+        """
+        m = torch.as_tensor(positions)
+        if m.is_floating_point() or m.dtype == torch.bool or (m.numel() and int(m.min()) < 0):
+            raise ValueError(f"positions must be ints >= 0, got {m.dtype} {m.flatten()[:4].tolist()}.")
+        m = m.to(torch.float64)
+        if self.llama_4_scaling_beta is None:
+            return torch.ones_like(m)
+        return 1 + self.llama_4_scaling_beta * torch.log1p(torch.floor(m / self._query_scale_length()))
 
     @property
     def is_nope(self) -> bool:
@@ -181,7 +231,8 @@ class RopeSpec:
         """Plain types only (for a checkpoint or JSON): the inverse of ``RopeSpec(**d)``."""
         return {"style": self.style, "base": self.base, "rotary_dim": self.rotary_dim,
                 "scaling": None if self.scaling is None else dict(self.scaling),
-                "max_position_embeddings": self.max_position_embeddings}
+                "max_position_embeddings": self.max_position_embeddings,
+                **({} if self.llama_4_scaling_beta is None else {"llama_4_scaling_beta": self.llama_4_scaling_beta})}
 
     # ----------------------------------------------------------------------------------------------
     # Hugging Face configs
@@ -309,7 +360,9 @@ class RopeSpec:
         n_layers = _need(config, "num_hidden_layers")
         head_dim = head_dim_of(config)
         style = _style_of(config, conv, style)
-        max_pos = _need(config, "max_position_embeddings")
+        # Read where a scaling reads it (dynamic NTK, a missing L0): from_rope_dict raises there. Default RoPE does
+        # not (transformers' CLVP and RecurrentGemma configs have no such key).
+        max_pos = _get(config, "max_position_embeddings")
         layer_types = _get(config, "layer_types")
         pattern = _get(config, "sliding_window_pattern")
         if layer_types is None and pattern is not None:
@@ -318,6 +371,9 @@ class RopeSpec:
             layer_types = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(n_layers)]
         if layer_types is None:
             layer_types = _layer_types_from_indices(config, n_layers) or _periodic(config, "layer_types", n_layers)
+        n_layers, layer_types = _as_the_class_reads_layers(config, n_layers, layer_types)
+        if layer_types is None:
+            _refuse_underived_layer_types(config, conv)
         if layer_types is not None and len(layer_types) != n_layers:
             raise ValueError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={n_layers}.")
         nope_types = set(conv.get("nope_layer_types", ()))
@@ -329,9 +385,12 @@ class RopeSpec:
                              "it with ropelab.engines.hf.read_config (its sections) or "
                              "ropelab.multiaxis.MultiAxis.from_hf_config.")
         types_ = layer_types if layer_types is not None else [None] * n_layers
-        specs = {t: cls.from_rope_dict(_with_partial(config, d, head_dim, conv), head_dim=head_dim, style=style,
-                                       max_position_embeddings=max_pos)
-                 for t, d in by_type.items()}
+        specs = {}
+        for t, d in by_type.items():
+            d, beta = _outside_rotation(d, max_pos)
+            spec = cls.from_rope_dict(_with_partial(config, d, head_dim, conv), head_dim=head_dim, style=style,
+                                      max_position_embeddings=max_pos)
+            specs[t] = spec if beta is None else dataclasses.replace(spec, llama_4_scaling_beta=beta)
         nope = cls.nope(max_pos)
         specs.update({t: nope for t in nope_types})
         missing = sorted({t for t in types_ if t not in specs}, key=str)
@@ -367,7 +426,8 @@ class RopeSpec:
 
     def __hash__(self) -> int:
         scaling = None if self.scaling is None else tuple(sorted((k, repr(v)) for k, v in self.scaling.items()))
-        return hash((self.style, self.base, self.rotary_dim, scaling, self.max_position_embeddings))
+        return hash((self.style, self.base, self.rotary_dim, scaling, self.max_position_embeddings,
+                     self.llama_4_scaling_beta))
 
 
 def head_dim_of(config: Any) -> int:
@@ -525,7 +585,8 @@ def _reads_of(config: Any) -> Mapping[str, Any] | None:
     from .conformance.hf_config_rules import READS
 
     model_type = _get(config, "model_type")
-    return READS.get(model_type) if isinstance(model_type, str) else None
+    reads = READS.get(model_type) if isinstance(model_type, str) else None
+    return reads if reads is not None and "default" in reads else None  # (an entry may hold a layout only)
 
 
 def _first(config: Any, keys: Sequence[str]) -> tuple[str | None, Any]:
@@ -624,6 +685,38 @@ def _refuse_unread(config: Any, field: str, keys: Sequence[str], used: Any) -> N
                          f"transformers would run its default instead. To mean it, {fix}.")
 
 
+def _as_the_class_reads_layers(config: Any, n_layers: int, layer_types: Any) -> tuple[int, Any]:
+    """(num_hidden_layers, layer_types) as the config class reads a ``config.json`` that lists k blocks per layer (its
+    measured ``serialized_layout``, ``hf_config_rules``: Dory's list each attention block, then an ``mlp`` block,
+    with ``num_hidden_layers`` doubled; the class keeps every k-th entry and divides the count by k). Unchanged where
+    the class has no such rule or the list holds none of its filler types."""
+    from .conformance.hf_config_rules import READS
+
+    model_type = _get(config, "model_type")
+    rule = (READS.get(model_type) or {}).get("serialized_layout") if isinstance(model_type, str) else None
+    if rule is None or not isinstance(layer_types, Sequence) or not set(layer_types) & set(rule["filler"]):
+        return n_layers, layer_types
+    k = rule["stride"]
+    if len(layer_types) != n_layers or n_layers % k:
+        raise ValueError(f"layer_types has {len(layer_types)} entries for num_hidden_layers={n_layers}; a config "
+                         f"listing {k} blocks per layer (with {rule['filler']}) needs a multiple of {k} of each.")
+    return n_layers // k, list(layer_types)[::k]
+
+
+def _refuse_underived_layer_types(config: Any, conv: Mapping[str, Any]) -> None:
+    """ValueError where the config gives no ``layer_types`` (nor its measured alias, e.g. ``layers_block_type``) and
+    no rule ropelab reads derives them, while the model type has layer types without RoPE (measured): the class
+    derives its list from other keys (RecurrentGemma's ``block_types``, cycled), so which layers rotate is not
+    known here, and reading every layer as rotating would be wrong."""
+    alias = conv.get("aliases", {}).get("layer_types")
+    nope = conv.get("nope_layer_types", ())
+    if alias is not None and nope:
+        raise ValueError(f"model type {_get(config, 'model_type')!r}: the config gives no layer_types (nor "
+                         f"{alias!r}); transformers' config class derives them from other keys, which ropelab does "
+                         f"not read, and its layers of type {sorted(nope)} apply no RoPE, so which layers rotate is "
+                         f"not known; give layer_types (one per layer, e.g. the config object's {alias}).")
+
+
 def _periodic(config: Any, name: str, n_layers: int) -> list | None:
     """The per-layer list ``name`` a config class derives when the config has none, by its measured periodic rule
     (``hf_config_rules``' ``periodic``: layer i gets ``last`` when (i + 1) % k == 0, k the rule's key or its
@@ -710,7 +803,20 @@ def hf_config_notes(config: Any, *, style: str | None = None) -> tuple[str, ...]
             and params.get("partial_rotary_factor") is not None and params.get("rope_type", "default") == "default"):
         notes.append(f"model type {model_type!r}: transformers' default rotation for it does not read "
                      "rope_parameters['partial_rotary_factor'] (it rotates the whole head), so it is not applied.")
+    notes += _outside_rotation_notes(model_type, params)
     return tuple(notes)
+
+
+def _outside_rotation_notes(model_type: Any, params: Any) -> list[str]:
+    """The note on a rope dict's ``llama_4_scaling_beta`` (one dict, or one per layer type): recorded on the spec,
+    not applied by ``apply_rope`` (see :func:`_outside_rotation`)."""
+    dicts = [params] if isinstance(params, Mapping) and not any(isinstance(v, Mapping) for v in params.values()) \
+        else [v for v in (params.values() if isinstance(params, Mapping) else ()) if isinstance(v, Mapping)]
+    betas = sorted({d["llama_4_scaling_beta"] for d in dicts if d.get("llama_4_scaling_beta") is not None}, key=repr)
+    return [f"model type {model_type!r}: rope_parameters['llama_4_scaling_beta']={b!r} scales the query after the "
+            "rotation in transformers' attention (by 1 + beta * ln(1 + floor(m / original_max_position_embeddings))); "
+            "the rotation does not read it, so the spec records it (RopeSpec.llama_4_scaling_beta) and apply_rope does "
+            "not apply it: multiply the rotated query by spec.query_scale(positions)." for b in betas]
 
 
 def _style_of(config: Any, conv: Mapping[str, Any], style: str | None) -> str:
@@ -748,7 +854,7 @@ def _with_partial(config: Any, params: Mapping[str, Any], head_dim: int, conv: M
                              f"model type's code rotates the whole head while the scaling's frequencies cover "
                              f"part of it, so transformers fails on this config; drop partial_rotary_factor.")
     if "partial_rotary_factor" in params or params.get("rope_type") == "proportional":
-        return params
+        return _factor_of_the_slice(config, params, head_dim)
     for key, value in (("partial_rotary_factor", _get(config, "partial_rotary_factor")),
                        ("rotary_dim", _get(config, "rotary_dim")), ("rotary_pct", _get(config, "rotary_pct"))):
         if value is None or key in ignored:
@@ -760,6 +866,43 @@ def _with_partial(config: Any, params: Mapping[str, Any], head_dim: int, conv: M
     if conv.get("rotary_fraction", 1.0) < 1.0:
         params["partial_rotary_factor"] = conv["rotary_fraction"]
     return params
+
+
+def _outside_rotation(d: Mapping[str, Any], max_pos: int | None) -> tuple[dict, Any]:
+    """(the rope dict without the keys its rotation does not read, ``llama_4_scaling_beta`` or None).
+
+    transformers' Ministral 3 / Mistral 4 config classes keep two such keys in ``rope_parameters`` and name them in
+    ``ignore_keys_at_rope_validation``: ``llama_4_scaling_beta``, which their attention reads to scale the rotated
+    query (it goes on the spec, :attr:`RopeSpec.llama_4_scaling_beta`, not dropped), and ``max_position_embeddings``,
+    a copy of the config's own, which no rotation reads from the rope dict (yarn reads the config's when its factor
+    is None). A copy that differs from the config's is refused: which one was meant is not known."""
+    d = dict(d)
+    beta = d.pop("llama_4_scaling_beta", None)
+    if "max_position_embeddings" in d:
+        copy = d.pop("max_position_embeddings")
+        if copy is not None and copy != max_pos:
+            raise ValueError(f"the rope dict's max_position_embeddings={copy!r} differs from the config's "
+                             f"max_position_embeddings={max_pos!r}; transformers' rotation reads only the config's, "
+                             "so make them equal or drop the rope dict's copy.")
+    return d, beta
+
+
+def _factor_of_the_slice(config: Any, params: dict, head_dim: int) -> dict:
+    """``params`` with its ``partial_rotary_factor`` as a share of the rotated slice ``qk_rope_head_dim`` (``head_dim``
+    here), where the config's ``head_dim`` is the full head: transformers' rope functions (``modeling_rope_utils``)
+    take ``dim = int(config.head_dim * partial_rotary_factor)``, a share of the full head (Mistral 4: head_dim 128,
+    factor 0.5, so the 64 dims of its rotated slice all rotate). Dims past the slice fail transformers' forward on
+    the shapes; a ValueError here."""
+    full, factor = _get(config, "head_dim"), params.get("partial_rotary_factor")
+    if (_get(config, "qk_rope_head_dim") != head_dim or not is_real(full) or full == head_dim or not is_real(factor)
+            or params.get("rope_type", params.get("type")) == "proportional"):
+        return params
+    dims = int(full * float(factor))
+    if dims > head_dim:
+        raise ValueError(f"partial_rotary_factor={factor!r} of head_dim={full} gives {dims} rotating dims, past the "
+                         f"rotated slice qk_rope_head_dim={head_dim}; transformers fails on these shapes. Set "
+                         f"partial_rotary_factor to at most qk_rope_head_dim / head_dim = {head_dim / full}.")
+    return {**params, "partial_rotary_factor": dims / head_dim}
 
 
 def _top_level_original(config: Any, d: dict) -> dict:

@@ -171,7 +171,9 @@ BASE = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_a
 @pytest.mark.parametrize(
     "config, key",
     [
-        ({**BASE, "rope_theta": 1e4}, "max_position_embeddings"),
+        # default RoPE reads no max_position_embeddings (CLVP's encoder config has none); dynamic NTK does
+        ({**BASE, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}},
+         "max_position_embeddings"),
         ({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 2, "rope_theta": 1e4,
           "max_position_embeddings": 8},
          "hidden_size"),

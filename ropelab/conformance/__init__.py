@@ -95,14 +95,23 @@ Stated limits. Where the attention hands the rotation function only the rotary s
 rest passes through unchanged. Rotations inlined in the attention (no module-level ``apply_*`` function), models
 that need inputs the sweep does not build (or refuse the tiny ones it builds), and models whose positions are
 computed inside the rotary module (never passed to it, so not read) are not covered, each row saying why; so are
-rotations called with their tensors as keyword arguments only (Gemma 4's vision tower) and rotations inlined in a
-method of the attention (the conformer encoders' ``_apply_rotary_embedding``, whose rotary module takes no positions
-either). A vision tower's rotation is compared on two frames of a 4 x 4 grid of patches (positions up to 4 on each
-axis): its ladder and pairing are checked there, not at large positions; the ``diagnose`` probe is not run on multi-
-axis rotations. Multi-axis rotations ropelab's ``MultiAxis`` cannot hold (Pixtral's: the column axis takes the odd
-frequencies of one ladder, so its ladder is not its own; an axis order that starts with the column) are refused with
-the measured layout named. A composite's towers are built and never run on its text path (they are compared as their
-own model types where the sweep builds their inputs).
+rotations called with their tensors as keyword arguments only, unless made inside another recorded rotation call
+(Gemma 4's vision tower: ``apply_multidimensional_rope(x, cos, sin, position_ids)`` calls
+``apply_rotary_pos_emb(x=...)`` per axis; the outer call is compared), and rotations inlined in a method of the
+attention (the conformer encoders' ``_apply_rotary_embedding``, whose rotary module takes no positions either). An
+M-RoPE text model whose rope dict holds ``mrope_section`` (``per_layer`` refuses it) is compared through
+``ropelab.engines.hf.read_config`` where its rotary module saw every axis equal (text tokens): the ladder, base and
+pairing, not the sections. A layer calling two rotation functions that pair differently (DeepSeek-V3.2's
+sparse-attention indexer and main attention: the table's ``rotations``) is compared per function, against
+``per_layer(config, style=)`` of that function's measured pairing and its own measured output order
+(``rotation_permutations``). ``proportional`` RoPE (the half pairing over the whole head, its tail pairs at
+frequency 0) is measured as ``half`` with ``zero_frequency_pairs``.
+A vision tower's rotation is compared on two frames of a 4 x 4 grid of patches (positions up to 4 on each axis): its
+ladder and pairing are checked there, not at large positions; the ``diagnose`` probe is not run on multi-axis
+rotations. Multi-axis rotations ropelab's ``MultiAxis`` cannot hold (Pixtral's: the column axis takes the odd
+frequencies of one ladder, so its ladder is not its own; Kimi-K2.5's: axial ladders whose pairs alternate between
+the axes, the column's first) are refused with the measured layout named. A composite's towers are built and never
+run on its text path (they are compared as their own model types where the sweep builds their inputs).
 """
 
 __all__: list[str] = []  # the names live in the submodules: ``sweep`` (heavy) and ``hf_table`` (data)

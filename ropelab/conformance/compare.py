@@ -36,7 +36,7 @@ def bound(x: torch.Tensor, layout: str, positions, spec: RopeSpec, sections: Mul
             inv, af = (sections.inv_freq(spec.base), 1.0) if sections.axial else spec.frequencies(d)
             theta = axis_angles(torch.as_tensor(positions), sections, inv)  # [s, r/2]
             r = 2 * sections.n_pairs
-        a, b = pair_indices(r, spec.style)
+        a, b = pair_indices(r, spec.style) if sections is None else sections.pair_dims(r, spec.style)
         rho = torch.hypot(xd[..., a], xd[..., b])
         const = 4 if x.dtype == torch.float64 else 12  # float32 models round the products and the sum too
         pair_tol = abs(af) * rho * (theta.abs() * (math.log(spec.base) + 9) + const) * U32 + 16 * U64 * rho

@@ -138,6 +138,33 @@ def _periodic_lists(config_cls, kw: dict) -> dict[str, dict]:
     return out
 
 
+def _serialized_layout(config_cls, kw: dict) -> dict | None:
+    """{"stride": k, "filler": [types]} where the class writes its ``layer_types`` to ``config.json`` with k entries
+    per decoder layer (Dory's released configs list each layer's attention block and then an ``mlp`` block, and
+    double ``num_hidden_layers``) and reads such a list back as every k-th entry: measured by writing the class's
+    ``to_dict()`` and building the class from it again. None for any other class."""
+    try:
+        cfg = config_cls(**kw)
+        d = cfg.to_dict()
+        types, written = list(getattr(cfg, "layer_types", None) or []), list(d.get("layer_types") or [])
+        n, written_n = cfg.num_hidden_layers, d.get("num_hidden_layers")
+    except Exception:  # noqa: BLE001 - a class without layer types has no layout
+        return None
+    if not types or len(written) <= len(types) or len(written) % len(types):
+        return None
+    k = len(written) // len(types)
+    filler = sorted({t for i, t in enumerate(written) if i % k})
+    if written[::k] != types or written_n != k * n or set(filler) & set(types):
+        return None
+    try:
+        again = config_cls(**{**kw, "layer_types": written, "num_hidden_layers": written_n})
+    except Exception:  # noqa: BLE001
+        return None
+    if list(again.layer_types) != types or again.num_hidden_layers != n:
+        return None
+    return {"stride": k, "filler": filler}
+
+
 def _text_rule(config_cls) -> dict | None:
     """{"type": the text sub-config's model type, "dict_type": whether a ``text_config`` dict's own ``model_type``
     picks the class instead (measured: a dict saying another type, and the class built from it)}."""
@@ -159,9 +186,10 @@ def measure_rules(config_cls, kw: dict) -> dict[str, Any]:
     """The reading rules of one config class on the tiny kwargs ``kw`` (``discovery.tiny_kwargs``)."""
     kw = {k: v for k, v in kw.items() if k not in ("rope_parameters", "rope_scaling")}
     out: dict[str, Any] = {}
+    layout = _serialized_layout(config_cls, kw)
     default = _flat_params(config_cls, kw)
-    if default is None:
-        return out
+    if default is None:  # a class nesting its rope dict by layer type (Dory) may still write a block layout
+        return {"serialized_layout": layout} if layout else out
     out["default"] = json.loads(json.dumps(default))
     keys = _candidates(config_cls)
     out["theta_keys"] = _ordered(config_cls, kw, keys, "rope_theta", _THETA)
@@ -181,6 +209,8 @@ def measure_rules(config_cls, kw: dict) -> dict[str, Any]:
         if differ:
             out["scaled"] = differ
     n = kw.get("num_hidden_layers")
+    if layout:
+        out["serialized_layout"] = layout
     periodic = _periodic_lists(config_cls, kw)
     if periodic:
         out["periodic"] = periodic

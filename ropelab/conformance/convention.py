@@ -63,7 +63,13 @@ def measure_convention(call, positions) -> dict:
         col = M[last, :, a].abs().clone()
         col[a] = 0
         partner[a] = int(col.argmax())
-    if moving != list(range(r)):
+    if moving != list(range(r)) and _half_over_the_head(moving, partner, d):
+        # ``proportional`` (Gemma 4's, LFM3's full-attention layers): rope_utils' inv_freq spans the whole head with
+        # zeros past the rotated share, so the pairs (i, i + d/2) turn for the leading i and stand still after: the
+        # half pairing of the whole head (the share is the rope dict's, which per_layer reads).
+        out["zero_frequency_pairs"] = d // 2 - r // 2
+        r = out["rotating_dims"] = d
+    if moving != list(range(r)) and "zero_frequency_pairs" not in out:
         return {**out, "style": f"other: rotating dims {moving[:4]}... of {d}"}
     if all(partner[a] == (a + r // 2) % r for a in moving):
         style = "half"
@@ -86,6 +92,28 @@ def measure_convention(call, positions) -> dict:
         out["measured_base"] = float(f"{base:.5g}")
     return {**out, "style": style}
 
+
+
+def _half_blocks(partner: dict[int, int], r: int) -> list[int] | None:
+    """The pair counts of contiguous blocks that each pair half within themselves (dim o + j with o + h + j, block
+    [o, o + 2h)) and cover the r rotating dims, or None (Gemma 4's vision tower: one block per position axis)."""
+    blocks, o = [], 0
+    while o < r:
+        h = partner.get(o, o) - o
+        if h <= 0 or o + 2 * h > r or any(partner.get(o + j) != o + h + j or partner.get(o + h + j) != o + j
+                                          for j in range(h)):
+            return None
+        blocks.append(h)
+        o += 2 * h
+    return blocks if len(blocks) > 1 else None
+
+
+def _half_over_the_head(moving: list[int], partner: dict[int, int], d: int) -> bool:
+    """Whether the dims that move are the leading k of each half of the head, each paired with the one d/2 after
+    it: the half pairing over the whole head, its last d/2 - k pairs at frequency 0 (``proportional``)."""
+    k = len(moving) // 2
+    return (0 < k < d // 2 and moving == [*range(k), *range(d // 2, d // 2 + k)]
+            and all(partner[a] == (a + d // 2) % d for a in moving))
 
 
 def measure_axes(call) -> dict:
@@ -123,13 +151,20 @@ def measure_axes(call) -> dict:
         col = M[last, :, a].abs().clone()
         col[a] = 0
         partner[a] = int(col.argmax())
+    blocks = None
     if all(partner[a] == (a + r // 2) % r for a in moving):
         style = "half"
     elif all(partner[a] == a ^ 1 for a in moving):
         style = "interleaved"
+    elif (blocks := _half_blocks(partner, r)) is not None:
+        style = "half"  # within each block (Gemma 4's vision tower); the blocks are the axes' sections, below
     else:
         return {**out, "style": "other: pairs " + str([(a, partner[a]) for a in moving[:4]])}
-    pa, pb = pair_indices(r, style)
+    if blocks is not None:
+        blocked = MultiAxis(tuple(blocks), axial=True, blockwise=True)
+        pa, pb = blocked.pair_dims(r, "half")
+    else:
+        pa, pb = pair_indices(r, style)
     theta = torch.atan2(M[:, pb, pa] - M[:, pa, pb], M[:, pa, pa] + M[:, pb, pb])  # [s, r/2]
     # Each pair fitted by one axis at a time, theta = p_k w: the axis that fits within the float32 tables' rounding
     # (cos/sin rounded once, the angle in float32: far below 2^-21 (1 + |theta|)) drives it; a pair that another
@@ -155,7 +190,13 @@ def measure_axes(call) -> dict:
     w = W.T.gather(1, axis[:, None])[:, 0]
     out["direction"] = 1 if bool((w > 0).all()) else -1 if bool((w < 0).all()) else 0
     counts = tuple(int((axis == k).sum()) for k in range(pos.shape[0]))
-    for kw in ({"axial": True}, {}, {"interleaved": True}):
+    # The order of the axes' runs along the head (Step3p5's vision tower: the column's first)
+    runs = tuple(dict.fromkeys(axis.tolist()))
+    order = runs if len(runs) == pos.shape[0] and runs != tuple(range(pos.shape[0])) else None
+    kinds = (({"axial": True, "blockwise": True},) if blocks is not None
+             else ({"axial": True}, {}, {"interleaved": True}))
+    for kw in kinds:
+        kw = {**kw, "order": order} if order is not None and "interleaved" not in kw else kw
         try:
             cand = MultiAxis(counts, **kw)
         except ValueError:
@@ -164,7 +205,9 @@ def measure_axes(call) -> dict:
             continue
         base, _why = ladder_check(cand, w.abs())
         if base is not None:
-            out["axes"] = {"sections": list(counts), "axial": cand.axial, "interleaved": cand.interleaved}
+            out["axes"] = {"sections": list(counts), "axial": cand.axial, "interleaved": cand.interleaved,
+                           **({"blockwise": True} if cand.blockwise else {}),
+                           **({"order": list(cand.order)} if cand.order is not None else {})}
             out["measured_base"] = float(f"{base:.5g}")
             break
     else:
@@ -213,7 +256,8 @@ def config_conventions(config_cls, kw: dict) -> dict:
 def measure_calls(calls, positions) -> dict:
     """The convention of each rotation function the layers called (first call of each, in call order): the
     first one's, plus ``rotations`` {function: style} where functions of one layer pair differently (the
-    DeepSeek-V3.2 indexer: half; its main attention: interleaved)."""
+    DeepSeek-V3.2 indexer: half; its main attention: interleaved), and ``rotation_permutations`` {function: its
+    output order} for those that permute their output."""
     by_fn: dict[str, dict] = {}
     for c in calls:
         name = c["fn"].__name__
@@ -223,6 +267,9 @@ def measure_calls(calls, positions) -> dict:
     kinds = {(m.get("style"), m.get("rotating_dims"), tuple(m.get("output_permutation") or ())) for m in by_fn.values()}
     if len(kinds) > 1:
         first["rotations"] = {n: m.get("style") for n, m in by_fn.items()}
+        perms = {n: m["output_permutation"] for n, m in by_fn.items() if m.get("output_permutation")}
+        if perms:  # each function's own output order (the entry's is the first function's)
+            first["rotation_permutations"] = perms
     return first
 
 

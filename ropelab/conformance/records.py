@@ -8,7 +8,9 @@ import importlib
 import json
 from typing import Any
 
-from ..spec import RopeSpec, head_dim_of
+import torch
+
+from ..spec import RopeSpec, head_dim_of, text_part
 from .compare import compare_call
 from .convention import config_conventions, ignored_slice_keys, measure_calls, table_entry
 from .discovery import tiny_kwargs, variants
@@ -427,6 +429,7 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
                 "tower or an encoder); the sweep attributes calls to decoder layers only"}
     # Gemma 4's vision tower: apply_multidimensional_rope calls apply_rotary_pos_emb(x=..., cos=..., sin=...) once
     # per axis, on a slice of the head
+    run = _without_inner_keyword_calls(run)
     keyword_only = sorted({c["fn"].__name__ for c in run["calls"] if not rotated_pairs(c)})
     if keyword_only:
         return {"status": "not covered", "inputs": run.get("inputs"), "reason": f"a rotation function was called "
@@ -476,20 +479,115 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     read_type = model_type if key is None else (text_part(top_d) or {}).get("model_type")
     committed = CONVENTIONS.get(read_type) or {}
     perm = committed.get("output_permutation")  # transformers' output order, from the committed table
+    per_rotation = None
     try:
         specs = RopeSpec.per_layer(top_d)
     except Exception as e:  # noqa: BLE001
-        out.update(status="not covered", reason=f"ropelab: {error_text(e)}")
-        return out
-    layers = compare_layers(run, specs, run["n_layers"], head_dim, call_dim, perm)
+        per_rotation = _per_rotation_specs(top_d, committed)
+        mrope = None if per_rotation is not None else _mrope_text_read(top_d, run)
+        if per_rotation is None and mrope is None:
+            out.update(status="not covered", reason=f"ropelab: {error_text(e)}")
+            return out
+        if mrope is not None:
+            specs, out["mrope"] = mrope
+    if per_rotation is not None:
+        layers, specs = _compare_per_rotation(run, per_rotation, committed, head_dim), None
+        out["rotations"] = {fn: st for fn, (st, _) in per_rotation.items()}
+    else:
+        layers = compare_layers(run, specs, run["n_layers"], head_dim, call_dim, perm)
     out["layers"] = layers
     st = [e["status"] for e in layers]
     out["status"] = "disagree" if "disagree" in st else ("agree" if "agree" in st else "not covered")
     if out["status"] == "not covered":
         out["reason"] = layers[0].get("reason", "no layer compared")
-    elif out["status"] == "agree" and probe:
+    elif out["status"] == "agree" and probe and specs is not None:
         out["diagnose"] = diagnose_probe(run, specs, layers, sliced, head_dim)
     return out
+
+
+def _without_inner_keyword_calls(run: dict) -> dict:
+    """``run`` without the keyword-only rotation calls made inside another recorded rotation call (Gemma 4's
+    ``apply_multidimensional_rope(x, cos, sin, position_ids)`` calls ``apply_rotary_pos_emb(x=..., cos=..., sin=...)``
+    on each axis' slice of the head): the outer call, recorded with its whole input and output, is the rotation
+    compared. A keyword-only call made on its own stays, and leaves the row not covered."""
+    inner = [c for c in run["calls"] if c.get("inside") and not rotated_pairs(c)]
+    if not inner:
+        return run
+    return {**run, "calls": [c for c in run["calls"] if not any(c is i for i in inner)]}
+
+
+def _per_rotation_specs(top_d: dict, committed: dict) -> dict | None:
+    """{rotation function: (its pairing, ``RopeSpec.per_layer(config, style=that pairing)``)} for a model type whose
+    layers call rotation functions that pair differently (the committed table's ``rotations``: DeepSeek-V3.2's
+    sparse-attention indexer pairs half, its main attention interleaved), which ``per_layer`` without ``style=``
+    refuses; None for any other model type, or where ``per_layer`` refuses a pairing too."""
+    rotations = committed.get("rotations")
+    if not rotations or any(st not in ("half", "interleaved") for st in rotations.values()):
+        return None
+    try:
+        return {fn: (st, RopeSpec.per_layer(top_d, style=st)) for fn, st in rotations.items()}
+    except Exception:  # noqa: BLE001 - the row keeps per_layer's own refusal
+        return None
+
+
+def _compare_per_rotation(run: dict, per_rotation: dict, committed: dict, head_dim: int) -> list[dict]:
+    """Each layer's calls of each rotation function against ``per_layer(config, style=)`` of that function's
+    measured pairing, with that function's committed output order; a layer's entry is its worst function's, with
+    each function's status under ``rotations``. A function the layers call that the table does not list leaves the
+    layer not covered."""
+    perms = committed.get("rotation_permutations", {})
+    by_fn: dict[str, list[dict]] = {}
+    for fn, (_, specs) in per_rotation.items():
+        calls = [c for c in run["calls"] if c["fn"].__name__ == fn]
+        if not calls:
+            continue
+        sub = {**run, "calls": calls}
+        call_dim = rotated_pairs(calls[0])[0][0].shape[-1]
+        by_fn[fn] = compare_layers(sub, specs, run["n_layers"], head_dim, call_dim, perms.get(fn))
+    unknown = sorted({c["fn"].__name__ for c in run["calls"]} - set(per_rotation))
+    rank = {"disagree": 2, "not covered": 1, "agree": 0}
+    layers = []
+    for i in range(run["n_layers"]):
+        entries = {fn: ls[i] for fn, ls in by_fn.items()}
+        called = {fn: e for fn, e in entries.items() if "max_error" in e or e["status"] != "agree"}
+        worst = max(called.values() or entries.values(),
+                    key=lambda e: (rank[e["status"]], e.get("error_over_bound", 0.0)))
+        entry = {**worst, "rotations": {fn: e["status"] for fn, e in entries.items()}}
+        if unknown and any(c["layer"] == i and c["fn"].__name__ in unknown for c in run["calls"]):
+            entry.update(status="not covered", reason=f"rotation function(s) {unknown} are not in the table's "
+                         "rotations")
+        layers.append(entry)
+    return layers
+
+
+def _mrope_text_read(top_d: dict, run: dict):
+    """``(specs, sections, note)`` of an M-RoPE text model (``mrope_section`` in its rope dict, which
+    ``RopeSpec.per_layer`` refuses) read by ropelab's M-RoPE reader, ``ropelab.engines.hf.read_config`` (the specs of
+    the config without its M-RoPE keys, and its ``MultiAxis``); None where the config is not M-RoPE, the reader
+    refuses it, or the rotary module did not see every axis equal (text tokens: position_ids [A, batch, s] with one
+    row repeated, as Qwen2-VL numbers them). On text tokens each pair turns by the one position whatever axis drives
+    it, so ``apply_rope`` with the reading's specs at that position (as Qwen2-VL's text path, whose configs hold no
+    sections, is compared) checks the ladder, base and pairing, not the sections themselves; the row says so."""
+    from ..engines.hf import read_config
+
+    text = text_part(top_d)
+    params = (text or {}).get("rope_parameters") or (text or {}).get("rope_scaling")
+    if not isinstance(params, dict) or "mrope_section" not in params:
+        return None
+    seen = [p for *_, p in run.get("rotary", ()) if isinstance(p, torch.Tensor)]
+    if not seen or run["positions"] is None or not all(
+            p.dim() == 3 and p.shape[-1] == len(run["positions"])
+            and bool((p.reshape(-1, p.shape[-1]) == torch.as_tensor(run["positions"])).all()) for p in seen):
+        return None
+    try:
+        reading = read_config(top_d)
+    except Exception:  # noqa: BLE001 - the row keeps per_layer's own refusal
+        return None
+    if reading.sections is None:
+        return None
+    return (reading.layers,
+            f"M-RoPE (sections {list(reading.sections.sections)}) read by ropelab.engines.hf.read_config; the text "
+            f"tokens have every position axis equal, so the ladder, base and pairing are compared, not the sections")
 
 
 def _nope_layer_types(config, run: dict) -> list[str] | None:

@@ -26,11 +26,17 @@ class _Recorder:
         self.layer: int | None = None
         self.calls: list[dict] = []
         self.ran: list[int] = []
+        self.depth = 0  # how many recorded rotation calls are under way: > 0 inside one (Gemma 4's per-axis calls)
 
     def wrap(self, fn):
         def recorded(*args, **kwargs):
-            out = fn(*args, **kwargs)
-            self.calls.append({"layer": self.layer, "fn": fn, "args": args, "kwargs": kwargs, "out": out})
+            depth, self.depth = self.depth, self.depth + 1
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                self.depth = depth
+            self.calls.append({"layer": self.layer, "fn": fn, "args": args, "kwargs": kwargs, "out": out,
+                               "inside": depth > 0})
             return out
 
         return recorded

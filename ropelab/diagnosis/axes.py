@@ -311,8 +311,8 @@ def ladder_check(cand: MultiAxis, inv_freq: torch.Tensor) -> tuple[float | None,
     kind = "axial" if cand.axial else "M-RoPE"
     if cand.axial:
         ends = [0]
-        for n in cand.sections:
-            ends.append(ends[-1] + n)
+        for k in cand.order or range(cand.n_axes):  # the runs in their order along the head
+            ends.append(ends[-1] + cand.sections[k])
         fits = [fit_ladder(inv_freq[a:b], 2 * (b - a), 2 * (b - a)) if b - a >= 2 else None
                 for a, b in zip(ends[:-1], ends[1:])]
         bases = [f.base for f in fits if f is not None and f.name == "default"]
