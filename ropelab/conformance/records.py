@@ -200,7 +200,8 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
     key: the attribute a composite config of the same module sets on this one (T5Gemma 2's decoder reads the
     ``dropout_rate`` its ``T5Gemma2Config`` copies into it), a missing MLP size (Qwen3-Omni's talker reads a
     ``shared_expert_intermediate_size`` its config class never defines: the sweep's MLP size), or a sliding
-    window the masks require though the class leaves it None (Step-3.5): 4096, more than the 9 tokens span."""
+    window the masks require though the class leaves it None (Step-3.5): 4096, more than the 9 tokens span; the
+    default vocabulary sizes where a padding id lies past the tiny one (Kyutai's)."""
     import re
     import sys
 
@@ -216,6 +217,12 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
             return {key: 32}
     if "sliding_window" in reason and "not set" in reason and "sliding_window" not in kw:
         return {"sliding_window": 4096}
+    if "Padding_idx must be within num_embeddings" in reason:
+        # A padding id past the tiny vocabulary (Kyutai's audio_pad_token_id is the default vocabulary plus every
+        # codebook's): the class's default vocabulary sizes, which its padding ids are set for
+        default = config_cls()
+        fix = {k: getattr(default, k) for k, v in kw.items() if "vocab" in k and getattr(default, k, v) != v}
+        return fix or None
     from .discovery import N_HEADS
     from .discovery import config_value as _get
 

@@ -109,15 +109,20 @@ def model_inputs(model, config, dtype) -> list[dict]:
     ``N_FRAMES`` frames of features (both (mel, time) orders) or samples; time series a window of values."""
     params = inspect.signature(model.forward).parameters
     req = set(_required(model))
-    if "input_ids" in req or "input_ids" in params or not ({"pixel_values", "input_features", "input_values",
-                                                             "past_values", "inputs_embeds", "hidden_states"}
-                                                            & (req | set(params))):
-        return []
     g = torch.Generator().manual_seed(0)
 
     def rand(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
 
+    from .sequence_inputs import sequence_inputs  # audio, speech and encoder-decoder models: their own module
+
+    seq = sequence_inputs(model, config, dtype, rand)
+    if seq is not None:
+        return seq
+    if "input_ids" in req or "input_ids" in params or not ({"pixel_values", "input_features", "input_values",
+                                                             "past_values", "inputs_embeds", "hidden_states"}
+                                                            & (req | set(params))):
+        return []
     ch = _first_int(config, "in_channels", "num_channels", default=3)
     patch = _first_int(config, "patch_size", default=14)
     t, h, w = GRID_THW
@@ -277,30 +282,54 @@ def _run(config, module, dtype, text=None) -> dict:
                 used_inputs = _run_inputs(model, inputs, rec, rotary)
             else:
                 try:
-                    top(input_ids=ids, position_ids=pos, use_cache=False)
-                except (ValueError, AttributeError) as e:
-                    if "input_ids` is expected to be `None`" not in str(e) and "'embed_tokens'" not in str(e):
+                    positions = _token_forward(top, ids, pos, rec, rotary)
+                except Exception as e:  # noqa: BLE001 - what else the forward needs, else this error stands
+                    from .sequence_inputs import token_candidates
+
+                    g = torch.Generator().manual_seed(0)
+                    more = token_candidates(top, config, dtype, ids, pos, e, lambda *shape: torch.randn(
+                        *shape, generator=g, dtype=torch.float64).to(dtype))
+                    if not more:
                         raise
-                    # A model fed embeddings, not tokens (Qwen3-Omni's talker and its code predictor): the tokens'
-                    # rows of its own input embedding (the first codebook's where it has one per codebook).
-                    top(inputs_embeds=_embedded(top, ids), position_ids=pos, use_cache=False)
-                except (TypeError, IndexError) as e:
-                    # A model that takes no position_ids, or whose rotary numbers the tokens 0 .. s-1 itself while its
-                    # attention indexes that table with the given positions (CLVP): the tokens at 0 .. s-1.
-                    if "position_ids" not in str(e) and "use_cache" not in str(e) and not (
-                            isinstance(e, IndexError) and f"with size {len(positions)}" in str(e)):
-                        raise
-                    rec.calls.clear()
-                    rec.ran.clear()
-                    rotary.clear()
-                    positions = list(range(len(positions)))
-                    pos = torch.tensor([positions])
-                    top(input_ids=ids)
+                    try:
+                        used_inputs = _run_inputs(top, more, rec, rotary)
+                    except Exception:  # noqa: BLE001 - none helps: the forward's own error on tokens stands
+                        raise e from None
     finally:
         for (m, n), fn in saved.items():
             setattr(m, n, fn)
         for h in hooks:
             h.remove()
+    return _finish_run(rec, positions, dtype, rotary, n_layers, used_inputs)
+
+
+def _token_forward(top, ids, pos, rec, rotary) -> list[int]:
+    """The forward on token ids (``_run``) at ``pos``; returns the positions given (0 .. s-1 where the model
+    refuses them)."""
+    positions = pos[0].tolist()
+    try:
+        top(input_ids=ids, position_ids=pos, use_cache=False)
+    except (ValueError, AttributeError) as e:
+        if "input_ids` is expected to be `None`" not in str(e) and "'embed_tokens'" not in str(e):
+            raise
+        # A model fed embeddings, not tokens (Qwen3-Omni's talker and its code predictor): the tokens'
+        # rows of its own input embedding (the first codebook's where it has one per codebook).
+        top(inputs_embeds=_embedded(top, ids), position_ids=pos, use_cache=False)
+    except (TypeError, IndexError) as e:
+        # A model that takes no position_ids, or whose rotary numbers the tokens 0 .. s-1 itself while its
+        # attention indexes that table with the given positions (CLVP): the tokens at 0 .. s-1.
+        if "position_ids" not in str(e) and "use_cache" not in str(e) and not (
+                isinstance(e, IndexError) and f"with size {len(positions)}" in str(e)):
+            raise
+        rec.calls.clear()
+        rec.ran.clear()
+        rotary.clear()
+        positions = list(range(len(positions)))
+        top(input_ids=ids)
+    return positions
+
+
+def _finish_run(rec, positions, dtype, rotary, n_layers, used_inputs) -> dict:
     run = {"calls": rec.calls, "ran": sorted(set(rec.ran)), "positions": positions, "dtype": str(dtype),
            "rotary": rotary, "n_layers": n_layers}
     if used_inputs is not None:

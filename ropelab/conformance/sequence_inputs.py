@@ -1,0 +1,119 @@
+r"""Inputs for the audio, speech and encoder-decoder models whose forward needs more than token ids (the design:
+``ropelab.conformance``'s docstring; the vision towers' inputs are built in ``running.model_inputs``).
+
+Everything is read from the forward's signature and the config: a codec decoder's ``latents`` (``hidden_size``
+channels), a decoder's ``encoder_hidden_states`` (``hidden_size`` wide), an encoder-decoder's ``decoder_input_ids``,
+an audio encoder's per-clip lengths next to its features (``feature_lens``, ``chunk_sample_lengths``), multi-channel
+token ids (``num_channels`` codebooks). Each function returns candidates, seeded, tried in order by ``running``;
+the first the model accepts is run, and the positions compared are still those its rotary module is called with."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+__all__ = ["N_LATENTS", "N_CONTEXT", "sequence_inputs", "token_candidates"]
+
+# Latent frames of a codec decoder (upsampled 2x or 16x by the tiny configs: 10 or 80 tokens, never the head size)
+N_LATENTS = 5
+# Tokens of the encoder states a decoder cross-attends to (never the 9 tokens, so no axis is mistaken for another)
+N_CONTEXT = 7
+
+
+def _int(config, *keys, default=None):
+    for k in keys:
+        v = getattr(config, k, None)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return default
+
+
+def _params(model):
+    return inspect.signature(model.forward).parameters
+
+
+def _required(model) -> set[str]:
+    return {n for n, p in _params(model).items() if p.default is p.empty
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def sequence_inputs(model, config, dtype, rand) -> list[dict] | None:
+    """Candidates for a forward that requires a sequence other than tokens, features or pixels (None: not such a
+    forward, ``running.model_inputs`` decides): a codec decoder's ``latents`` [1, C, t] or [1, t, C] with C the
+    config's ``hidden_size`` (Mimi's, Pocket TTS's); an audio encoder's ``input_features`` with the lengths it
+    requires next to them (Dots3-Note's ``chunk_sample_lengths``) or accepts (Qwen2.5-Omni's ``feature_lens``)."""
+    req, params = _required(model), _params(model)
+    hidden = _int(config, "hidden_size", "d_model")
+    if "latents" in req and hidden is not None:
+        return [{"latents": rand(1, hidden, N_LATENTS)}, {"latents": rand(1, N_LATENTS, hidden)}]
+    if "input_features" in params and ("feature_lens" in params or "chunk_sample_lengths" in req):
+        return _features_with_lengths(config, rand, req, params)
+    return None
+
+
+def _features_with_lengths(config, rand, req, params) -> list[dict]:
+    from .running import N_FRAMES
+
+    mel = _int(config, "num_mel_bins", "feature_size", "n_mels", "input_feat_size", default=128)
+    out = []
+    for frames in (N_FRAMES, 2 * N_FRAMES):
+        for shape, length in (((mel, frames), "time"), ((frames, mel), "time")):
+            kw = {"input_features": rand(*shape)}
+            if "feature_lens" in params:
+                kw["feature_lens"] = torch.tensor([frames])  # the Qwen-Omni encoders: [mel, frames], no batch axis
+            if "chunk_sample_lengths" in req:
+                kw["chunk_sample_lengths"] = torch.tensor([frames])
+            out += [kw, {k: (v[None] if k == "input_features" else v) for k, v in kw.items()}]
+    return out
+
+
+def token_candidates(model, config, dtype, ids, pos, error: BaseException, rand) -> list[dict]:
+    """Candidates after a forward on ``ids`` alone raised ``error``: what the forward also needs, read from its
+    signature (``[]``: nothing known, the error stands). A decoder's ``encoder_hidden_states`` (``N_CONTEXT`` tokens
+    of the config's hidden size) or ``context_hidden_states``; an encoder-decoder's ``decoder_input_ids`` (the same
+    tokens); multi-channel ids [1, s, channels] where the config has ``num_channels`` (Dia's decoder) or
+    ``num_codebooks`` (those, or a text stream and those: Kyutai's); BLT's local models' patches
+    (:func:`_patch_candidates`). Each with the positions where the forward takes them."""
+    params, req = _params(model), _required(model)
+    hidden = _int(config, "hidden_size", "d_model")
+    with_pos = {"position_ids": pos} if "position_ids" in params else {}
+    base: list[dict] = []
+    # one id per channel: Dia's num_channels, or a text stream and num_codebooks audio ones (Kyutai's)
+    books = _int(config, "num_codebooks")
+    channels = [c for c in (_int(config, "num_channels"), books, books + 1 if books else None) if c]
+    id_forms = [ids] + [ids[..., None].expand(*ids.shape, c).contiguous() for c in dict.fromkeys(channels)]
+    for form in id_forms:
+        base.append({"input_ids": form, **with_pos})
+    if "patch_embeds" in params:
+        return _patch_candidates(config, params, ids, with_pos, hidden, rand)
+    # the encoder's width: a key naming it (Dia's cross_hidden_size), else the decoder's own
+    widths = list(dict.fromkeys(w for w in (_int(config, "cross_hidden_size", "encoder_hidden_size"), hidden)
+                                if w is not None))
+    out = [kw for kw in base[1:] if not req - set(kw)]  # multi-channel ids alone
+    for kw in base:
+        for width in widths:
+            extra: dict = {}
+            for key in ("encoder_hidden_states", "context_hidden_states"):
+                if key in params:
+                    extra[key] = rand(1, N_CONTEXT, width)
+            if "decoder_input_ids" in params:
+                extra["decoder_input_ids"] = kw["input_ids"]
+            if extra:
+                out.append({**kw, **extra})
+    return [kw for kw in out if not req - set(kw)]
+
+
+def _patch_candidates(config, params, ids, with_pos, hidden, rand) -> list[dict]:
+    """BLT's local models, fed by its patcher: the local encoder takes bytes with each one's patch
+    (``patch_ids``, ``num_patches``: three patches of three bytes); the local decoder the bytes' embeddings and the
+    global model's patch states (``patch_embeds``, ``hidden_size_global`` wide)."""
+    s = ids.shape[-1]
+    n_patches = 3
+    patch_ids = (torch.arange(s) * n_patches // s)[None]
+    if "patch_ids" in params:
+        return [{"input_ids": ids, "num_patches": n_patches, "patch_ids": patch_ids, **with_pos}]
+    width = _int(config, "hidden_size_global", default=hidden)
+    if hidden is None or width is None:
+        return []
+    return [{"inputs_embeds": rand(1, s, hidden), "patch_embeds": rand(1, n_patches, width), **with_pos}]
