@@ -248,7 +248,10 @@ def _run(config, module, dtype, text=None) -> dict:
         raise LookupError(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in "
                           f"{', '.join(m.__name__ for m in modules)}; the rotation is inlined")
     n_layers = n_layers_of(config)
-    layers = _layer_list(model, n_layers)
+    from .sequence_inputs import decoder_layers
+
+    dec_layers = decoder_layers(model, config, n_layers, _layer_list) if text is None else None
+    layers = dec_layers if dec_layers is not None else _layer_list(model, n_layers)
     if layers is None:
         raise LookupError(f"no ModuleList of num_hidden_layers={n_layers} layers in {type(model).__name__}")
     hooks = []
@@ -257,7 +260,8 @@ def _run(config, module, dtype, text=None) -> dict:
             rec.layer = i
             rec.ran.append(i)
         hooks.append(layer.register_forward_pre_hook(pre))
-        if text is not None:  # a composite: a call after a text layer (an encoder-decoder's other half) is no layer's
+        if text is not None or dec_layers is not None:  # a call after a layer (an encoder-decoder's other half, a
+            # composite's tower) is no layer's
             hooks.append(layer.register_forward_hook(lambda *_: setattr(rec, "layer", None)))
     rotary = []  # (module, position_ids, output) of every call of a *Rotary* module: the positions it really saw
 

@@ -13,7 +13,7 @@ import inspect
 
 import torch
 
-__all__ = ["N_LATENTS", "N_CONTEXT", "sequence_inputs", "token_candidates"]
+__all__ = ["N_LATENTS", "N_CONTEXT", "sequence_inputs", "token_candidates", "decoder_layers"]
 
 # Latent frames of a codec decoder (upsampled 2x or 16x by the tiny configs: 10 or 80 tokens, never the head size)
 N_LATENTS = 5
@@ -47,9 +47,39 @@ def sequence_inputs(model, config, dtype, rand) -> list[dict] | None:
     hidden = _int(config, "hidden_size", "d_model")
     if "latents" in req and hidden is not None:
         return [{"latents": rand(1, hidden, N_LATENTS)}, {"latents": rand(1, N_LATENTS, hidden)}]
+    if "decoder_input_ids" in params and "input_ids" not in params and "input_values" in params:
+        return _speech_seq2seq(config, params, rand)
     if "input_features" in params and ("feature_lens" in params or "chunk_sample_lengths" in req):
         return _features_with_lengths(config, rand, req, params)
     return None
+
+
+def _speech_seq2seq(config, params, rand) -> list[dict]:
+    """A speech encoder-decoder on samples (Moonshine): ``N_FRAMES * 192`` samples to its encoder, 9 tokens to its
+    decoder at the sweep's positions (``decoder_position_ids`` where it takes them)."""
+    from .running import N_FRAMES, positions_for
+
+    positions = positions_for(_int(config, "max_position_embeddings"))
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, min(_int(config, "vocab_size", default=128), 100), (1, len(positions)), generator=g)
+    dec = {"decoder_input_ids": ids}
+    if "decoder_position_ids" in params:
+        dec["decoder_position_ids"] = torch.tensor([positions])
+    samples = N_FRAMES * 192
+    return [{"input_values": rand(1, samples), **dec}, {"input_values": rand(1, 1, samples), **dec}]
+
+
+def decoder_layers(model, config, n_layers: int, find):
+    """The layers ``per_layer`` describes in an encoder-decoder model (``config.is_encoder_decoder``): its decoder's
+    ModuleList of ``n_layers`` (``find(module, n)``), whose calls alone are attributed (an encoder layer's call is
+    no decoder layer's); None where the model is not one or has no such decoder."""
+    if not getattr(config, "is_encoder_decoder", False) or not hasattr(model, "get_decoder"):
+        return None
+    try:
+        decoder = model.get_decoder()
+    except Exception:  # noqa: BLE001 - no decoder to name
+        return None
+    return find(decoder, n_layers) if decoder is not None and decoder is not model else None
 
 
 def _features_with_lengths(config, rand, req, params) -> list[dict]:
