@@ -88,7 +88,7 @@ def _features_with_lengths(config, rand, req, params) -> list[dict]:
     mel = _int(config, "num_mel_bins", "feature_size", "n_mels", "input_feat_size", default=128)
     out = []
     for frames in (N_FRAMES, 2 * N_FRAMES):
-        for shape, length in (((mel, frames), "time"), ((frames, mel), "time")):
+        for shape in ((mel, frames), (frames, mel)):
             kw = {"input_features": rand(*shape)}
             if "feature_lens" in params:
                 kw["feature_lens"] = torch.tensor([frames])  # the Qwen-Omni encoders: [mel, frames], no batch axis
