@@ -683,6 +683,8 @@ def test_audio_models_run_on_inputs_built_from_their_signature_and_agree(model_t
     ("moonshine", "outside the decoder layers"),  # samples and decoder tokens run; its encoder rotates too
     ("t5gemma", "outside the decoder layers"),  # decoder_input_ids given: the encoder's calls are no decoder layer's
     ("qwen2_5_omni_audio_encoder", "applies no RoPE"),  # features and feature_lens run: sinusoidal positions only
+    ("muse_glimmer_assistant", "has no axis of the 16 positions"),  # 9 queries rotated against 16 keys
+    ("lasr_ctc", "runs on the inputs the sweep builds (input_features)"),  # its RoPE is its encoder sub-config's
 ])
 def test_audio_and_encoder_decoder_reasons_are_what_the_code_gives_on_built_inputs(model_type, phrase):
     """Where the built inputs run but cannot be compared, the row says why, and a rerun gives the committed reason."""

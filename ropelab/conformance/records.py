@@ -441,6 +441,9 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
                 "of positional arguments"}
     if any(c.get("positions") is not None for c in run["calls"]):
         return _sweep_axes_variant(model_type, config, d, run, measure)
+    short = _shorter_than_positions(run)
+    if short is not None:
+        return {"status": "not covered", "inputs": run.get("inputs"), "reason": short}
     if run["positions"] is None:
         return {"status": "not covered", "inputs": run.get("inputs"), "reason": "the positions the model rotated by "
                 "could not be read: its rotary module was not called with one position_ids tensor of one or several "
@@ -497,6 +500,22 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     elif out["status"] == "agree" and probe:
         out["diagnose"] = diagnose_probe(run, specs, layers, sliced, head_dim)
     return out
+
+
+def _shorter_than_positions(run: dict) -> str | None:
+    """Why a run cannot be compared where a rotated tensor has no axis as long as the positions read from the
+    rotary module (Muse Glimmer's drafter rotates 9 queries against keys over its context and those 9): which of
+    the positions such a tensor took is not read from the call; None where every tensor has one."""
+    n = len(run["positions"]) if run.get("positions") is not None else None
+    if n is None:
+        return None
+    for c in run["calls"]:
+        for x, _ in rotated_pairs(c):
+            if n not in x.shape[:-1]:
+                return (f"a rotated tensor of shape {list(x.shape)} has no axis of the {n} positions its rotary "
+                        "module was called with (queries fewer than keys); which positions it took is not read "
+                        "from the call, so the sweep does not compare it")
+    return None
 
 
 def _nope_layer_types(config, run: dict) -> list[str] | None:

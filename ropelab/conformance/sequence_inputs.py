@@ -47,11 +47,22 @@ def sequence_inputs(model, config, dtype, rand) -> list[dict] | None:
     hidden = _int(config, "hidden_size", "d_model")
     if "latents" in req and hidden is not None:
         return [{"latents": rand(1, hidden, N_LATENTS)}, {"latents": rand(1, N_LATENTS, hidden)}]
+    if {"noise_embeds", "context_hidden_states"} <= req and hidden is not None:
+        return _draft_inputs(model, hidden, rand)
     if "decoder_input_ids" in params and "input_ids" not in params and "input_values" in params:
         return _speech_seq2seq(config, params, rand)
     if "input_features" in params and ("feature_lens" in params or "chunk_sample_lengths" in req):
         return _features_with_lengths(config, rand, req, params)
     return None
+
+
+def _draft_inputs(model, hidden, rand) -> list[dict]:
+    """A block-diffusion drafter (Muse Glimmer's assistant): ``N_CONTEXT`` context states of the target model, as
+    as wide as one of its linear layers takes them (the target layers' states side by side: the width is tried,
+    not read), and 9 noise embeddings."""
+    widths = [hidden] + [m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return [{"noise_embeds": rand(1, 9, hidden), "context_hidden_states": rand(1, N_CONTEXT, w)}
+            for w in dict.fromkeys(widths)]
 
 
 def _speech_seq2seq(config, params, rand) -> list[dict]:
@@ -104,7 +115,8 @@ def token_candidates(model, config, dtype, ids, pos, error: BaseException, rand)
     of the config's hidden size) or ``context_hidden_states``; an encoder-decoder's ``decoder_input_ids`` (the same
     tokens); multi-channel ids [1, s, channels] where the config has ``num_channels`` (Dia's decoder) or
     ``num_codebooks`` (those, or a text stream and those: Kyutai's); BLT's local models' patches
-    (:func:`_patch_candidates`). Each with the positions where the forward takes them."""
+    (:func:`_patch_candidates`); a tensor its layers take through ``**kwargs`` (:func:`_layer_conditioning`). Each
+    with the positions where the forward takes them."""
     params, req = _params(model), _required(model)
     hidden = _int(config, "hidden_size", "d_model")
     with_pos = {"position_ids": pos} if "position_ids" in params else {}
@@ -121,6 +133,9 @@ def token_candidates(model, config, dtype, ids, pos, error: BaseException, rand)
     widths = list(dict.fromkeys(w for w in (_int(config, "cross_hidden_size", "encoder_hidden_size"), hidden)
                                 if w is not None))
     out = [kw for kw in base[1:] if not req - set(kw)]  # multi-channel ids alone
+    cond = _layer_conditioning(model, config, params)
+    if cond and hidden is not None:
+        out += [{**kw, **{k: rand(1, 1, hidden) for k in cond}} for kw in base]
     for kw in base:
         for width in widths:
             extra: dict = {}
@@ -132,6 +147,25 @@ def token_candidates(model, config, dtype, ids, pos, error: BaseException, rand)
             if extra:
                 out.append({**kw, **extra})
     return [kw for kw in out if not req - set(kw)]
+
+
+# What a decoder layer's forward takes besides its input and what every model passes it (masks, positions, cache)
+_LAYER_STANDARD = {"self", "hidden_states", "attention_mask", "position_ids", "position_embeddings", "cache",
+                   "past_key_values", "past_key_value", "use_cache", "cache_position", "output_attentions", "kwargs",
+                   "encoder_hidden_states", "encoder_attention_mask"}
+
+
+def _layer_conditioning(model, config, params) -> list[str]:
+    """The tensors a decoder layer's forward takes that its model's forward neither names nor builds on tokens
+    alone, passed to the layers through the model's ``**kwargs``: Voxtral Realtime's ``t_cond``, the time
+    conditioning its audio model computes (given here as one [1, 1, hidden_size] row, broadcast over the tokens)."""
+    n = _int(config, "num_hidden_layers")
+    layers = next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), None)
+    if not n or layers is None or not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return []
+    sig = inspect.signature(layers[0].forward).parameters
+    return [k for k, p in sig.items() if k not in _LAYER_STANDARD and k not in params and p.default is None
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and "Tensor" in str(p.annotation)]
 
 
 def _patch_candidates(config, params, ids, with_pos, hidden, rand) -> list[dict]:
