@@ -713,3 +713,22 @@ def test_encoder_decoder_calls_are_attributed_to_the_decoders_layers_only():
     llama = CONFIG_MAPPING["llama"](**conformance.tiny_kwargs(CONFIG_MAPPING["llama"]))
     with torch.device("meta"):
         assert decoder_layers(base_model(llama, modeling_module("llama", "llama")), llama, 2, _layer_list) is None
+
+
+def test_a_layer_whose_rotated_queries_and_keys_are_zero_is_not_compared():
+    """Zero queries and keys (inputs masked away before the layer: dots.3's audio encoder on a sample length shorter
+    than its features) agree with any rotation; the layer is not covered, never counted as agreeing. The same call
+    on nonzero tensors, rotated by ropelab itself, agrees."""
+    from ropelab.conformance.records import compare_layers
+
+    spec = RopeSpec("half", 1e4, None, None, 4096)
+    positions = [0, 1, 2, 3, 5, 17, 1024, 2048, 4095]
+    zero = torch.zeros(1, 2, 9, 64, dtype=torch.float64)
+    run = {"calls": [{"layer": 0, "args": (zero, zero), "out": (zero, zero)}], "ran": [0], "positions": positions}
+    (entry,) = compare_layers(run, [spec], 1, 64, 64, None)
+    assert entry["status"] == "not covered" and "all zero" in entry["reason"]
+    q = torch.randn(1, 2, 9, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    y = apply_rope(q, torch.tensor(positions), layout="b h s d", spec=spec)
+    run["calls"] = [{"layer": 0, "args": (q, q), "out": (y, y)}]
+    (entry,) = compare_layers(run, [spec], 1, 64, 64, None)
+    assert entry["status"] == "agree"

@@ -175,6 +175,7 @@ CONVENTIONS: dict[str, dict] = {
     'pocket_tts_audio_tokenizer_decoder': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'pocket_tts_audio_tokenizer_encoder': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'qwen2': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
+    'qwen2_5_omni_dit': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'qwen2_5_omni_talker': {'rotating_dims': 128, 'direction': 1, 'measured_base': 1000000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'qwen2_5_omni_text': {'rotating_dims': 128, 'direction': 1, 'measured_base': 1000000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'qwen2_5_omni_vision_encoder': {'rotating_dims': 224, 'direction': 1, 'axes': {'sections': [56, 56], 'axial': True, 'interleaved': False}, 'measured_base': 10000.0, 'style': 'half', 'aliases': {'num_attention_heads': 'num_heads', 'num_hidden_layers': 'depth'}, 'rotary_fraction': 1.0},

@@ -401,6 +401,10 @@ def _positions_from_rotary(run: dict) -> None:
     if p.dim() == 1 or (p.dim() == 2 and p.shape[0] == 1):
         run["positions"] = p.reshape(-1).tolist()
         return
+    if (p.dim() == 2 and out[0].dim() == 3 and tuple(out[0].shape[:2]) == tuple(p.shape)
+            and bool((p == p[:1]).all())):
+        run["positions"] = p[0].tolist()  # a batch of one sequence's positions (a DiT doubled for guidance): [b, s]
+        return
     table = out[0].reshape(-1, out[0].shape[-1]).double()  # [s, d]: each token's cos row
     s = table.shape[0]
     if p.dim() == 3 and p.shape[0] == 1:

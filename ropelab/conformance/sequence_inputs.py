@@ -41,12 +41,16 @@ def _required(model) -> set[str]:
 def sequence_inputs(model, config, dtype, rand) -> list[dict] | None:
     """Candidates for a forward that requires a sequence other than tokens, features or pixels (None: not such a
     forward, ``running.model_inputs`` decides): a codec decoder's ``latents`` [1, C, t] or [1, t, C] with C the
-    config's ``hidden_size`` (Mimi's, Pocket TTS's); an audio encoder's ``input_features`` with the lengths it
+    config's ``hidden_size`` (Mimi's, Pocket TTS's); a code-to-mel DiT's codes, mels and time step
+    (:func:`_dit_inputs`); a drafter's noise and context states (:func:`_draft_inputs`); a speech encoder-decoder's
+    samples and decoder tokens (:func:`_speech_seq2seq`); an audio encoder's ``input_features`` with the lengths it
     requires next to them (Dots3-Note's ``chunk_sample_lengths``) or accepts (Qwen2.5-Omni's ``feature_lens``)."""
     req, params = _required(model), _params(model)
     hidden = _int(config, "hidden_size", "d_model")
     if "latents" in req and hidden is not None:
         return [{"latents": rand(1, hidden, N_LATENTS)}, {"latents": rand(1, N_LATENTS, hidden)}]
+    if {"hidden_states", "quantized_code", "time_step"} <= req:
+        return _dit_inputs(config, req, rand)
     if {"noise_embeds", "context_hidden_states"} <= req and hidden is not None:
         return _draft_inputs(model, hidden, rand)
     if "decoder_input_ids" in params and "input_ids" not in params and "input_values" in params:
@@ -54,6 +58,24 @@ def sequence_inputs(model, config, dtype, rand) -> list[dict] | None:
     if "input_features" in params and ("feature_lens" in params or "chunk_sample_lengths" in req):
         return _features_with_lengths(config, rand, req, params)
     return None
+
+
+def _dit_inputs(config, req, rand) -> list[dict]:
+    """A code-to-mel diffusion transformer (Qwen2.5-Omni's token2wav DiT): ``N_LATENTS`` codes (ids below the
+    config's ``num_embeds``), each ``repeats`` mel frames of ``mel_dim`` bins, the reference mel it conditions on,
+    a speaker embedding of ``enc_emb_dim`` per frame, and one diffusion time step."""
+    mel, spk, books = _int(config, "mel_dim"), _int(config, "enc_emb_dim"), _int(config, "num_embeds")
+    repeats = _int(config, "repeats", default=1)
+    if mel is None or spk is None or books is None or not req <= {"hidden_states", "condition_vector",
+                                                                   "speaker_embedding", "quantized_code",
+                                                                   "time_step"}:
+        return []
+    frames = N_LATENTS * repeats
+    g = torch.Generator().manual_seed(1)
+    return [{"hidden_states": rand(1, frames, mel), "condition_vector": rand(1, frames, mel),
+             "speaker_embedding": rand(1, frames, spk),
+             "quantized_code": torch.randint(0, min(books, 100), (1, N_LATENTS), generator=g),
+             "time_step": torch.tensor(0.5, dtype=rand(1).dtype)}]
 
 
 def _draft_inputs(model, hidden, rand) -> list[dict]:
@@ -103,8 +125,8 @@ def _features_with_lengths(config, rand, req, params) -> list[dict]:
             kw = {"input_features": rand(*shape)}
             if "feature_lens" in params:
                 kw["feature_lens"] = torch.tensor([frames])  # the Qwen-Omni encoders: [mel, frames], no batch axis
-            if "chunk_sample_lengths" in req:
-                kw["chunk_sample_lengths"] = torch.tensor([frames])
+            if "chunk_sample_lengths" in req:  # waveform samples: the frames times the config's hop (Dots3-Note)
+                kw["chunk_sample_lengths"] = torch.tensor([frames * _int(config, "hop_length", default=160)])
             out += [kw, {k: (v[None] if k == "input_features" else v) for k, v in kw.items()}]
     return out
 
