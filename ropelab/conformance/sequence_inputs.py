@@ -2,10 +2,14 @@ r"""Inputs for the audio, speech and encoder-decoder models whose forward needs 
 ``ropelab.conformance``'s docstring; the vision towers' inputs are built in ``running.model_inputs``).
 
 Everything is read from the forward's signature and the config: a codec decoder's ``latents`` (``hidden_size``
-channels), a decoder's ``encoder_hidden_states`` (``hidden_size`` wide), an encoder-decoder's ``decoder_input_ids``,
-an audio encoder's per-clip lengths next to its features (``feature_lens``, ``chunk_sample_lengths``), multi-channel
-token ids (``num_channels`` codebooks). Each function returns candidates, seeded, tried in order by ``running``;
-the first the model accepts is run, and the positions compared are still those its rotary module is called with."""
+channels), a decoder's ``encoder_hidden_states`` (``cross_hidden_size`` or ``hidden_size`` wide), an
+encoder-decoder's ``decoder_input_ids``, an audio encoder's per-clip lengths next to its features (``feature_lens``
+in frames, ``chunk_sample_lengths`` in samples: frames x ``hop_length``), multi-channel token ids
+(``num_channels``, ``num_codebooks``), a tensor the layers take through the model's ``**kwargs``. Each function
+returns candidates, seeded, tried in order by ``running`` (the token ones only after the forward on tokens alone
+failed, whose error stands if none runs); the first the model accepts is run, and the positions compared are still
+those its rotary module is called with. A layer whose rotated tensors come out all zero is not compared
+(``records.compare_layers``)."""
 
 from __future__ import annotations
 
