@@ -361,7 +361,8 @@ def test_tiny_kwargs_fill_sizes_the_default_leaves_unusable_and_keep_rope_keys()
 def test_repairs_name_values_the_model_needs_and_no_rope_key():
     """A tiny config the model cannot run gets what the failure names, never a RoPE key: the attribute the
     composite config of its module sets on it (T5Gemma 2's dropout_rate), an MLP size its class never defines
-    (Qwen3-Omni's talker), a sliding window the masks require (Step-3.5)."""
+    (Qwen3-Omni's talker), a sliding window the masks require (Step-3.5), the default vocabulary sizes a padding id
+    is set for (Kyutai's)."""
     from transformers import CONFIG_MAPPING
 
     from ropelab.conformance.records import _repair
@@ -375,6 +376,10 @@ def test_repairs_name_values_the_model_needs_and_no_rope_key():
     assert _repair(CONFIG_MAPPING["step3p5"], {}, "ValueError: Could not find a `sliding_window` argument in the "
                    "config, or it is not set") == {"sliding_window": 4096}
     assert _repair(t5, {}, "AttributeError: 'T5Gemma2TextConfig' object has no attribute 'rope_whatever'") is None
+    kyutai = CONFIG_MAPPING["kyutai_speech_to_text"]  # its audio padding id is past the tiny vocabulary
+    fix = _repair(kyutai, {"vocab_size": 128, "codebook_vocab_size": 128, "hidden_size": 128},
+                  "AssertionError: Padding_idx must be within num_embeddings")
+    assert fix == {"vocab_size": kyutai().vocab_size, "codebook_vocab_size": kyutai().codebook_vocab_size}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -641,3 +646,89 @@ def test_composite_subset_agrees_with_transformers(model_type):
         {n: v["status"] for n, v in committed["variants"].items()}
     default = row["variants"]["default"]
     assert any("max_error" in lay for lay in default["layers"])  # calls recorded and compared, not vacuous
+
+
+# --------------------------------------------------------------------------------------------------
+# Audio, speech and encoder-decoder models: inputs built from the forward's signature (sequence_inputs)
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
+                    reason="the committed table is for another transformers; rerun make conformance")
+@pytest.mark.parametrize("model_type,keys", [
+    ("pocket_tts_audio_tokenizer_decoder", {"latents"}),  # a codec decoder: latents of hidden_size channels
+    ("blt_local_encoder", {"input_ids", "num_patches", "patch_ids", "position_ids"}),  # bytes and their patches
+    ("kyutai_speech_to_text", {"input_ids", "position_ids"}),  # a text stream and num_codebooks audio ones
+])
+def test_audio_models_run_on_inputs_built_from_their_signature_and_agree(model_type, keys):
+    """Models whose forward needs more than token ids run on inputs read from their signature and config, and every
+    layer's rotation agrees with per_layer, as committed; the positions are those their rotary module was given."""
+    torch.set_num_threads(1)
+    row = conformance.sweep_model_type(model_type, _discovered()[model_type], only_default=True, diagnose=False)
+    committed = _table()["models"][model_type]
+    assert row["status"] == "agree" == committed["status"], row.get("reason")
+    assert row["table"] == "matches"
+    default = row["variants"]["default"]
+    assert set(default["inputs"]) == keys and default["inputs"] == committed["variants"]["default"]["inputs"]
+    assert all(lay["status"] == "agree" and lay["error_over_bound"] <= 1 for lay in default["layers"])
+    if model_type == "kyutai_speech_to_text":  # ids [1, s, 1 + num_codebooks]; the padding id's vocabulary restored
+        cls = transformers.CONFIG_MAPPING[model_type]
+        assert default["inputs"]["input_ids"] == [1, 9, cls().num_codebooks + 1]
+        assert set(row["added_to_config"]) == {"vocab_size", "codebook_vocab_size"}
+
+
+@pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
+                    reason="the committed table is for another transformers; rerun make conformance")
+@pytest.mark.parametrize("model_type,phrase", [
+    ("moonshine", "outside the decoder layers"),  # samples and decoder tokens run; its encoder rotates too
+    ("t5gemma", "outside the decoder layers"),  # decoder_input_ids given: the encoder's calls are no decoder layer's
+    ("qwen2_5_omni_audio_encoder", "applies no RoPE"),  # features and feature_lens run: sinusoidal positions only
+    ("muse_glimmer_assistant", "has no axis of the 16 positions"),  # 9 queries rotated against 16 keys
+    ("lasr_ctc", "runs on the inputs the sweep builds (input_features)"),  # its RoPE is its encoder sub-config's
+])
+def test_audio_and_encoder_decoder_reasons_are_what_the_code_gives_on_built_inputs(model_type, phrase):
+    """Where the built inputs run but cannot be compared, the row says why, and a rerun gives the committed reason."""
+    torch.set_num_threads(1)
+    row = conformance.sweep_model_type(model_type, _discovered()[model_type], only_default=True, diagnose=False)
+    committed = _table()["models"][model_type]
+    assert row["status"] == committed["status"] == "not covered"
+    assert row["reason"] == committed["reason"] and phrase in row["reason"]
+
+
+def test_encoder_decoder_calls_are_attributed_to_the_decoders_layers_only():
+    """In an encoder-decoder (Moonshine: both halves have num_hidden_layers-long stacks) the layers per_layer
+    describes are the decoder's; the encoder's stack is not mistaken for them."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.records import modeling_module
+    from ropelab.conformance.running import _layer_list, base_model
+    from ropelab.conformance.sequence_inputs import decoder_layers
+
+    cls = CONFIG_MAPPING["moonshine"]
+    config = cls(**conformance.tiny_kwargs(cls))
+    with torch.device("meta"):
+        model = base_model(config, modeling_module("moonshine", "moonshine"))
+    layers = decoder_layers(model, config, config.num_hidden_layers, _layer_list)
+    assert layers is model.decoder.layers and _layer_list(model, config.num_hidden_layers) is model.encoder.layers
+    llama = CONFIG_MAPPING["llama"](**conformance.tiny_kwargs(CONFIG_MAPPING["llama"]))
+    with torch.device("meta"):
+        assert decoder_layers(base_model(llama, modeling_module("llama", "llama")), llama, 2, _layer_list) is None
+
+
+def test_a_layer_whose_rotated_queries_and_keys_are_zero_is_not_compared():
+    """Zero queries and keys (inputs masked away before the layer: dots.3's audio encoder on a sample length shorter
+    than its features) agree with any rotation; the layer is not covered, never counted as agreeing. The same call
+    on nonzero tensors, rotated by ropelab itself, agrees."""
+    from ropelab.conformance.records import compare_layers
+
+    spec = RopeSpec("half", 1e4, None, None, 4096)
+    positions = [0, 1, 2, 3, 5, 17, 1024, 2048, 4095]
+    zero = torch.zeros(1, 2, 9, 64, dtype=torch.float64)
+    run = {"calls": [{"layer": 0, "args": (zero, zero), "out": (zero, zero)}], "ran": [0], "positions": positions}
+    (entry,) = compare_layers(run, [spec], 1, 64, 64, None)
+    assert entry["status"] == "not covered" and "all zero" in entry["reason"]
+    q = torch.randn(1, 2, 9, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    y = apply_rope(q, torch.tensor(positions), layout="b h s d", spec=spec)
+    run["calls"] = [{"layer": 0, "args": (q, q), "out": (y, y)}]
+    (entry,) = compare_layers(run, [spec], 1, 64, 64, None)
+    assert entry["status"] == "agree"

@@ -39,6 +39,11 @@ For each model type:
    its rotary module's call too: ``position_ids`` of one axis, or one row per axis (each patch's (row, column)),
    each token's matched to the rotation call by its cos row (Qwen2.5-VL reorders tokens into windows after the
    rotary module). Layers are ``num_hidden_layers``, or a vision tower's ``depth``.
+   Audio, speech and encoder-decoder models get what their signature asks for (``sequence_inputs``): a codec
+   decoder's ``latents``, a decoder's ``encoder_hidden_states`` (its config's encoder width), an encoder-decoder's
+   ``decoder_input_ids``, one id per channel or codebook, BLT's byte patches, features with their lengths. In an
+   encoder-decoder the layers attributed are its decoder's (those ``per_layer`` describes): a call from its encoder
+   is no layer's, and leaves the row not covered.
 4. **ropelab on the same input**: ``apply_rope(q, positions, spec=RopeSpec.per_layer(config_dict)[layer])``
    in float64, on every recorded query/key, compared element by element. A multi-axis rotation (a vision
    tower's 2D RoPE) is compared as ``apply_rope(q, positions [A, s], spec=spec, sections=sections)`` with

@@ -142,6 +142,27 @@ def token_failure(config, module) -> str:
         with torch.no_grad():
             model(input_ids=torch.randint(0, 100, (1, 9)))
     except Exception as e:  # noqa: BLE001 - the reason goes into the table
-        return f"transformers' model cannot run on tokens: {error_text(e)}"
+        ran = _runs_on_built_inputs(model, config) if "model" in locals() else None
+        if ran is None:
+            return f"transformers' model cannot run on tokens: {error_text(e)}"
+        return (f"the model runs on the inputs the sweep builds ({', '.join(sorted(ran))}), but it has no text "
+                "sub-config and no num_hidden_layers: no decoder layers to attribute rotation calls to")
     return ("the model runs on token ids, but it has no text sub-config and no num_hidden_layers: no decoder "
             "layers to attribute rotation calls to")
+
+
+def _runs_on_built_inputs(model, config) -> dict | None:
+    """The first of ``running.model_inputs``'s candidates a composite without a decoder runs on (a CTC speech
+    model on features), None where it takes tokens or refuses them all."""
+    import torch
+
+    from .running import model_inputs
+
+    for kw in model_inputs(model, config, torch.float64):
+        try:
+            with torch.no_grad():
+                model(**kw)
+        except Exception:  # noqa: BLE001 - the next candidate
+            continue
+        return kw
+    return None

@@ -202,7 +202,8 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
     key: the attribute a composite config of the same module sets on this one (T5Gemma 2's decoder reads the
     ``dropout_rate`` its ``T5Gemma2Config`` copies into it), a missing MLP size (Qwen3-Omni's talker reads a
     ``shared_expert_intermediate_size`` its config class never defines: the sweep's MLP size), or a sliding
-    window the masks require though the class leaves it None (Step-3.5): 4096, more than the 9 tokens span."""
+    window the masks require though the class leaves it None (Step-3.5): 4096, more than the 9 tokens span; the
+    default vocabulary sizes where a padding id lies past the tiny one (Kyutai's)."""
     import re
     import sys
 
@@ -218,6 +219,12 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
             return {key: 32}
     if "sliding_window" in reason and "not set" in reason and "sliding_window" not in kw:
         return {"sliding_window": 4096}
+    if "Padding_idx must be within num_embeddings" in reason:
+        # A padding id past the tiny vocabulary (Kyutai's audio_pad_token_id is the default vocabulary plus every
+        # codebook's): the class's default vocabulary sizes, which its padding ids are set for
+        default = config_cls()
+        fix = {k: getattr(default, k) for k, v in kw.items() if "vocab" in k and getattr(default, k, v) != v}
+        return fix or None
     from .discovery import N_HEADS
     from .discovery import config_value as _get
 
@@ -437,6 +444,9 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
                 "of positional arguments"}
     if any(c.get("positions") is not None for c in run["calls"]):
         return _sweep_axes_variant(model_type, config, d, run, measure)
+    short = _shorter_than_positions(run)
+    if short is not None:
+        return {"status": "not covered", "inputs": run.get("inputs"), "reason": short}
     if run["positions"] is None:
         return {"status": "not covered", "inputs": run.get("inputs"), "reason": "the positions the model rotated by "
                 "could not be read: its rotary module was not called with one position_ids tensor of one or several "
@@ -588,6 +598,20 @@ def _mrope_text_read(top_d: dict, run: dict):
     return (reading.layers,
             f"M-RoPE (sections {list(reading.sections.sections)}) read by ropelab.engines.hf.read_config; the text "
             f"tokens have every position axis equal, so the ladder, base and pairing are compared, not the sections")
+def _shorter_than_positions(run: dict) -> str | None:
+    """Why a run cannot be compared where a rotated tensor has no axis as long as the positions read from the
+    rotary module (Muse Glimmer's drafter rotates 9 queries against keys over its context and those 9): which of
+    the positions such a tensor took is not read from the call; None where every tensor has one."""
+    n = len(run["positions"]) if run.get("positions") is not None else None
+    if n is None:
+        return None
+    for c in run["calls"]:
+        for x, _ in rotated_pairs(c):
+            if n not in x.shape[:-1]:
+                return (f"a rotated tensor of shape {list(x.shape)} has no axis of the {n} positions its rotary "
+                        "module was called with (queries fewer than keys); which positions it took is not read "
+                        "from the call, so the sweep does not compare it")
+    return None
 
 
 def _nope_layer_types(config, run: dict) -> list[str] | None:
@@ -668,6 +692,12 @@ def compare_layers(run: dict, specs, n_layers: int, head_dim: int, call_dim: int
                 layers.append(entry)
                 continue
             use = dataclasses.replace(spec, rotary_dim=None) if sliced else spec
+            if all(not bool(x.any()) for c in calls for x, _ in rotated_pairs(c)):
+                # every rotated query and key is zero (inputs masked away before the layer): any rotation agrees
+                entry.update(status="not covered", reason="the rotated queries and keys are all zero: nothing "
+                             "to compare")
+                layers.append(entry)
+                continue
             try:
                 res = [compare_call(c, run["positions"], use, perm, axes) for c in calls]
             except Exception as e:  # noqa: BLE001

@@ -39,6 +39,8 @@ REASON_CLASSES = (
      "audio features or samples)"),
     ("positions the model rotated by could not be read", "the model's positions are not read from its rotary module's "
      "call (it computes them inside)"),
+    ("queries and keys are all zero", "the rotated queries and keys are all zero (the inputs are masked away)"),
+    ("has no axis of the", "a rotated tensor shorter than the positions (queries fewer than keys)"),
     ("called with its tensors as keyword arguments only", "a rotation called with keyword arguments only (the "
      "sweep reads positional ones)"),
     ("missing", "the model needs inputs other than tokens"),

@@ -115,15 +115,20 @@ def model_inputs(model, config, dtype) -> list[dict]:
     ``N_FRAMES`` frames of features (both (mel, time) orders) or samples; time series a window of values."""
     params = inspect.signature(model.forward).parameters
     req = set(_required(model))
-    if "input_ids" in req or "input_ids" in params or not ({"pixel_values", "input_features", "input_values",
-                                                             "past_values", "inputs_embeds", "hidden_states"}
-                                                            & (req | set(params))):
-        return []
     g = torch.Generator().manual_seed(0)
 
     def rand(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
 
+    from .sequence_inputs import sequence_inputs  # audio, speech and encoder-decoder models: their own module
+
+    seq = sequence_inputs(model, config, dtype, rand)
+    if seq is not None:
+        return seq
+    if "input_ids" in req or "input_ids" in params or not ({"pixel_values", "input_features", "input_values",
+                                                             "past_values", "inputs_embeds", "hidden_states"}
+                                                            & (req | set(params))):
+        return []
     ch = _first_int(config, "in_channels", "num_channels", default=3)
     patch = _first_int(config, "patch_size", default=14)
     t, h, w = GRID_THW
@@ -249,7 +254,10 @@ def _run(config, module, dtype, text=None) -> dict:
         raise LookupError(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in "
                           f"{', '.join(m.__name__ for m in modules)}; the rotation is inlined")
     n_layers = n_layers_of(config)
-    layers = _layer_list(model, n_layers)
+    from .sequence_inputs import decoder_layers
+
+    dec_layers = decoder_layers(model, config, n_layers, _layer_list) if text is None else None
+    layers = dec_layers if dec_layers is not None else _layer_list(model, n_layers)
     if layers is None:
         raise LookupError(f"no ModuleList of num_hidden_layers={n_layers} layers in {type(model).__name__}")
     hooks = []
@@ -258,7 +266,8 @@ def _run(config, module, dtype, text=None) -> dict:
             rec.layer = i
             rec.ran.append(i)
         hooks.append(layer.register_forward_pre_hook(pre))
-        if text is not None:  # a composite: a call after a text layer (an encoder-decoder's other half) is no layer's
+        if text is not None or dec_layers is not None:  # a call after a layer (an encoder-decoder's other half, a
+            # composite's tower) is no layer's
             hooks.append(layer.register_forward_hook(lambda *_: setattr(rec, "layer", None)))
     rotary = []  # (module, position_ids, output) of every call of a *Rotary* module: the positions it really saw
 
@@ -283,30 +292,54 @@ def _run(config, module, dtype, text=None) -> dict:
                 used_inputs = _run_inputs(model, inputs, rec, rotary)
             else:
                 try:
-                    top(input_ids=ids, position_ids=pos, use_cache=False)
-                except (ValueError, AttributeError) as e:
-                    if "input_ids` is expected to be `None`" not in str(e) and "'embed_tokens'" not in str(e):
+                    positions = _token_forward(top, ids, pos, rec, rotary)
+                except Exception as e:  # noqa: BLE001 - what else the forward needs, else this error stands
+                    from .sequence_inputs import token_candidates
+
+                    g = torch.Generator().manual_seed(0)
+                    more = token_candidates(top, config, dtype, ids, pos, e, lambda *shape: torch.randn(
+                        *shape, generator=g, dtype=torch.float64).to(dtype))
+                    if not more:
                         raise
-                    # A model fed embeddings, not tokens (Qwen3-Omni's talker and its code predictor): the tokens'
-                    # rows of its own input embedding (the first codebook's where it has one per codebook).
-                    top(inputs_embeds=_embedded(top, ids), position_ids=pos, use_cache=False)
-                except (TypeError, IndexError) as e:
-                    # A model that takes no position_ids, or whose rotary numbers the tokens 0 .. s-1 itself while its
-                    # attention indexes that table with the given positions (CLVP): the tokens at 0 .. s-1.
-                    if "position_ids" not in str(e) and "use_cache" not in str(e) and not (
-                            isinstance(e, IndexError) and f"with size {len(positions)}" in str(e)):
-                        raise
-                    rec.calls.clear()
-                    rec.ran.clear()
-                    rotary.clear()
-                    positions = list(range(len(positions)))
-                    pos = torch.tensor([positions])
-                    top(input_ids=ids)
+                    try:
+                        used_inputs = _run_inputs(top, more, rec, rotary)
+                    except Exception:  # noqa: BLE001 - none helps: the forward's own error on tokens stands
+                        raise e from None
     finally:
         for (m, n), fn in saved.items():
             setattr(m, n, fn)
         for h in hooks:
             h.remove()
+    return _finish_run(rec, positions, dtype, rotary, n_layers, used_inputs)
+
+
+def _token_forward(top, ids, pos, rec, rotary) -> list[int]:
+    """The forward on token ids (``_run``) at ``pos``; returns the positions given (0 .. s-1 where the model
+    refuses them)."""
+    positions = pos[0].tolist()
+    try:
+        top(input_ids=ids, position_ids=pos, use_cache=False)
+    except (ValueError, AttributeError) as e:
+        if "input_ids` is expected to be `None`" not in str(e) and "'embed_tokens'" not in str(e):
+            raise
+        # A model fed embeddings, not tokens (Qwen3-Omni's talker and its code predictor): the tokens'
+        # rows of its own input embedding (the first codebook's where it has one per codebook).
+        top(inputs_embeds=_embedded(top, ids), position_ids=pos, use_cache=False)
+    except (TypeError, IndexError) as e:
+        # A model that takes no position_ids, or whose rotary numbers the tokens 0 .. s-1 itself while its
+        # attention indexes that table with the given positions (CLVP): the tokens at 0 .. s-1.
+        if "position_ids" not in str(e) and "use_cache" not in str(e) and not (
+                isinstance(e, IndexError) and f"with size {len(positions)}" in str(e)):
+            raise
+        rec.calls.clear()
+        rec.ran.clear()
+        rotary.clear()
+        positions = list(range(len(positions)))
+        top(input_ids=ids)
+    return positions
+
+
+def _finish_run(rec, positions, dtype, rotary, n_layers, used_inputs) -> dict:
     run = {"calls": rec.calls, "ran": sorted(set(rec.ran)), "positions": positions, "dtype": str(dtype),
            "rotary": rotary, "n_layers": n_layers}
     if used_inputs is not None:
@@ -373,6 +406,10 @@ def _positions_from_rotary(run: dict) -> None:
     out, p = recs[0]
     if p.dim() == 1 or (p.dim() == 2 and p.shape[0] == 1):
         run["positions"] = p.reshape(-1).tolist()
+        return
+    if (p.dim() == 2 and out[0].dim() == 3 and tuple(out[0].shape[:2]) == tuple(p.shape)
+            and bool((p == p[:1]).all())):
+        run["positions"] = p[0].tolist()  # a batch of one sequence's positions (a DiT doubled for guidance): [b, s]
         return
     table = out[0].reshape(-1, out[0].shape[-1]).double()  # [s, d]: each token's cos row
     s = table.shape[0]
