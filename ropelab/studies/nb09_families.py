@@ -5,7 +5,7 @@
 - :func:`disagreements`: every (model type, variant) that disagrees, with its layers and error, so that a rerun
   that finds one prints it instead of stopping;
 - :func:`composites` and :func:`no_rope`: the composite configs and what became of them, and the model types the
-  discovery rule found whose model applies no RoPE at all (nothing to compare);
+  discovery rule found whose model ran no rotation at all on its config (nothing to compare);
 - :func:`convention_classes`: the conventions a config leaves unsaid, by class, and which types go beyond the
   textbook rotation (a config key the code ignores is counted apart: such a type rotates the textbook way);
 - :func:`text_decoders`: the count over the model types transformers registers as causal language models (its
@@ -135,7 +135,9 @@ _NO_ROPE = ("applies no RoPE on this config", "no rotary class, no rotation func
 
 def no_rope(rows: dict) -> list[str]:
     """The model types the discovery rule found (a rotary class or rotation function in the source, or RoPE keys
-    in the config) whose model applies no RoPE at all: not compared because there is nothing to compare."""
+    in the config) whose model ran no rotation on the config the sweep built (no rotary module ran, no rotation
+    function was called, after the model's own RoPE switch was tried), or whose modeling module has none: not
+    compared because there was nothing to compare."""
     return sorted(mt for mt, r in rows.items()
                   if r["status"] == "not covered" and any(p in r.get("reason", "") for p in _NO_ROPE))
 
