@@ -1,7 +1,13 @@
 """Notebook 09's evidence, read from the conformance table (``data/conformance/transformers-<version>.json``):
 
 - :func:`variant_counts`: agreement per (model type, variant), so that "N types agree" does not hide variants
-  that were not compared;
+  that were not compared, and :func:`default_only`: why a type has no scaling variant at all;
+- :func:`disagreements`: every (model type, variant) that disagrees, with its layers and error, so that a rerun
+  that finds one prints it instead of stopping;
+- :func:`composites` and :func:`no_rope`: the composite configs and what became of them, and the model types the
+  discovery rule found whose model ran no rotation at all on its config (nothing to compare);
+- :func:`convention_classes`: the conventions a config leaves unsaid, by class, and which types go beyond the
+  textbook rotation (a config key the code ignores is counted apart: such a type rotates the textbook way);
 - :func:`text_decoders`: the count over the model types transformers registers as causal language models (its
   ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, read from the installed library), and those among them not compared;
 - :func:`not_covered`: why the others were not compared, in classes whose names claim only what the rows show
@@ -11,7 +17,9 @@
 - :func:`first_run`: what the first committed sweep found wrong (``data/conformance/first-run-5fa9217.json``,
   written from git history by ``scripts/conformance_first_run.py``), with what changed since;
 - :func:`gemma3_v4_layers`: section 3's silent mismatch, a v4 Gemma 3 config read per layer and as one spec for
-  all, against transformers' recorded forward.
+  all, against transformers' recorded forward;
+- :func:`rotating_layers`: which layers of a tiny model call a rotation function in transformers' own forward (the
+  check of exercise 1).
 """
 
 from __future__ import annotations
@@ -19,19 +27,29 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["VARIANTS", "COMPOSITE_COMPARED", "variant_counts", "text_decoders", "not_covered", "probe_summary",
-           "unscaled_head", "first_run", "gemma3_v4_layers"]
+__all__ = ["VARIANTS", "COMPOSITE_COMPARED", "CONVENTION_CLASSES", "PAIRING", "IGNORED_KEYS", "variant_names",
+           "variant_counts", "default_only", "disagreements", "composites", "no_rope", "convention_classes",
+           "text_decoders", "not_covered", "probe_summary", "short_value", "unscaled_head", "first_run",
+           "gemma3_v4_layers", "rotating_layers"]
 
-# The config variants the sweep runs per model type (ropelab.conformance.sweep), in its order.
+# The config variants the sweep runs for most model types (``ropelab.conformance.discovery.variants``), in its
+# order; a class that takes no linear or yarn scaling gets ``longrope`` ones instead. ``variant_names`` reads them
+# from the table, so a variant the sweep adds is counted too.
 VARIANTS = ("default", "linear", "yarn", "linear (v4 schema)")
 
 
+def variant_names(rows: dict) -> list[str]:
+    """Every variant name in the table: ``VARIANTS`` first, in their order, then any other in the order met."""
+    seen = [v for r in rows.values() for v in r.get("variants", {})]
+    return [v for v in VARIANTS if v in seen] + list(dict.fromkeys(v for v in seen if v not in VARIANTS))
+
+
 def variant_counts(rows: dict, *, among: str = "agree") -> dict[str, dict[str, int]]:
-    """Per variant, over the model types whose overall status is ``among``: how many compared and agree,
-    disagree, were not covered (the run failed or was refused), or were never run (``"not run"``: the sweep
-    builds no such variant for the type, e.g. a scaling its config class does not take)."""
+    """Per variant (:func:`variant_names`), over the model types whose overall status is ``among``: how many
+    compared and agree, disagree, were not covered (the run failed or was refused), or were never run (``"not
+    run"``: the sweep builds no such variant for the type; :func:`default_only` says why where none is built)."""
     out: dict[str, dict[str, int]] = {}
-    for variant in VARIANTS:
+    for variant in variant_names(rows):
         c = {"agree": 0, "disagree": 0, "not covered": 0, "not run": 0}
         for r in rows.values():
             if r["status"] != among:
@@ -40,6 +58,126 @@ def variant_counts(rows: dict, *, among: str = "agree") -> dict[str, dict[str, i
             c["not run" if v is None else v["status"]] += 1
         out[variant] = c
     return out
+
+
+def _default_rope_parameters(model_type: str, row: dict):
+    """The ``rope_parameters`` of the config class's default instance (of its text sub-config for a composite
+    run whole), or None."""
+    from transformers import CONFIG_MAPPING
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # default instances warn about token ids; not what is read here
+    try:
+        config = CONFIG_MAPPING[model_type]()
+        key = row.get("text_config_key")
+        if key and getattr(config, "rope_parameters", None) is None:
+            config = getattr(config, key, None)
+        return getattr(config, "rope_parameters", None)
+    except Exception:  # noqa: BLE001 - the reason then says it could not be read
+        return None
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def default_only(rows: dict, *, among: str = "agree") -> dict[str, list[str]]:
+    """The model types (of status ``among``) with no variant but the default, by why, read from the config class's
+    default ``rope_parameters``: already scaled (its ``rope_type``, a scaling variant would replace it), no
+    ``rope_parameters`` (the RoPE keys are v4-style or the model's own), or no rope dict the sweep scales."""
+    from ..conformance.discovery import _main_rope_dict
+
+    out: dict[str, list[str]] = {}
+    for mt, r in sorted(rows.items()):
+        if r["status"] != among or set(r.get("variants", {})) != {"default"}:
+            continue
+        params = _default_rope_parameters(mt, r)
+        if not isinstance(params, dict) or not params:
+            why = "no rope_parameters on its default config"
+        else:
+            main = _main_rope_dict(params)[0]  # the dict the sweep would scale: its own rule
+            kind = (main or {}).get("rope_type", "default") if isinstance(main, dict) else None
+            why = (f"its default config is already scaled ({kind})" if kind not in (None, "default") else
+                   "its rope_parameters hold no single rope dict to scale")
+        out.setdefault(why, []).append(mt)
+    return dict(sorted(out.items(), key=lambda kv: -len(kv[1])))
+
+
+def disagreements(rows: dict) -> list[dict]:
+    """Every (model type, variant) that disagrees: its layers that disagree and the largest error, in units of the
+    float32 bound. Empty when nothing disagrees; a rerun that finds one lists it here."""
+    out = []
+    for mt, r in sorted(rows.items()):
+        for vname, v in r.get("variants", {}).items():
+            if v["status"] == "disagree":
+                bad = [lay for lay in v.get("layers", []) if lay["status"] == "disagree"]
+                out.append({"model_type": mt, "variant": vname, "layers": [lay["layer"] for lay in bad],
+                            "of_layers": len(v.get("layers", [])),
+                            "worst_error_over_bound": max((lay.get("error_over_bound", 0.0) for lay in bad),
+                                                          default=float("nan"))})
+    return out
+
+
+def composites(rows: dict) -> dict:
+    """The composite configs the sweep ran whole (rows with ``sub_config_types``): those that agree, and of those
+    not compared, the ones whose text (or other) sub-config's model type was compared on its own."""
+    comp = sorted((mt for mt, r in rows.items() if "sub_config_types" in r), key=str.lower)
+    agree = [mt for mt in comp if rows[mt]["status"] == "agree"]
+    rest = [mt for mt in comp if rows[mt]["status"] != "agree"]
+    via = [mt for mt in rest if any(rows.get(t, {}).get("status") == "agree"
+                                    for t in (rows[mt]["sub_config_types"] or {}).values())]
+    return {"types": comp, "agree": agree, "not_compared": rest, "sub_config_compared": via}
+
+
+# Phrases of a not-covered reason that say the model rotates nothing: no rotary module ran and no rotation function
+# was called on the config (the sweep tried the model's own switch first), or its modeling module has none at all.
+_NO_ROPE = ("applies no RoPE on this config", "no rotary class, no rotation function and no cos/sin")
+
+
+def no_rope(rows: dict) -> list[str]:
+    """The model types the discovery rule found (a rotary class or rotation function in the source, or RoPE keys
+    in the config) whose model ran no rotation on the config the sweep built (no rotary module ran, no rotation
+    function was called, after the model's own RoPE switch was tried), or whose modeling module has none: not
+    compared because there was nothing to compare."""
+    return sorted(mt for mt, r in rows.items()
+                  if r["status"] == "not covered" and any(p in r.get("reason", "") for p in _NO_ROPE))
+
+
+# The conventions a config leaves unsaid, as measured into each model type's convention entry
+# (``ropelab.conformance.convention``): a class name and the test of an entry. ``PAIRING`` splits the types (each has
+# exactly one style); the others are properties a type may have several of. ``IGNORED_KEYS`` is apart: a type whose
+# config class declares a key its code never reads (Llama's ``partial_rotary_factor``) still rotates the textbook way;
+# the trap is for a port that honours the key.
+PAIRING = ("interleaved pairs (2i, 2i+1)", "half pairs (i, i+r/2)")
+IGNORED_KEYS = "config keys the code ignores"
+CONVENTION_CLASSES = {
+    PAIRING[0]: lambda c: c["style"] == "interleaved",
+    PAIRING[1]: lambda c: c["style"] == "half",
+    "partial rotary slice (r < head dim)": lambda c: c.get("rotary_fraction", 1.0) < 1,
+    "NoPE layer types": lambda c: bool(c.get("nope_layer_types")),
+    "per-layer-type v4 rules": lambda c: "scaled_layer_types" in c.get("v4", {}),
+    "output permutation": lambda c: "output_permutation" in c,
+    "base fixed in the code": lambda c: "fixed_base" in c,
+    IGNORED_KEYS: lambda c: "ignored_keys" in c or "ignored_keys" in c.get("v4", {}),
+}
+
+
+def convention_classes(rows: dict, conventions: dict) -> dict:
+    """The agreeing model types with a convention entry of their own (``covered``; a composite reads its text
+    model type's) by class (``classes``: name -> sorted types), and two sets that do not overlap:
+    ``beyond_textbook``, the types with a convention other than half pairs on every dim of every layer at the
+    config's base (interleaved, or any class but ``IGNORED_KEYS``), and ``only_ignored_keys``, the textbook types
+    whose config class declares keys the code ignores; ``ignored_keys`` counts those keys over all covered types."""
+    covered = sorted(mt for mt, r in rows.items() if r["status"] == "agree" and mt in conventions)
+    classes = {name: [mt for mt in covered if test(conventions[mt])] for name, test in CONVENTION_CLASSES.items()}
+    beyond = sorted({mt for name, mts in classes.items() if name not in (PAIRING[1], IGNORED_KEYS) for mt in mts})
+    only_ignored = sorted(set(classes[IGNORED_KEYS]) - set(beyond))
+    keys: dict[str, int] = {}
+    for mt in covered:
+        c = conventions[mt]
+        for k in sorted(set(c.get("ignored_keys", ())) | set(c.get("v4", {}).get("ignored_keys", ()))):
+            keys[k] = keys.get(k, 0) + 1
+    return {"covered": covered, "classes": classes, "beyond_textbook": beyond, "only_ignored_keys": only_ignored,
+            "ignored_keys": dict(sorted(keys.items(), key=lambda kv: -kv[1]))}
 
 
 def text_decoders(rows: dict) -> dict:
@@ -51,7 +189,8 @@ def text_decoders(rows: dict) -> dict:
     names = sorted(mt for mt in rows if mt in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     counts = {k: sum(rows[mt]["status"] == k for mt in names) for k in ("agree", "disagree", "not covered")}
     missing = {mt: rows[mt].get("reason", "").split("\n")[0] for mt in names if rows[mt]["status"] != "agree"}
-    return {"types": len(names), "counts": counts, "not_compared": missing}
+    return {"types": len(names), "counts": counts, "not_compared": missing,
+            "no_rope": [mt for mt in no_rope(rows) if mt in names]}
 
 
 COMPOSITE_COMPARED = "composite config: RoPE compared through a sub-config's model type"
@@ -59,6 +198,8 @@ COMPOSITE_COMPARED = "composite config: RoPE compared through a sub-config's mod
 # Reasons whose class in the table (``conformance.report.REASON_CLASSES``) claims more than the row shows: (a phrase
 # of the row's reason, what it does show). First match wins; any other row keeps the table's class.
 _PLAINER = (
+    ("but it was not found in your environment", "transformers' model needs a package not installed here (named in "
+     "the reason)"),
     ("No module named 'transformers.models.", "no modeling module in the model type's own folder (the sweep looked "
      "only there)"),
     ("no module-level rotation function", "no module-level rotation function in the modeling module (the rotation "
@@ -167,7 +308,9 @@ def probe_summary(rows: dict) -> dict:
     variant, layer, status, the fields that differ, the spec's scaling (``spec``), its unscaled leading pairs
     (``head``, scaled ladders only) and, where the table records it (a sweep since the parameter comparison),
     the parameter ``verdict`` ("same", "undecidable", "differ"), the keys that differ and the output difference in
-    units of the float32 bound. ``probes`` and ``by_type`` ({model type: "match" / "mismatch: fields"})."""
+    units of the float32 bound; ``read_spec``, what diagnose read (style, base, rotary dim, scaling type), and
+    ``problems``, the codes of what it found but attributes to no spec field. ``probes`` and ``by_type``
+    ({model type: "match" / "mismatch: fields"})."""
     probes = []
     for mt, r in sorted(rows.items()):
         for vname, v in r.get("variants", {}).items():
@@ -183,8 +326,17 @@ def probe_summary(rows: dict) -> dict:
                     "head": unscaled_head(spec, p["spec"]["rotary_dim"]) if spec.get("scaling") else None,
                     "verdict": par.get("verdict"), "differ": par.get("differ", []), "spec_params": par.get("spec"),
                     "read": par.get("diagnose"), "over_bound": par.get("output_difference_over_bound"),
-                    "positions": par.get("positions")})
+                    "positions": par.get("positions"), "read_spec": p.get("diagnose"),
+                    "problems": p.get("problems", [])})
     return {"probes": probes, "by_type": {mt: r["diagnose"] for mt, r in sorted(rows.items()) if "diagnose" in r}}
+
+
+def short_value(v, n: int = 3) -> str:
+    """A parameter value for print: a long list as its first ``n`` items and its length (LongRoPE's per-pair
+    factors), anything else as it is."""
+    if isinstance(v, (list, tuple)) and len(v) > n:
+        return "[" + ", ".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in v[:n]) + f", ... ({len(v)})]"
+    return str(v)
 
 
 def first_run(path: str | Path) -> list[dict]:
@@ -241,3 +393,33 @@ def gemma3_v4_layers(v4: dict, *, torch_threads: int = 1) -> dict:
     w_right, w_naive = right[0].frequencies(config.head_dim)[0], naive.frequencies(config.head_dim)[0]
     return {"layers": layers, "max_abs_q": float(q.abs().max()),
             "sliding_freq_off": float(((w_naive - w_right).abs() / w_right).max())}
+
+
+def rotating_layers(model_type: str, num_hidden_layers: int, *, torch_threads: int = 1) -> dict:
+    """Which layers rotate in transformers' own forward: a tiny model of ``model_type`` (its config class with the
+    sweep's tiny sizes, ``num_hidden_layers`` layers), run once with every module-level rotation function of its
+    modeling module recorded (``ropelab.conformance.running.run_transformers``). Returns ``layer_types`` (the tiny
+    config's), ``default_layer_types`` (the class's default config at that depth: the check is on the same
+    pattern) and ``rotating``, the sorted indices of the decoder layers that called a rotation function."""
+    import importlib
+
+    import torch
+    from transformers import CONFIG_MAPPING
+    from transformers.utils import logging as hf_logging
+
+    from ropelab.conformance.sweep import run_transformers, tiny_kwargs
+
+    torch.set_num_threads(torch_threads)
+    cls = CONFIG_MAPPING[model_type]
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the tiny config's token-id warnings are not what is read here
+    try:
+        config = cls(**{**tiny_kwargs(cls), "num_hidden_layers": num_hidden_layers})
+        default = cls(num_hidden_layers=num_hidden_layers)
+        module = importlib.import_module(f"{cls.__module__.rsplit('.', 1)[0]}.modeling_{model_type}")
+        run = run_transformers(config, module)
+    finally:
+        hf_logging.set_verbosity(level)
+    return {"layer_types": list(getattr(config, "layer_types", []) or []),
+            "default_layer_types": list(getattr(default, "layer_types", []) or []),
+            "rotating": sorted({c["layer"] for c in run["calls"]})}
