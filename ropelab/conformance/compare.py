@@ -55,7 +55,11 @@ def compare_call(call, positions, spec: RopeSpec, perm: list[int] | None = None,
     if sections is not None:
         positions = call["positions"]
     n = positions.shape[-1] if isinstance(positions, torch.Tensor) else len(positions)
+    k = (call.get("prefix") or {}).get("tokens", 0) if sections is not None else 0
     for x, y in rotated_pairs(call):
+        if k:  # tokens the rotary did not number (MLCD's class token, by a learned angle): not compared
+            axis = layout_of(tuple(x.shape), n + k).split().index("s")
+            x, y = x.narrow(axis, k, n), y.narrow(axis, k, n)
         if perm is not None and len(perm) == y.shape[-1]:
             y = y[..., torch.tensor(perm)]  # undo transformers' output order: (R x)[a] = y[perm[a]]
         layout = layout_of(tuple(x.shape), n)

@@ -511,6 +511,11 @@ def _sweep_axes_variant(model_type, config, d: dict, run: dict, measure: dict | 
 
     out: dict[str, Any] = {"positions": "each call's (row, column) per patch, from the rotary module",
                            "inputs": run.get("inputs"), "dtype": run["dtype"]}
+    prefix = [c["prefix"] for c in run["calls"] if c.get("prefix")]
+    if prefix:  # leading tokens the rotary module did not number (running._prefixed_positions): not compared
+        out["prefix_not_compared"] = {"tokens": sorted({p["tokens"] for p in prefix}),
+                                      "identity": all(p["identity"] for p in prefix),
+                                      "calls": len(prefix), "of_calls": len(run["calls"])}
     if measure is not None:
         try:
             conv = measure_calls(run["calls"], None)

@@ -110,13 +110,17 @@ def model_inputs(model, config, dtype) -> list[dict]:
     params = inspect.signature(model.forward).parameters
     req = set(_required(model))
     if "input_ids" in req or "input_ids" in params or not ({"pixel_values", "input_features", "input_values",
-                                                             "past_values", "inputs_embeds", "hidden_states"}
-                                                            & (req | set(params))):
+                                                             "past_values", "inputs_embeds", "hidden_states",
+                                                             "patch_embeds"} & (req | set(params))):
         return []
     g = torch.Generator().manual_seed(0)
 
     def rand(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+    encoder = _vision_encoder_inputs(req, config, rand)
+    if encoder is not None:
+        return encoder
 
     ch = _first_int(config, "in_channels", "num_channels", default=3)
     patch = _first_int(config, "patch_size", default=14)
@@ -170,6 +174,24 @@ def model_inputs(model, config, dtype) -> list[dict]:
         hidden = _first_int(config, "hidden_size", default=64)
         return [{"inputs_embeds": rand(1, 9, hidden)}]
     return []
+
+
+def _vision_encoder_inputs(req: set[str], config, rand) -> list[dict] | None:
+    """Inputs of a vision tower's second stage, fed what its first stage makes (None: not such a forward).
+    DeepSeek-OCR 2's encoder takes embeddings and ``num_patches``, the number of leading image tokens it attends
+    bidirectionally (the rest, its learned queries, causally): 9 embeddings, the first 4 of them patches.
+    Unlimited-OCR's CLIP stage takes ``patch_embeds`` [b, hidden, rows, columns]: a 4 x 4 grid, and its
+    ``image_size / patch_size`` grid (learned absolute positions that may need exactly it)."""
+    hidden = _first_int(config, "hidden_size", default=64)
+    if "num_patches" in req and "inputs_embeds" in req:
+        return [{"inputs_embeds": rand(1, 9, hidden), "num_patches": 4}]
+    if "patch_embeds" in req:
+        sides = [GRID_THW[1]]
+        image, patch = _first_int(config, "image_size"), _first_int(config, "patch_size")
+        if image and patch and image // patch not in sides and image // patch <= 64:
+            sides.append(image // patch)
+        return [{"patch_embeds": rand(1, hidden, s, s)} for s in sides]
+    return None
 
 
 def _embedded(model, ids):
@@ -380,12 +402,27 @@ def _positions_from_rotary(run: dict) -> None:
         tensors = [a for a in c["args"] if isinstance(a, torch.Tensor)]
         n_rot = len(rotated_pairs(c))  # (q, k, cos, sin, ...) or Gemma 4's (x, cos, sin, position_ids)
         cos = tensors[n_rot] if len(tensors) > n_rot else None
-        if cos is None or cos.numel() != table.numel():
+        if cos is None or cos.numel() % table.shape[1] or cos.numel() < table.numel():
             continue
-        rows = cos.reshape(s, -1).double()
+        rows = cos.reshape(-1, table.shape[1]).double()
         eq = (rows[:, None, :] == table[None, :, :]).all(-1)  # [s call, s rotary]
-        if bool((eq.sum(1) >= 1).all()):
+        if rows.shape[0] == s and bool((eq.sum(1) >= 1).all()):
             c["positions"] = p[:, eq.float().argmax(1)]
+        elif rows.shape[0] > s:
+            _prefixed_positions(c, p, rows, eq, s)
+
+
+def _prefixed_positions(call: dict, p: torch.Tensor, rows: torch.Tensor, eq: torch.Tensor, s: int) -> None:
+    """A vision tower that prepends k tokens (a class token) to the s patches its rotary module numbered: the call's
+    cos has k + s rows, the last s of them the rotary module's rows (each matched, as above). MLCD rotates its class
+    token by a learned angle (``class_pos_emb``): that is no position, so those k tokens are not compared, and the
+    call records it (``prefix``: k, and whether their rows were the identity, cos 1). Sets ``call["positions"]``
+    (the patches' [A, s]) and ``call["prefix"]``; a call whose rows match otherwise is left unread."""
+    k = rows.shape[0] - s
+    if not bool((eq[k:].sum(1) >= 1).all()) or bool((eq[:k].sum(1) >= 1).any()):
+        return
+    call["positions"] = p[:, eq[k:].float().argmax(1)]
+    call["prefix"] = {"tokens": k, "identity": bool((rows[:k] == 1).all())}
 
 
 def rotated_pairs(call) -> list[tuple[torch.Tensor, torch.Tensor]]:
