@@ -143,7 +143,7 @@ def model_inputs(model, config, dtype) -> list[dict]:
                             {key: rand(n, ch, tps_all[0], patch, patch), grid_key: grid, **extra},
                             {key: rand(1, n, ch, patch, patch), grid_key: grid, **extra},
                             {key: rand(1, n, ch * patch * patch), grid_key: grid, **extra}]
-        return out
+        return out + _merged_patch_inputs(params, grid_key, ch, patch, merge, rand)
     if "pixel_position_ids" in req and "pixel_values" in params:
         # Gemma 4's vision tower takes each patch's (column, row) as an input: the grid's, row-major
         grid = torch.stack(torch.meshgrid(torch.arange(w), torch.arange(h), indexing="xy"), -1).reshape(1, n, 2)
@@ -174,6 +174,18 @@ def model_inputs(model, config, dtype) -> list[dict]:
         hidden = _first_int(config, "hidden_size", default=64)
         return [{"inputs_embeds": rand(1, 9, hidden)}]
     return []
+
+
+def _merged_patch_inputs(params, grid_key: str, ch: int, patch: int, merge: int, rand) -> list[dict]:
+    """A tower whose grid counts merged tokens and whose pixels come one merged block per token, channels last
+    (Inkling2's ``pixel_values`` [tokens, patch * merge, patch * merge, channels], ``image_grid_thw`` in language
+    model tokens): one image of ``GRID_THW``'s rows and columns of patches, merged. Tried after the others."""
+    _, h, w = GRID_THW
+    if "pixel_values" not in params or merge <= 1 or h % merge or w % merge:
+        return []
+    grid = torch.tensor([[1, h // merge, w // merge]])
+    side = patch * merge
+    return [{"pixel_values": rand((h // merge) * (w // merge), side, side, ch), grid_key: grid}]
 
 
 def _vision_encoder_inputs(req: set[str], config, rand) -> list[dict] | None:
@@ -334,6 +346,7 @@ def _run(config, module, dtype, text=None) -> dict:
     # A model may replace the positions it is given (CSM's depth decoder numbers its codebooks 0, 1, 2, ... and
     # ignores position_ids): compare at the positions its rotary module was called with. An M-RoPE model's text
     # positions ([axes, batch, s], Qwen2-VL's) count where every axis holds the same positions.
+    _token_positions(run)
     used = {tuple(p.reshape(-1, p.shape[-1])[0].tolist()) for *_, p in rotary
             if isinstance(p, torch.Tensor) and p.shape[-1] == len(positions) and (p.dim() in (1, 2) or (
                 p.dim() == 3 and bool((p.reshape(-1, p.shape[-1]) == p.reshape(-1, p.shape[-1])[:1]).all())))}
@@ -423,6 +436,32 @@ def _prefixed_positions(call: dict, p: torch.Tensor, rows: torch.Tensor, eq: tor
         return
     call["positions"] = p[:, eq[k:].float().argmax(1)]
     call["prefix"] = {"tokens": k, "identity": bool((rows[:k] == 1).all())}
+
+
+def _token_positions(run: dict) -> None:
+    """The positions of a 1D call that rotates another set of tokens than the sequence (Qwen4-Exp's QSA indexer
+    rotates each block's pooled key by the cos row of the block's first token, ``full_cos.index_select``): each of
+    its cos rows matched to one row of the rotary module's table, whose position is that row's. Sets
+    ``call["token_positions"]`` where every row matches exactly one position's row; a call whose rows match none
+    is left as it is (and is not compared)."""
+    recs = [out for _m, _a, _k, out, p in run["rotary"] if isinstance(out, (tuple, list)) and len(out) == 2
+            and isinstance(out[0], torch.Tensor) and out[0].shape[-2:-1] == (len(run["positions"]),)]
+    if not recs:
+        return
+    table = recs[0][0].reshape(-1, len(run["positions"]), recs[0][0].shape[-1])[0].double()  # [s, d]
+    for c in run["calls"]:
+        pairs = rotated_pairs(c)
+        if not pairs or len(run["positions"]) in pairs[0][0].shape[:-1]:
+            continue
+        tensors = [a for a in c["args"] if isinstance(a, torch.Tensor)][len(pairs):]
+        cos = tensors[0] if tensors else c["kwargs"].get("cos")
+        if not isinstance(cos, torch.Tensor) or cos.shape[-1] != table.shape[1]:
+            continue
+        rows = cos.reshape(-1, table.shape[1]).double()
+        eq = (rows[:, None, :] == table[None, :, :]).all(-1)
+        tokens = [n for n in pairs[0][0].shape[:-1] if n == rows.shape[0]]
+        if tokens and bool((eq.sum(1) == 1).all()):
+            c["token_positions"] = [run["positions"][j] for j in eq.float().argmax(1).tolist()]
 
 
 def rotated_pairs(call) -> list[tuple[torch.Tensor, torch.Tensor]]:
