@@ -384,7 +384,7 @@ def test_repairs_name_values_the_model_needs_and_no_rope_key():
 
 @pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
                     reason="the committed table is for another transformers; rerun make conformance")
-@pytest.mark.parametrize("model_type", ["qwen2_5_vl_vision", "lasr_encoder"])
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl_vision", "lasr_encoder", "mlcd_vision_model"])
 def test_models_that_take_no_tokens_run_on_built_inputs_and_agree(model_type):
     """Qwen2.5-VL's vision tower (patches and grid_thw; it reorders the tokens into windows after its rotary module,
     so each token's (row, column) is matched by its cos row) and an audio encoder (features): compared, and the
@@ -401,6 +401,26 @@ def test_models_that_take_no_tokens_run_on_built_inputs_and_agree(model_type):
 
         assert CONVENTIONS[model_type]["axes"]["axial"] and default["inputs"]["grid_thw"] == [list(GRID_THW)]
         assert CONVENTIONS["minimax_m3_vl_vision"]["axes"]["sections"][0] > 0  # a frame axis, seen on two frames
+    if model_type == "mlcd_vision_model":
+        # its class token, rotated by a learned angle (no position), is not compared: the row says so
+        assert default["prefix_not_compared"] == {"tokens": [1], "identity": False, "calls": 8, "of_calls": 8}
+        assert CONVENTIONS[model_type]["axes"] == {"sections": [26, 26], "axial": True, "interleaved": False}
+
+
+@pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
+                    reason="the committed table is for another transformers; rerun make conformance")
+def test_a_second_stage_fed_what_its_first_stage_makes_runs_and_agrees():
+    """DeepSeek-OCR 2's encoder takes embeddings and the number of leading patch tokens (num_patches): built, it
+    runs, and its 1D RoPE (positions 0 .. 8, numbered by the encoder itself) agrees on every layer."""
+    torch.set_num_threads(1)
+    row = conformance.sweep_model_type("deepseek_ocr2_encoder", _discovered()["deepseek_ocr2_encoder"],
+                                       only_default=True, diagnose=False)
+    assert row["status"] == "agree" == _table()["models"]["deepseek_ocr2_encoder"]["status"], row.get("reason")
+    assert row["table"] == "matches"
+    default = row["variants"]["default"]
+    assert default["inputs"] == {"inputs_embeds": [1, 9, 256], "num_patches": 4}
+    assert default["positions"] == list(range(9))
+    assert all(lay["status"] == "agree" and lay["error_over_bound"] <= 1 for lay in default["layers"])
 
 
 def test_vision_reading_matches_transformers_rotary_at_the_published_size():
@@ -452,12 +472,14 @@ def test_vision_reading_gives_measured_nope_layer_types_and_refuses_what_multiax
 
 @pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
                     reason="the committed table is for another transformers; rerun make conformance")
-@pytest.mark.parametrize("model_type", ["cosmos3_edge_vision", "mlcd_vision_model", "inkling2_vision",
-                                        "voxtral_encoder"])
+@pytest.mark.parametrize("model_type", ["cosmos3_edge_vision", "dinov3_vit", "lightglue", "voxtral_encoder",
+                                        "unlimited_ocr_vision_encoder"])
 def test_reasons_of_models_that_take_no_tokens_are_what_the_code_gives(model_type):
     """One row of each not-covered class of the models built inputs for: a vision tower whose code calls no
     rotation (its module's RoPE is the text model's), positions computed inside the rotary module, inputs the
-    model refuses, a module with no RoPE code at all: rerun, the reason is the committed one."""
+    model refuses, a module with no RoPE code at all, a second stage that runs on the patch embeddings built for it
+    and applies no RoPE (Unlimited-OCR's CLIP stage: learned absolute positions): rerun, the reason is the
+    committed one."""
     torch.set_num_threads(1)
     row = conformance.sweep_model_type(model_type, _discovered()[model_type], diagnose=False)
     committed = _table()["models"][model_type]
@@ -497,10 +519,41 @@ def test_a_model_that_cannot_be_built_on_its_own_default_config_is_transformers_
     from ropelab.conformance.report import reason_class
 
     assert default_build_failure(CONFIG_MAPPING["llama"], modeling_module("llama", "llama")) is None
-    reason = _table()["models"]["qwen4_exp_text"]["reason"]
-    assert reason == f"{_DEFAULT_BUILD_FAILS}, before any tiny size: TypeError: unsupported operand type(s) for //: " \
+    reason = f"{_DEFAULT_BUILD_FAILS}, before any tiny size: TypeError: unsupported operand type(s) for //: " \
         "'NoneType' and 'NoneType'"
+    cls = CONFIG_MAPPING["qwen4_exp_text"]
+    failure = default_build_failure(cls, modeling_module("qwen4_exp_text", "qwen4_exp"))
+    assert f"{_DEFAULT_BUILD_FAILS}, before any tiny size: {failure}" == reason  # the untouched default still fails
     assert reason_class(reason).startswith("transformers' model cannot be built on its config class's own default")
+
+
+def test_sizes_a_validator_requires_together_are_given_and_the_rows_compare_the_layers_that_rotate():
+    """Qwen4-Exp's config class leaves its QSA indexer sizes None (its model computes ``None // None``) while its
+    validator requires them together: the sweep gives them the smallest values that validator accepts, never a RoPE
+    key; a class with no such group gets none. With them both rows (the text config, and the composite through
+    its text_config) compare every layer: the indexed-attention layers rotate (the indexer's block keys at the
+    positions read from their cos rows), the linear-attention ones apply none."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.records import _repair, _required_together
+
+    cls = CONFIG_MAPPING["qwen4_exp_text"]
+    kw = conformance.tiny_kwargs(cls)
+    fix = _required_together(cls, kw)
+    assert fix == {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": cls().head_dim,
+                   "indexer_budget": 1, "indexer_compress_ratio": 1}
+    assert _repair(cls, kw, "transformers' model cannot run on tokens: TypeError: unsupported operand type(s) for "
+                   "//: 'NoneType' and 'NoneType'") == fix
+    assert _required_together(CONFIG_MAPPING["llama"], conformance.tiny_kwargs(CONFIG_MAPPING["llama"])) is None
+    rows = _table()["models"]
+    assert rows["qwen4_exp_text"]["added_to_config"] == fix and rows["qwen4_exp"]["added_to_config"] == \
+        {"text_config": fix}
+    for mt in ("qwen4_exp_text", "qwen4_exp"):
+        assert rows[mt]["status"] == "agree"
+        for v in rows[mt]["variants"].values():
+            assert [lay["status"] for lay in v["layers"]] == ["agree"] * 8, mt
+            assert [("max_error" in lay) for lay in v["layers"]] == [t == "indexed_attention" for t in
+                                                                     cls(**kw).layer_types], mt
 
 
 def test_tiny_kwargs_a_class_refuses_are_tied_as_its_validators_require():

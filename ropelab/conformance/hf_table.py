@@ -104,6 +104,7 @@ CONVENTIONS: dict[str, dict] = {
     'hy_v4': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'nope_layer_types': [], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'hy_v4_vl_text': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'nope_layer_types': [], 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'hyperclovax': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
+    'inkling2_vision': {'rotating_dims': 64, 'direction': 1, 'style': 'other: pair axes [1, 1, 1, 1, 1, 1, 1, 1]... fit no contiguous, interleaved or axial sections with one ladder', 'rotary_fraction': 1.0},
     'internlm3': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'iquestcoder': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'jais2': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},

@@ -30,6 +30,38 @@ def _sub_config_pixels(config, sub_config_types: dict) -> list[dict]:
 
 
 def vision_composite_reason(config, module, sub_config_types: dict) -> tuple[str, dict] | None:
+    """:func:`_composite_run` on the tiny composite; where the model refuses every input built there (its stages'
+    widths shrunk apart: DeepSeek-OCR 2's SAM stage ends at 896 channels, its encoder's tiny width is 256), again
+    on its sub-configs at their default widths and at most ``TOWER_LAYERS`` layers each, the reason saying so."""
+    from .composite import TOWER_LAYERS
+
+    first = _composite_run(config, module, sub_config_types)
+    if first is None or not first[0].startswith(_REFUSED):
+        return first
+    kw = {}
+    for k in sub_config_types:
+        sub = getattr(config, k, None)
+        n = getattr(sub, "num_hidden_layers", None)
+        if hasattr(sub, "to_dict") and isinstance(n, int):
+            kw[k] = {"model_type": sub.model_type, "num_hidden_layers": min(type(sub)().num_hidden_layers,
+                                                                               TOWER_LAYERS)}
+    try:
+        wide = type(config)(**kw)
+    except Exception:  # noqa: BLE001 - the tiny run's reason then
+        return first
+    second = _composite_run(wide, module, sub_config_types)
+    if second is None:
+        return first
+    at = f"at its sub-configs' default widths, {TOWER_LAYERS} layers each"
+    if second[0].startswith(_REFUSED):
+        return (f"{first[0][:-1]}; {at} too: {second[0].split('the last one: ', 1)[-1]}", first[1])
+    return (f"{second[0]} ({at}; at the tiny widths: {first[0].split('the last one: ', 1)[-1][:-1]})", second[1])
+
+
+_REFUSED = "transformers' model refuses the inputs the sweep builds for it"
+
+
+def _composite_run(config, module, sub_config_types: dict) -> tuple[str, dict] | None:
     """(reason, inputs) for a composite config with no ``num_hidden_layers`` whose model takes pixels, read from one
     float64 run on the first of ``model_inputs`` it accepts, with every module-level rotation function of the
     modules its sub-models come from recorded and each call attributed to the outermost sub-model built on one of
@@ -91,9 +123,10 @@ def vision_composite_reason(config, module, sub_config_types: dict) -> tuple[str
         for h in hooks:
             h.remove()
     if used is None:
-        return None if err is None else (f"transformers' model refuses the inputs the sweep builds for it (tiny "
-                                         f"pixels, patches and grid, features or samples: {', '.join(sorted(inputs[-1]))}"
-                                         f"; the last one: {error_text(err)})", {})
+        keys = ", ".join(sorted(inputs[-1]))
+        return None if err is None else (f"{_REFUSED} (tiny "
+                                         f"pixels, patches and grid, features or samples: {keys}; the last one: "
+                                         f"{error_text(err)})", {})
     shapes = {k: list(v.shape) if isinstance(v, torch.Tensor) else v for k, v in used.items()}
     said = ", ".join(f"{k} {v}" for k, v in shapes.items())
     if not calls and not ran:
