@@ -694,3 +694,33 @@ def test_composite_subset_agrees_with_transformers(model_type):
         {n: v["status"] for n, v in committed["variants"].items()}
     default = row["variants"]["default"]
     assert any("max_error" in lay for lay in default["layers"])  # calls recorded and compared, not vacuous
+
+
+def test_a_mapping_or_list_a_config_class_leaves_none_is_given_empty_and_the_rows_name_it():
+    """Chameleon's and Emu3's config classes leave ``vocabulary_map`` (the tokenizer's image-token vocabulary) None
+    while their models call ``.get`` on it; Granite 4 Vision's leaves ``deepstack_layer_map`` None while its model
+    takes its ``len``: the sweep gives the one such field of the class's own an empty one (no image tokens, no
+    vision layer feeding the text ones; the sweep runs text tokens), never a RoPE key nor a base-config field, and
+    the rows that ran with it say so. Llama has none."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.composite import tiny_composite
+    from ropelab.conformance.records import _none_mapping
+
+    for mt, kind, want in (("chameleon", dict, {"vocabulary_map": {}}), ("emu3", dict, {"vocabulary_map": {}}),
+                           ("granite4_vision", list, {"deepstack_layer_map": []})):
+        assert _none_mapping(CONFIG_MAPPING[mt], tiny_composite(CONFIG_MAPPING[mt])[0], kind) == want, mt
+        row = _table()["models"][mt]
+        if row["status"] == "agree":
+            assert row["added_to_config"] == want, mt
+    llama = CONFIG_MAPPING["llama"]
+    assert _none_mapping(llama, conformance.tiny_kwargs(llama)) is None
+    assert _none_mapping(llama, conformance.tiny_kwargs(llama), list) is None  # architectures: the base's field
+    assert {_table()["models"][mt]["status"] for mt in ("chameleon", "emu3")} == {"agree"}
+    # Granite 4 Vision then fails on the next field its class leaves None: downsample_rate, a "q/w" fraction its
+    # downsampler splits (no empty value means anything there): not covered, the row says so.
+    granite = _table()["models"]["granite4_vision"]
+    assert CONFIG_MAPPING["granite4_vision"]().downsample_rate is None
+    assert granite["status"] == "not covered" and granite["added_to_config"] == {"deepstack_layer_map": []}
+    assert granite["reason"] == "transformers' model cannot run on tokens: AttributeError: 'NoneType' object has " \
+        "no attribute 'split'"

@@ -25,6 +25,7 @@ CONVENTIONS: dict[str, dict] = {
     'bitnet': {'rotating_dims': 128, 'direction': 1, 'measured_base': 500000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'blt_global_transformer': {'rotating_dims': 128, 'direction': 1, 'measured_base': 500000.0, 'style': 'interleaved', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'blt_patcher': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
+    'chameleon': {'rotating_dims': 128, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},
     'clvp_encoder': {'rotating_dims': 32, 'direction': 1, 'measured_base': 10000.0, 'style': 'half', 'fixed_base': 10000.0, 'rotary_fraction': 0.5},
     'codegen': {'rotating_dims': 64, 'direction': 1, 'measured_base': 10000.0, 'style': 'interleaved', 'aliases': {'hidden_size': 'n_embd', 'max_position_embeddings': 'n_positions', 'num_attention_heads': 'n_head', 'num_hidden_layers': 'n_layer'}, 'fixed_base': 10000.0, 'rotary_fraction': 0.25},
     'cohere': {'rotating_dims': 128, 'direction': 1, 'measured_base': 500000.0, 'style': 'interleaved', 'rotary_fraction': 1.0, 'ignored_keys': ['partial_rotary_factor']},

@@ -169,11 +169,17 @@ def _sweep_composite(model_type: str, row: dict, config_cls, *, only_default: bo
         text_cls = type(getattr(config_cls(**json.loads(json.dumps(kw))), key))
         text_kw = {k: v for k, v in kw[key].items() if k != "model_type"}
         fix = _repair(text_cls, text_kw, reason) if reason.startswith(_CANNOT_RUN) else None
-        if not fix or "added_to_config" in row:
+        top_fix = None
+        if not fix and reason.startswith(_CANNOT_RUN) and "'NoneType' object has no attribute 'get'" in reason:
+            top_fix = _none_mapping(config_cls, kw)
+        elif not fix and reason.startswith(_CANNOT_RUN) and "object of type 'NoneType' has no len()" in reason:
+            top_fix = _none_mapping(config_cls, kw, list)
+        if not (fix or top_fix) or "added_to_config" in row:
             break
-        # The text sub-config lacks a value its model needs (_repair): given to it, every variant runs with it
-        kw = {**kw, key: {**kw[key], **fix}}
-        row["added_to_config"] = {key: fix}
+        # The text sub-config (or the top config: Emu3's vocabulary_map) lacks a value its model needs (_repair):
+        # given to it, every variant runs with it
+        kw = {**kw, key: {**kw[key], **fix}} if fix else {**kw, **top_fix}
+        row["added_to_config"] = {key: fix} if fix else top_fix
         runs = composite_variants(config_cls, kw, key)
     default = row["variants"]["default"]
     statuses = [v["status"] for v in row["variants"].values()]
@@ -215,7 +221,9 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
     key: the attribute a composite config of the same module sets on this one (T5Gemma 2's decoder reads the
     ``dropout_rate`` its ``T5Gemma2Config`` copies into it), a missing MLP size (Qwen3-Omni's talker reads a
     ``shared_expert_intermediate_size`` its config class never defines: the sweep's MLP size), or a sliding
-    window the masks require though the class leaves it None (Step-3.5): 4096, more than the 9 tokens span."""
+    window the masks require though the class leaves it None (Step-3.5): 4096, more than the 9 tokens span; sizes
+    the class's validator requires together (:func:`_required_together`: Qwen4-Exp's QSA indexer); the one mapping
+    a class leaves None while its model reads it (:func:`_none_mapping`: Chameleon's vocabulary_map)."""
     import re
     import sys
 
@@ -231,6 +239,10 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
             return {key: 32}
     if "sliding_window" in reason and "not set" in reason and "sliding_window" not in kw:
         return {"sliding_window": 4096}
+    if "'NoneType' object has no attribute 'get'" in reason:
+        empty = _none_mapping(config_cls, kw)
+        if empty:
+            return empty
     if "unsupported operand type(s)" in reason and "'NoneType'" in reason:
         group = _required_together(config_cls, kw)
         if group:
@@ -246,6 +258,25 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
         # more KV heads than the tiny config's query heads): one KV head, as the default has fewer than queries.
         return {"num_key_value_heads": 1}
     return None
+
+
+def _none_mapping(config_cls, kw: dict, kind: type = dict) -> dict | None:
+    """The one field typed ``kind`` (dict, list) that a config class of its own (not transformers' base config)
+    leaves None while its model reads it as one: an empty one. Chameleon's and Emu3's ``vocabulary_map`` (the
+    tokenizer's image-token vocabulary; their ``__init__`` calls ``.get`` on it): no image tokens, the sweep runs
+    text tokens; Granite 4 Vision's ``deepstack_layer_map`` (which vision layers feed which text layers; ``len``):
+    none. None where there is not exactly one such field, or it is a RoPE key."""
+    from transformers import PretrainedConfig
+
+    try:
+        d = config_cls(**json.loads(json.dumps(kw)))
+    except Exception:  # noqa: BLE001 - nothing to read
+        return None
+    hints = {k: v for c in reversed(config_cls.__mro__) if not issubclass(PretrainedConfig, c)
+             for k, v in vars(c).get("__annotations__", {}).items()}
+    keys = [k for k, v in vars(d).items() if v is None and kind.__name__ in str(hints.get(k, "")).split(" | ")[0]
+            and "rope" not in k and "config" not in k and k not in kw]
+    return {keys[0]: kind()} if len(keys) == 1 else None
 
 
 def _required_together(config_cls, kw: dict) -> dict | None:
