@@ -389,7 +389,7 @@ def test_repairs_name_values_the_model_needs_and_no_rope_key():
 
 @pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
                     reason="the committed table is for another transformers; rerun make conformance")
-@pytest.mark.parametrize("model_type", ["qwen2_5_vl_vision", "lasr_encoder"])
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl_vision", "lasr_encoder", "mlcd_vision_model"])
 def test_models_that_take_no_tokens_run_on_built_inputs_and_agree(model_type):
     """Qwen2.5-VL's vision tower (patches and grid_thw; it reorders the tokens into windows after its rotary module,
     so each token's (row, column) is matched by its cos row) and an audio encoder (features): compared, and the
@@ -406,6 +406,26 @@ def test_models_that_take_no_tokens_run_on_built_inputs_and_agree(model_type):
 
         assert CONVENTIONS[model_type]["axes"]["axial"] and default["inputs"]["grid_thw"] == [list(GRID_THW)]
         assert CONVENTIONS["minimax_m3_vl_vision"]["axes"]["sections"][0] > 0  # a frame axis, seen on two frames
+    if model_type == "mlcd_vision_model":
+        # its class token, rotated by a learned angle (no position), is not compared: the row says so
+        assert default["prefix_not_compared"] == {"tokens": [1], "identity": False, "calls": 8, "of_calls": 8}
+        assert CONVENTIONS[model_type]["axes"] == {"sections": [26, 26], "axial": True, "interleaved": False}
+
+
+@pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
+                    reason="the committed table is for another transformers; rerun make conformance")
+def test_a_second_stage_fed_what_its_first_stage_makes_runs_and_agrees():
+    """DeepSeek-OCR 2's encoder takes embeddings and the number of leading patch tokens (num_patches): built, it
+    runs, and its 1D RoPE (positions 0 .. 8, numbered by the encoder itself) agrees on every layer."""
+    torch.set_num_threads(1)
+    row = conformance.sweep_model_type("deepseek_ocr2_encoder", _discovered()["deepseek_ocr2_encoder"],
+                                       only_default=True, diagnose=False)
+    assert row["status"] == "agree" == _table()["models"]["deepseek_ocr2_encoder"]["status"], row.get("reason")
+    assert row["table"] == "matches"
+    default = row["variants"]["default"]
+    assert default["inputs"] == {"inputs_embeds": [1, 9, 256], "num_patches": 4}
+    assert default["positions"] == list(range(9))
+    assert all(lay["status"] == "agree" and lay["error_over_bound"] <= 1 for lay in default["layers"])
 
 
 def test_vision_reading_matches_transformers_rotary_at_the_published_size():
@@ -457,14 +477,16 @@ def test_vision_reading_gives_measured_nope_layer_types_and_refuses_what_multiax
 
 @pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
                     reason="the committed table is for another transformers; rerun make conformance")
-@pytest.mark.parametrize("model_type", ["cosmos3_edge_vision", "mlcd_vision_model", "inkling2_vision",
-                                        "voxtral_encoder", "diffusion_gemma", "wav2vec2-conformer"])
+@pytest.mark.parametrize("model_type", ["cosmos3_edge_vision", "dinov3_vit", "lightglue", "voxtral_encoder",
+                                        "unlimited_ocr_vision_encoder", "diffusion_gemma", "wav2vec2-conformer"])
 def test_reasons_of_models_that_take_no_tokens_are_what_the_code_gives(model_type):
     """One row of each not-covered class of the models built inputs for: a vision tower whose code calls no
     rotation (its module's RoPE is the text model's), positions computed inside the rotary module, inputs the
-    model refuses, a module with no RoPE code at all; and two rotations the sweep cannot attribute: calls from an
-    encoder's layers outside the decoder (diffusion_gemma), a rotation inlined in a conformer's attention method
-    with no module-level function (wav2vec2-conformer): rerun, the reason is the committed one."""
+    model refuses, a module with no RoPE code at all, a second stage that runs on the patch embeddings built for it
+    and applies no RoPE (Unlimited-OCR's CLIP stage: learned absolute positions); and two rotations the sweep cannot
+    attribute: calls from an encoder's layers outside the decoder (diffusion_gemma), a rotation inlined in a
+    conformer's attention method with no module-level function (wav2vec2-conformer): rerun, the reason is the
+    committed one."""
     torch.set_num_threads(1)
     row = conformance.sweep_model_type(model_type, _discovered()[model_type], diagnose=False)
     committed = _table()["models"][model_type]
@@ -504,10 +526,41 @@ def test_a_model_that_cannot_be_built_on_its_own_default_config_is_transformers_
     from ropelab.conformance.report import reason_class
 
     assert default_build_failure(CONFIG_MAPPING["llama"], modeling_module("llama", "llama")) is None
-    reason = _table()["models"]["qwen4_exp_text"]["reason"]
-    assert reason == f"{_DEFAULT_BUILD_FAILS}, before any tiny size: TypeError: unsupported operand type(s) for //: " \
+    reason = f"{_DEFAULT_BUILD_FAILS}, before any tiny size: TypeError: unsupported operand type(s) for //: " \
         "'NoneType' and 'NoneType'"
+    cls = CONFIG_MAPPING["qwen4_exp_text"]
+    failure = default_build_failure(cls, modeling_module("qwen4_exp_text", "qwen4_exp"))
+    assert f"{_DEFAULT_BUILD_FAILS}, before any tiny size: {failure}" == reason  # the untouched default still fails
     assert reason_class(reason).startswith("transformers' model cannot be built on its config class's own default")
+
+
+def test_sizes_a_validator_requires_together_are_given_and_the_rows_compare_the_layers_that_rotate():
+    """Qwen4-Exp's config class leaves its QSA indexer sizes None (its model computes ``None // None``) while its
+    validator requires them together: the sweep gives them the smallest values that validator accepts, never a RoPE
+    key; a class with no such group gets none. With them both rows (the text config, and the composite through
+    its text_config) compare every layer: the indexed-attention layers rotate (the indexer's block keys at the
+    positions read from their cos rows), the linear-attention ones apply none."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.records import _repair, _required_together
+
+    cls = CONFIG_MAPPING["qwen4_exp_text"]
+    kw = conformance.tiny_kwargs(cls)
+    fix = _required_together(cls, kw)
+    assert fix == {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": cls().head_dim,
+                   "indexer_budget": 1, "indexer_compress_ratio": 1}
+    assert _repair(cls, kw, "transformers' model cannot run on tokens: TypeError: unsupported operand type(s) for "
+                   "//: 'NoneType' and 'NoneType'") == fix
+    assert _required_together(CONFIG_MAPPING["llama"], conformance.tiny_kwargs(CONFIG_MAPPING["llama"])) is None
+    rows = _table()["models"]
+    assert rows["qwen4_exp_text"]["added_to_config"] == fix and rows["qwen4_exp"]["added_to_config"] == \
+        {"text_config": fix}
+    for mt in ("qwen4_exp_text", "qwen4_exp"):
+        assert rows[mt]["status"] == "agree"
+        for v in rows[mt]["variants"].values():
+            assert [lay["status"] for lay in v["layers"]] == ["agree"] * 8, mt
+            assert [("max_error" in lay) for lay in v["layers"]] == [t == "indexed_attention" for t in
+                                                                     cls(**kw).layer_types], mt
 
 
 def test_tiny_kwargs_a_class_refuses_are_tied_as_its_validators_require():
@@ -734,3 +787,33 @@ def test_a_layer_whose_rotated_queries_and_keys_are_zero_is_not_compared():
     run["calls"] = [{"layer": 0, "args": (q, q), "out": (y, y)}]
     (entry,) = compare_layers(run, [spec], 1, 64, 64, None)
     assert entry["status"] == "agree"
+
+
+def test_a_mapping_or_list_a_config_class_leaves_none_is_given_empty_and_the_rows_name_it():
+    """Chameleon's and Emu3's config classes leave ``vocabulary_map`` (the tokenizer's image-token vocabulary) None
+    while their models call ``.get`` on it; Granite 4 Vision's leaves ``deepstack_layer_map`` None while its model
+    takes its ``len``: the sweep gives the one such field of the class's own an empty one (no image tokens, no
+    vision layer feeding the text ones; the sweep runs text tokens), never a RoPE key nor a base-config field, and
+    the rows that ran with it say so. Llama has none."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.composite import tiny_composite
+    from ropelab.conformance.records import _none_mapping
+
+    for mt, kind, want in (("chameleon", dict, {"vocabulary_map": {}}), ("emu3", dict, {"vocabulary_map": {}}),
+                           ("granite4_vision", list, {"deepstack_layer_map": []})):
+        assert _none_mapping(CONFIG_MAPPING[mt], tiny_composite(CONFIG_MAPPING[mt])[0], kind) == want, mt
+        row = _table()["models"][mt]
+        if row["status"] == "agree":
+            assert row["added_to_config"] == want, mt
+    llama = CONFIG_MAPPING["llama"]
+    assert _none_mapping(llama, conformance.tiny_kwargs(llama)) is None
+    assert _none_mapping(llama, conformance.tiny_kwargs(llama), list) is None  # architectures: the base's field
+    assert {_table()["models"][mt]["status"] for mt in ("chameleon", "emu3")} == {"agree"}
+    # Granite 4 Vision then fails on the next field its class leaves None: downsample_rate, a "q/w" fraction its
+    # downsampler splits (no empty value means anything there): not covered, the row says so.
+    granite = _table()["models"]["granite4_vision"]
+    assert CONFIG_MAPPING["granite4_vision"]().downsample_rate is None
+    assert granite["status"] == "not covered" and granite["added_to_config"] == {"deepstack_layer_map": []}
+    assert granite["reason"] == "transformers' model cannot run on tokens: AttributeError: 'NoneType' object has " \
+        "no attribute 'split'"

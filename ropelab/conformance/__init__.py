@@ -35,7 +35,11 @@ For each model type:
    A model whose forward takes no tokens gets tiny seeded float64 inputs built from its signature and config
    (``running.model_inputs``): a vision tower taking patches and ``grid_thw`` two frames of 4 x 4 patches;
    a pixel-only ViT an image of 4 x 4 patches, or its ``image_size``; an audio encoder 100 frames of features
-   (either axis order) or samples; the first candidate the model accepts is run. Its positions are read from
+   (either axis order) or samples; a second stage what its first stage makes (DeepSeek-OCR 2's encoder: 9
+   embeddings, the first 4 patches, ``num_patches``; a CLIP stage: ``patch_embeds``); a tower whose grid counts
+   merged tokens (Inkling2) one merged block per token; the first candidate the model accepts is run. A composite
+   vision config without a decoder (``vision``) is run whole on pixels, its reason measured from that run (no RoPE
+   applied, or the sub-configs whose sub-models made every call). Its positions are read from
    its rotary module's call too: ``position_ids`` of one axis, or one row per axis (each patch's (row, column)),
    each token's matched to the rotation call by its cos row (Qwen2.5-VL reorders tokens into windows after the
    rotary module). Layers are ``num_hidden_layers``, or a vision tower's ``depth``.
@@ -43,7 +47,11 @@ For each model type:
    decoder's ``latents``, a decoder's ``encoder_hidden_states`` (its config's encoder width), an encoder-decoder's
    ``decoder_input_ids``, one id per channel or codebook, BLT's byte patches, features with their lengths. In an
    encoder-decoder the layers attributed are its decoder's (those ``per_layer`` describes): a call from its encoder
-   is no layer's, and leaves the row not covered.
+   is no layer's, and leaves the row not covered. A tower that prepends tokens
+   its rotary module never numbered (MLCD's class token, rotated by a learned angle ``class_pos_emb``) is compared
+   on the numbered patches only, the row saying how many tokens were left out (``prefix_not_compared``). A 1D call
+   on other tokens than the sequence (Qwen4-Exp's QSA indexer rotates each block's pooled key by its first token's
+   cos row) has each token's position read from its cos row, matched to the rotary module's table.
 4. **ropelab on the same input**: ``apply_rope(q, positions, spec=RopeSpec.per_layer(config_dict)[layer])``
    in float64, on every recorded query/key, compared element by element. A multi-axis rotation (a vision
    tower's 2D RoPE) is compared as ``apply_rope(q, positions [A, s], spec=spec, sections=sections)`` with

@@ -45,6 +45,17 @@ def bound(x: torch.Tensor, layout: str, positions, spec: RopeSpec, sections: Mul
     return tol.movedim(-2, s_axis if s_axis < d_axis else s_axis - 1).movedim(-1, d_axis)
 
 
+def _layout(shape: tuple[int, ...], n: int, call) -> str:
+    """``layout_of``; a call at one position read from its cos rows (``token_positions``: one block key) has
+    several axes of size 1: the first is taken as the sequence, which at one position rotates the same whatever
+    it is."""
+    if n == 1 and call.get("token_positions") is not None and list(shape[:-1]).count(1) > 1:
+        names = ["s" if i == list(shape).index(1) else ("b" if i == 0 else "h") for i in range(len(shape) - 1)]
+        if names.count("h") <= 1:
+            return " ".join(names + ["d"])
+    return layout_of(shape, n)
+
+
 def compare_call(call, positions, spec: RopeSpec, perm: list[int] | None = None,
                  sections: MultiAxis | None = None) -> dict:
     """Worst error and worst error / bound of ropelab's ``spec`` against one recorded call; ``perm`` is the
@@ -54,11 +65,17 @@ def compare_call(call, positions, spec: RopeSpec, perm: list[int] | None = None,
     worst_err, worst_ratio = 0.0, 0.0
     if sections is not None:
         positions = call["positions"]
+    elif call.get("token_positions") is not None:  # another set of tokens than the sequence (running)
+        positions = call["token_positions"]
     n = positions.shape[-1] if isinstance(positions, torch.Tensor) else len(positions)
+    k = (call.get("prefix") or {}).get("tokens", 0) if sections is not None else 0
     for x, y in rotated_pairs(call):
+        if k:  # tokens the rotary did not number (MLCD's class token, by a learned angle): not compared
+            axis = layout_of(tuple(x.shape), n + k).split().index("s")
+            x, y = x.narrow(axis, k, n), y.narrow(axis, k, n)
         if perm is not None and len(perm) == y.shape[-1]:
             y = y[..., torch.tensor(perm)]  # undo transformers' output order: (R x)[a] = y[perm[a]]
-        layout = layout_of(tuple(x.shape), n)
+        layout = _layout(tuple(x.shape), n, call)
         pos = torch.as_tensor(positions)
         x64 = x.double()
         ours = x64.clone() if spec.is_nope else apply_rope(x64, pos, layout=layout, spec=spec, sections=sections)

@@ -22,7 +22,8 @@ TABLE_PATH = pathlib.Path(__file__).with_name("hf_table.py")
 def _matrices(call, positions) -> torch.Tensor:
     """[s, d_out, d_in]: transformers' rotation at each recorded position, column a its output for e_a."""
     x, _ = rotated_pairs(call)[0]
-    layout = layout_of(tuple(x.shape), len(positions)).split()
+    k = (call.get("prefix") or {}).get("tokens", 0)  # leading tokens not numbered by the rotary (running)
+    layout = layout_of(tuple(x.shape), len(positions) + k).split()
     d = x.shape[-1]
     tensor_args = [i for i, a in enumerate(call["args"]) if isinstance(a, torch.Tensor)]
     n_rot = len(rotated_pairs(call))
@@ -36,7 +37,7 @@ def _matrices(call, positions) -> torch.Tensor:
         out = call["fn"](*args, **call["kwargs"])
         out = out[0] if isinstance(out, (tuple, list)) else out
         idx = [0 if ax != "s" else slice(None) for ax in layout[:-1]] + [slice(None)]
-        cols.append(out[tuple(idx)].double())  # [s, d]
+        cols.append(out[tuple(idx)].double()[k:])  # [s, d]
     return torch.stack(cols, dim=-1)
 
 

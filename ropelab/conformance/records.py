@@ -55,8 +55,12 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
         return {**row, "status": "not covered", "reason": f"tiny config cannot be built: {error_text(e)}"}
     if composite and not isinstance(getattr(config_cls(**json.loads(json.dumps(kw))), "num_hidden_layers", None), int):
         from .composite import token_failure
+        from .vision import vision_composite_reason
 
         config = config_cls(**json.loads(json.dumps(kw)))
+        seen = vision_composite_reason(config, module, row["sub_config_types"])
+        if seen is not None:
+            return {**row, "status": "not covered", "reason": seen[0], "inputs": seen[1]}
         return {**row, "status": "not covered", "reason": token_failure(config, module)}
     switched = False
     for _attempt in range(4):
@@ -154,14 +158,31 @@ def _sweep_composite(model_type: str, row: dict, config_cls, *, only_default: bo
         runs = composite_variants(config_cls, kw, key)
     except Exception as e:  # noqa: BLE001
         return {**row, "status": "not covered", "reason": f"tiny config cannot be built: {error_text(e)}"}
-    if only_default:
-        runs = {"default": runs["default"]}
-    row["variants"] = {}
-    for name, kwargs in runs.items():
-        row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs, None,
-                                               probe=diagnose and "v4" not in name, key=key)
-        if row["variants"]["default"]["status"] == "not covered":
-            break  # the row is not covered whatever the scalings give: their runs (a big tower built again) spared
+    for _attempt in range(2):
+        if only_default:
+            runs = {"default": runs["default"]}
+        row["variants"] = {}
+        for name, kwargs in runs.items():
+            row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs, None,
+                                                   probe=diagnose and "v4" not in name, key=key)
+            if row["variants"]["default"]["status"] == "not covered":
+                break  # not covered whatever the scalings give: their runs (a big tower built again) spared
+        reason = row["variants"]["default"].get("reason", "")
+        text_cls = type(getattr(config_cls(**json.loads(json.dumps(kw))), key))
+        text_kw = {k: v for k, v in kw[key].items() if k != "model_type"}
+        fix = _repair(text_cls, text_kw, reason) if reason.startswith(_CANNOT_RUN) else None
+        top_fix = None
+        if not fix and reason.startswith(_CANNOT_RUN) and "'NoneType' object has no attribute 'get'" in reason:
+            top_fix = _none_mapping(config_cls, kw)
+        elif not fix and reason.startswith(_CANNOT_RUN) and "object of type 'NoneType' has no len()" in reason:
+            top_fix = _none_mapping(config_cls, kw, list)
+        if not (fix or top_fix) or "added_to_config" in row:
+            break
+        # The text sub-config (or the top config: Emu3's vocabulary_map) lacks a value its model needs (_repair):
+        # given to it, every variant runs with it
+        kw = {**kw, key: {**kw[key], **fix}} if fix else {**kw, **top_fix}
+        row["added_to_config"] = {key: fix} if fix else top_fix
+        runs = composite_variants(config_cls, kw, key)
     default = row["variants"]["default"]
     statuses = [v["status"] for v in row["variants"].values()]
     if default["status"] == "not covered":
@@ -203,7 +224,9 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
     ``dropout_rate`` its ``T5Gemma2Config`` copies into it), a missing MLP size (Qwen3-Omni's talker reads a
     ``shared_expert_intermediate_size`` its config class never defines: the sweep's MLP size), or a sliding
     window the masks require though the class leaves it None (Step-3.5): 4096, more than the 9 tokens span; the
-    default vocabulary sizes where a padding id lies past the tiny one (Kyutai's)."""
+    default vocabulary sizes where a padding id lies past the tiny one (Kyutai's); sizes the class's validator
+    requires together (:func:`_required_together`: Qwen4-Exp's QSA indexer); the one mapping a class leaves None
+    while its model reads it (:func:`_none_mapping`: Chameleon's vocabulary_map)."""
     import re
     import sys
 
@@ -225,6 +248,14 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
         default = config_cls()
         fix = {k: getattr(default, k) for k, v in kw.items() if "vocab" in k and getattr(default, k, v) != v}
         return fix or None
+    if "'NoneType' object has no attribute 'get'" in reason:
+        empty = _none_mapping(config_cls, kw)
+        if empty:
+            return empty
+    if "unsupported operand type(s)" in reason and "'NoneType'" in reason:
+        group = _required_together(config_cls, kw)
+        if group:
+            return group
     from .discovery import N_HEADS
     from .discovery import config_value as _get
 
@@ -236,6 +267,63 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
         # more KV heads than the tiny config's query heads): one KV head, as the default has fewer than queries.
         return {"num_key_value_heads": 1}
     return None
+
+
+def _none_mapping(config_cls, kw: dict, kind: type = dict) -> dict | None:
+    """The one field typed ``kind`` (dict, list) that a config class of its own (not transformers' base config)
+    leaves None while its model reads it as one: an empty one. Chameleon's and Emu3's ``vocabulary_map`` (the
+    tokenizer's image-token vocabulary; their ``__init__`` calls ``.get`` on it): no image tokens, the sweep runs
+    text tokens; Granite 4 Vision's ``deepstack_layer_map`` (which vision layers feed which text layers; ``len``):
+    none. None where there is not exactly one such field, or it is a RoPE key."""
+    from transformers import PretrainedConfig
+
+    try:
+        d = config_cls(**json.loads(json.dumps(kw)))
+    except Exception:  # noqa: BLE001 - nothing to read
+        return None
+    hints = {k: v for c in reversed(config_cls.__mro__) if not issubclass(PretrainedConfig, c)
+             for k, v in vars(c).get("__annotations__", {}).items()}
+    keys = [k for k, v in vars(d).items() if v is None and kind.__name__ in str(hints.get(k, "")).split(" | ")[0]
+            and "rope" not in k and "config" not in k and k not in kw]
+    return {keys[0]: kind()} if len(keys) == 1 else None
+
+
+def _required_together(config_cls, kw: dict) -> dict | None:
+    """Sizes a config class leaves None while its model computes with them (Qwen4-Exp's QSA indexer: ``None //
+    None``), where the class's own validator names them as a group: setting one of its None int fields makes it
+    refuse with "missing required fields: [...]". Each is given the smallest value that validator accepts, by its
+    name: the sweep's heads (one key/value head), the config's head size, 1 for the others (counts, budgets,
+    ratios); None where the class refuses them or names no group. Never a RoPE key."""
+    import re
+
+    from .discovery import N_HEADS
+    from .discovery import config_value as _get
+
+    try:
+        d = config_cls(**json.loads(json.dumps(kw)))
+    except Exception:  # noqa: BLE001 - nothing to read
+        return None
+    hints = {k: v for c in reversed(config_cls.__mro__) for k, v in vars(c).get("__annotations__", {}).items()}
+    none_ints = [k for k, v in vars(d).items() if v is None and "int" in str(hints.get(k, "")) and "rope" not in k]
+    group = None
+    for key in none_ints:
+        try:
+            config_cls(**json.loads(json.dumps({**kw, key: 1})))
+        except Exception as e:  # noqa: BLE001 - the validator's words name the group
+            m = re.search(r"missing required fields: \[([^\]]*)\]", str(e))
+            if m:
+                group = [key] + re.findall(r"'(\w+)'", m.group(1))
+                break
+    if not group or any("rope" in k for k in group):
+        return None
+    head_dim = _get(d, "head_dim") or _get(d, "hidden_size") // _get(d, "num_attention_heads")
+    fix = {k: (1 if "kv_heads" in k or "key_value" in k else N_HEADS if k.endswith("heads")
+               else head_dim if k.endswith("head_dim") else 1) for k in group}
+    try:
+        config_cls(**json.loads(json.dumps({**kw, **fix})))
+    except Exception:  # noqa: BLE001 - values the class refuses: no repair
+        return None
+    return fix
 
 
 _DEFAULT_FAILS = "transformers' rotary module fails on its config class's own default config"
@@ -633,6 +721,11 @@ def _sweep_axes_variant(model_type, config, d: dict, run: dict, measure: dict | 
 
     out: dict[str, Any] = {"positions": "each call's (row, column) per patch, from the rotary module",
                            "inputs": run.get("inputs"), "dtype": run["dtype"]}
+    prefix = [c["prefix"] for c in run["calls"] if c.get("prefix")]
+    if prefix:  # leading tokens the rotary module did not number (running._prefixed_positions): not compared
+        out["prefix_not_compared"] = {"tokens": sorted({p["tokens"] for p in prefix}),
+                                      "identity": all(p["identity"] for p in prefix),
+                                      "calls": len(prefix), "of_calls": len(run["calls"])}
     if measure is not None:
         try:
             conv = measure_calls(run["calls"], None)

@@ -126,9 +126,13 @@ def model_inputs(model, config, dtype) -> list[dict]:
     if seq is not None:
         return seq
     if "input_ids" in req or "input_ids" in params or not ({"pixel_values", "input_features", "input_values",
-                                                             "past_values", "inputs_embeds", "hidden_states"}
-                                                            & (req | set(params))):
+                                                             "past_values", "inputs_embeds", "hidden_states",
+                                                             "patch_embeds"} & (req | set(params))):
         return []
+    encoder = _vision_encoder_inputs(req, config, rand)
+    if encoder is not None:
+        return encoder
+
     ch = _first_int(config, "in_channels", "num_channels", default=3)
     patch = _first_int(config, "patch_size", default=14)
     t, h, w = GRID_THW
@@ -150,7 +154,7 @@ def model_inputs(model, config, dtype) -> list[dict]:
                             {key: rand(n, ch, tps_all[0], patch, patch), grid_key: grid, **extra},
                             {key: rand(1, n, ch, patch, patch), grid_key: grid, **extra},
                             {key: rand(1, n, ch * patch * patch), grid_key: grid, **extra}]
-        return out
+        return out + _merged_patch_inputs(params, grid_key, ch, patch, merge, rand)
     if "pixel_position_ids" in req and "pixel_values" in params:
         # Gemma 4's vision tower takes each patch's (column, row) as an input: the grid's, row-major
         grid = torch.stack(torch.meshgrid(torch.arange(w), torch.arange(h), indexing="xy"), -1).reshape(1, n, 2)
@@ -181,6 +185,36 @@ def model_inputs(model, config, dtype) -> list[dict]:
         hidden = _first_int(config, "hidden_size", default=64)
         return [{"inputs_embeds": rand(1, 9, hidden)}]
     return []
+
+
+def _merged_patch_inputs(params, grid_key: str, ch: int, patch: int, merge: int, rand) -> list[dict]:
+    """A tower whose grid counts merged tokens and whose pixels come one merged block per token, channels last
+    (Inkling2's ``pixel_values`` [tokens, patch * merge, patch * merge, channels], ``image_grid_thw`` in language
+    model tokens): one image of ``GRID_THW``'s rows and columns of patches, merged. Tried after the others."""
+    _, h, w = GRID_THW
+    if "pixel_values" not in params or merge <= 1 or h % merge or w % merge:
+        return []
+    grid = torch.tensor([[1, h // merge, w // merge]])
+    side = patch * merge
+    return [{"pixel_values": rand((h // merge) * (w // merge), side, side, ch), grid_key: grid}]
+
+
+def _vision_encoder_inputs(req: set[str], config, rand) -> list[dict] | None:
+    """Inputs of a vision tower's second stage, fed what its first stage makes (None: not such a forward).
+    DeepSeek-OCR 2's encoder takes embeddings and ``num_patches``, the number of leading image tokens it attends
+    bidirectionally (the rest, its learned queries, causally): 9 embeddings, the first 4 of them patches.
+    Unlimited-OCR's CLIP stage takes ``patch_embeds`` [b, hidden, rows, columns]: a 4 x 4 grid, and its
+    ``image_size / patch_size`` grid (learned absolute positions that may need exactly it)."""
+    hidden = _first_int(config, "hidden_size", default=64)
+    if "num_patches" in req and "inputs_embeds" in req:
+        return [{"inputs_embeds": rand(1, 9, hidden), "num_patches": 4}]
+    if "patch_embeds" in req:
+        sides = [GRID_THW[1]]
+        image, patch = _first_int(config, "image_size"), _first_int(config, "patch_size")
+        if image and patch and image // patch not in sides and image // patch <= 64:
+            sides.append(image // patch)
+        return [{"patch_embeds": rand(1, hidden, s, s)} for s in sides]
+    return None
 
 
 def _embedded(model, ids):
@@ -351,6 +385,7 @@ def _finish_run(rec, positions, dtype, rotary, n_layers, used_inputs) -> dict:
     # A model may replace the positions it is given (CSM's depth decoder numbers its codebooks 0, 1, 2, ... and
     # ignores position_ids): compare at the positions its rotary module was called with. An M-RoPE model's text
     # positions ([axes, batch, s], Qwen2-VL's) count where every axis holds the same positions.
+    _token_positions(run)
     used = {tuple(p.reshape(-1, p.shape[-1])[0].tolist()) for *_, p in rotary
             if isinstance(p, torch.Tensor) and p.shape[-1] == len(positions) and (p.dim() in (1, 2) or (
                 p.dim() == 3 and bool((p.reshape(-1, p.shape[-1]) == p.reshape(-1, p.shape[-1])[:1]).all())))}
@@ -423,12 +458,53 @@ def _positions_from_rotary(run: dict) -> None:
         tensors = [a for a in c["args"] if isinstance(a, torch.Tensor)]
         n_rot = len(rotated_pairs(c))  # (q, k, cos, sin, ...) or Gemma 4's (x, cos, sin, position_ids)
         cos = tensors[n_rot] if len(tensors) > n_rot else None
-        if cos is None or cos.numel() != table.numel():
+        if cos is None or cos.numel() % table.shape[1] or cos.numel() < table.numel():
             continue
-        rows = cos.reshape(s, -1).double()
+        rows = cos.reshape(-1, table.shape[1]).double()
         eq = (rows[:, None, :] == table[None, :, :]).all(-1)  # [s call, s rotary]
-        if bool((eq.sum(1) >= 1).all()):
+        if rows.shape[0] == s and bool((eq.sum(1) >= 1).all()):
             c["positions"] = p[:, eq.float().argmax(1)]
+        elif rows.shape[0] > s:
+            _prefixed_positions(c, p, rows, eq, s)
+
+
+def _prefixed_positions(call: dict, p: torch.Tensor, rows: torch.Tensor, eq: torch.Tensor, s: int) -> None:
+    """A vision tower that prepends k tokens (a class token) to the s patches its rotary module numbered: the call's
+    cos has k + s rows, the last s of them the rotary module's rows (each matched, as above). MLCD rotates its class
+    token by a learned angle (``class_pos_emb``): that is no position, so those k tokens are not compared, and the
+    call records it (``prefix``: k, and whether their rows were the identity, cos 1). Sets ``call["positions"]``
+    (the patches' [A, s]) and ``call["prefix"]``; a call whose rows match otherwise is left unread."""
+    k = rows.shape[0] - s
+    if not bool((eq[k:].sum(1) >= 1).all()) or bool((eq[:k].sum(1) >= 1).any()):
+        return
+    call["positions"] = p[:, eq[k:].float().argmax(1)]
+    call["prefix"] = {"tokens": k, "identity": bool((rows[:k] == 1).all())}
+
+
+def _token_positions(run: dict) -> None:
+    """The positions of a 1D call that rotates another set of tokens than the sequence (Qwen4-Exp's QSA indexer
+    rotates each block's pooled key by the cos row of the block's first token, ``full_cos.index_select``): each of
+    its cos rows matched to one row of the rotary module's table, whose position is that row's. Sets
+    ``call["token_positions"]`` where every row matches exactly one position's row; a call whose rows match none
+    is left as it is (and is not compared)."""
+    recs = [out for _m, _a, _k, out, p in run["rotary"] if isinstance(out, (tuple, list)) and len(out) == 2
+            and isinstance(out[0], torch.Tensor) and out[0].shape[-2:-1] == (len(run["positions"]),)]
+    if not recs:
+        return
+    table = recs[0][0].reshape(-1, len(run["positions"]), recs[0][0].shape[-1])[0].double()  # [s, d]
+    for c in run["calls"]:
+        pairs = rotated_pairs(c)
+        if not pairs or len(run["positions"]) in pairs[0][0].shape[:-1]:
+            continue
+        tensors = [a for a in c["args"] if isinstance(a, torch.Tensor)][len(pairs):]
+        cos = tensors[0] if tensors else c["kwargs"].get("cos")
+        if not isinstance(cos, torch.Tensor) or cos.shape[-1] != table.shape[1]:
+            continue
+        rows = cos.reshape(-1, table.shape[1]).double()
+        eq = (rows[:, None, :] == table[None, :, :]).all(-1)
+        tokens = [n for n in pairs[0][0].shape[:-1] if n == rows.shape[0]]
+        if tokens and bool((eq.sum(1) == 1).all()):
+            c["token_positions"] = [run["positions"][j] for j in eq.float().argmax(1).tolist()]
 
 
 def rotated_pairs(call) -> list[tuple[torch.Tensor, torch.Tensor]]:
