@@ -51,6 +51,7 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
         runs = variants(config_cls, kw)
     except Exception as e:  # noqa: BLE001
         return {**row, "status": "not covered", "reason": f"tiny config cannot be built: {error_text(e)}"}
+    _note_fitted_head(row, config_cls)
     if composite and not isinstance(getattr(config_cls(**json.loads(json.dumps(kw))), "num_hidden_layers", None), int):
         from .composite import token_failure
 
@@ -69,7 +70,8 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
             if name == "default" and row["variants"][name].get("reason", "").startswith((_NO_ROPE, _CANNOT_RUN)):
                 break
         reason = row["variants"]["default"].get("reason", "")
-        fix = _repair(config_cls, kw, reason) if reason.startswith(_CANNOT_RUN) else None
+        fix = (_repair(config_cls, kw, reason) or _sub_config_repair(config_cls, kw, reason)
+               or _clip_repair(config_cls, kw, reason) if reason.startswith(_CANNOT_RUN) else None)
         if fix:  # the model needs a value its config class does not give (below); every variant runs with it
             kw = {**kw, **fix}
             row["added_to_config"] = {**row.get("added_to_config", {}), **fix}
@@ -152,6 +154,7 @@ def _sweep_composite(model_type: str, row: dict, config_cls, *, only_default: bo
         runs = composite_variants(config_cls, kw, key)
     except Exception as e:  # noqa: BLE001
         return {**row, "status": "not covered", "reason": f"tiny config cannot be built: {error_text(e)}"}
+    _note_fitted_head(row, type(getattr(config_cls(**json.loads(json.dumps(kw))), key)))
     if only_default:
         runs = {"default": runs["default"]}
     row["variants"] = {}
@@ -229,6 +232,55 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
     return None
 
 
+def _note_fitted_head(row: dict, config_cls) -> None:
+    """Record in the row the head size the tiny config took to fit its M-RoPE sections (``discovery.mrope_fit``)."""
+    from .discovery import fitted_head
+
+    fit = fitted_head(config_cls)
+    if fit:
+        row["tiny_head_fits_mrope_section"] = fit
+
+
+def _sub_config_repair(config_cls, kw: dict, reason: str) -> dict | None:
+    """A key the model reads from a sub-config whose class never defines it, where the parent config holds it
+    (DBRX's attention stores ``attn_config.rope_theta``, which a published config.json carries and
+    ``DbrxAttentionConfig`` does not define, while its rotary reads the parent's ``rope_parameters``): the
+    parent's value, so the config stays one with a single theta; {sub-config key: {key: value}}, else None."""
+    import re
+
+    m = re.search(r"'(\w+Config)' object has no attribute '(\w+)'", reason)
+    if m is None:
+        return None
+    cls_name, key = m.groups()
+    sub = next((k for k, c in (getattr(config_cls, "sub_configs", None) or {}).items()
+                if getattr(c, "__name__", "") == cls_name), None)
+    if sub is None or key in (kw.get(sub) or {}):
+        return None
+    parent = config_cls(**json.loads(json.dumps(kw)))
+    params = getattr(parent, "rope_parameters", None)
+    value = params.get(key) if isinstance(params, dict) else None
+    if value is None and not callable(getattr(parent, key, None)):
+        value = getattr(parent, key, None)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return {sub: {**(kw.get(sub) or {}), key: value}}
+
+
+def _clip_repair(config_cls, kw: dict, reason: str) -> dict | None:
+    """A clip bound the class leaves None while its attention clamps by it unconditionally (DBRX's
+    ``attn_config.clip_qkv``: ``clamp(min=None, max=None)`` raises): a bound never reached (1e9), which is what
+    None means; never a RoPE key. {key: value} or {sub-config key: {key: value}}, else None."""
+    if "clamp" not in reason or "must not be None" not in reason:
+        return None
+    d = config_cls(**json.loads(json.dumps(kw)))
+    for sub in [None, *(getattr(config_cls, "sub_configs", None) or {})]:
+        c = d if sub is None else getattr(d, sub, None)
+        keys = [k for k, v in vars(c).items() if v is None and "clip" in k and "rope" not in k] if c is not None else []
+        if len(keys) == 1:
+            return {keys[0]: 1e9} if sub is None else {sub: {**(kw.get(sub) or {}), keys[0]: 1e9}}
+    return None
+
+
 _DEFAULT_FAILS = "transformers' rotary module fails on its config class's own default config"
 
 
@@ -251,6 +303,8 @@ def default_build_failure(config_cls, module) -> str | None:
     try:
         with torch.device("meta"):
             _base_model(config, module)
+    except LookupError:
+        return None  # the sweep found no class to build (``running.base_model``): no failure of transformers'
     except Exception as e:  # noqa: BLE001
         return error_text(e)
     return None

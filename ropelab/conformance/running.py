@@ -74,7 +74,32 @@ def _base_model(config, module):
     bare = [cls for name, cls in own if not re.search(r"For[A-Z]", name)]
     if len(bare) == 1:
         return bare[0](config)
-    raise LookupError(f"no AutoModel and no *Model class for {type(config).__name__} in {module.__name__}")
+    # T5Gemma's encoder and decoder both on T5GemmaModuleConfig: the encoder, which runs on tokens alone.
+    encoders = [cls for cls in bare if cls.__name__.endswith("Encoder")]
+    if len(bare) > 1 and len(encoders) == 1:
+        return encoders[0](config)
+    # A model that exists only with its task head (EoMT-DINOv3's ForUniversalSegmentation): that one.
+    if not bare and len(own) == 1:
+        return own[0][1](config)
+    raise LookupError(f"no AutoModel and no *Model class for {type(config).__name__} in {module.__name__}"
+                      f"{_rotary_owners(type(config), module)}")
+
+
+def _rotary_owners(config_cls, module) -> str:
+    """Where no model class is built on ``config_cls``: whether a rotary class of ``module`` takes it (read from
+    the classes' ``config`` annotations), else which config classes the module's rotary classes take."""
+    owners = {}
+    for name, cls in sorted(vars(module).items()):
+        if inspect.isclass(cls) and "Rotary" in name and cls.__module__ == module.__name__:
+            p = inspect.signature(cls.__init__).parameters.get("config")
+            a = getattr(p, "annotation", None) if p is not None else None
+            owners[name] = getattr(a, "__name__", None) if a is not None and a is not p.empty else None
+    if any(v == config_cls.__name__ for v in owners.values()):
+        return ""
+    if not owners:
+        return f"; {module.__name__} has no rotary class"
+    taken = ", ".join(f"{n} takes {c or 'no annotated config'}" for n, c in owners.items())
+    return f"; no rotary class takes a {config_cls.__name__} ({taken})"
 
 
 # Two frames of 4 x 4 patches: each spatial merge (2 x 2) has whole blocks, rows differ from columns, and a tower
