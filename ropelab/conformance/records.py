@@ -202,7 +202,8 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
     """A value the model needs and the tiny config lacks, read from the failure (None: none known). Never a RoPE
     key: the attribute a composite config of the same module sets on this one (T5Gemma 2's decoder reads the
     ``dropout_rate`` its ``T5Gemma2Config`` copies into it), a missing MLP size (Qwen3-Omni's talker reads a
-    ``shared_expert_intermediate_size`` its config class never defines: the sweep's MLP size), or a sliding
+    ``shared_expert_intermediate_size`` its config class never defines: the sweep's MLP size; Moonshine Streaming's
+    decoder a ``num_key_value_heads``: the query heads'), or a sliding
     window the masks require though the class leaves it None (Step-3.5): 4096, more than the 9 tokens span."""
     import re
     import sys
@@ -217,6 +218,10 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
                 return {key: getattr(cls, key)}
         if key.endswith("intermediate_size"):
             return {key: 32}
+        if key == "num_key_value_heads" and isinstance(kw.get("num_attention_heads"), int):
+            # Moonshine Streaming's decoder layers read it and its config class never defines it: one KV head per
+            # query head (plain multi-head attention), what the class's attention then computes
+            return {key: kw["num_attention_heads"]}
     if "sliding_window" in reason and "not set" in reason and "sliding_window" not in kw:
         return {"sliding_window": 4096}
     from .discovery import N_HEADS
@@ -303,8 +308,10 @@ def default_build_failure(config_cls, module) -> str | None:
     try:
         with torch.device("meta"):
             _base_model(config, module)
-    except LookupError:
-        return None  # the sweep found no class to build (``running.base_model``): no failure of transformers'
+    except (LookupError, ImportError):
+        # the sweep found no class to build (``running.base_model``), or a package transformers needs for it is not
+        # installed here: no failure of transformers' own
+        return None
     except Exception as e:  # noqa: BLE001
         return error_text(e)
     return None

@@ -81,6 +81,16 @@ def _base_model(config, module):
     # A model that exists only with its task head (EoMT-DINOv3's ForUniversalSegmentation): that one.
     if not bare and len(own) == 1:
         return own[0][1](config)
+    # A sub-config's network that the parent model builds from it (T5Gemma's encoder, annotated with the parent
+    # T5GemmaConfig, built by T5GemmaModel on its T5GemmaModuleConfig): the one encoder of a parent config class
+    # whose sub-configs include this class.
+    parents = {cls for cls in vars(module).values() if inspect.isclass(cls)
+               and type(config) in (getattr(cls, "sub_configs", None) or {}).values()}
+    sub_encoders = [cls for name, cls in sorted(vars(module).items()) if inspect.isclass(cls)
+                    and issubclass(cls, PreTrainedModel) and getattr(cls, "config_class", None) in parents
+                    and name.endswith("Encoder")]
+    if not own and len(sub_encoders) == 1:
+        return sub_encoders[0](config)
     raise LookupError(f"no AutoModel and no *Model class for {type(config).__name__} in {module.__name__}"
                       f"{_rotary_owners(type(config), module)}")
 
