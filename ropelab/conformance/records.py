@@ -161,8 +161,43 @@ def _sweep_composite(model_type: str, row: dict, config_cls, *, only_default: bo
     for name, kwargs in runs.items():
         row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs, None,
                                                probe=diagnose and "v4" not in name, key=key)
+        reason = row["variants"]["default"].get("reason", "")
+        fix = _text_repair(config_cls, kw, key, reason) if name == "default" else None
+        if fix:  # a value the text sub-config needs (the plain types' ``_repair``): every variant runs with it
+            kw = {**kw, key: {**kw[key], **fix}}
+            row["added_to_config"] = {key: fix}
+            runs = composite_variants(config_cls, kw, key)
+            if only_default:
+                runs = {"default": runs["default"]}
+            return _rerun_composite(model_type, row, config_cls, module, runs, key, diagnose)
         if row["variants"]["default"]["status"] == "not covered":
             break  # the row is not covered whatever the scalings give: their runs (a big tower built again) spared
+    return _composite_status(row)
+
+
+def _text_repair(config_cls, kw: dict, key: str, reason: str) -> dict | None:
+    """:func:`_repair` on a composite's text sub-config (Step-3.7's Step-3.5 decoder: its sliding window)."""
+    if not reason.startswith(_CANNOT_RUN):
+        return None
+    text_cls = type(getattr(config_cls(**json.loads(json.dumps(kw))), key))
+    text_kw = {k: v for k, v in kw[key].items() if k != "model_type"}
+    try:
+        return _repair(text_cls, text_kw, reason)
+    except Exception:  # noqa: BLE001 - no repair then
+        return None
+
+
+def _rerun_composite(model_type, row, config_cls, module, runs, key, diagnose) -> dict:
+    row["variants"] = {}
+    for name, kwargs in runs.items():
+        row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs, None,
+                                               probe=diagnose and "v4" not in name, key=key)
+        if row["variants"]["default"]["status"] == "not covered":
+            break
+    return _composite_status(row)
+
+
+def _composite_status(row: dict) -> dict:
     default = row["variants"]["default"]
     statuses = [v["status"] for v in row["variants"].values()]
     if default["status"] == "not covered":
@@ -195,6 +230,7 @@ def _sub_config_types(config_cls) -> dict[str, str | None]:
 
 
 _NO_ROPE = "the model applies no RoPE on this config"
+_N_TOKENS = 9  # the sweep's sequence (``running.positions_for``)
 _CANNOT_RUN = "transformers' model cannot run on tokens"
 
 
@@ -203,7 +239,8 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
     key: the attribute a composite config of the same module sets on this one (T5Gemma 2's decoder reads the
     ``dropout_rate`` its ``T5Gemma2Config`` copies into it), a missing MLP size (Qwen3-Omni's talker reads a
     ``shared_expert_intermediate_size`` its config class never defines: the sweep's MLP size; Moonshine Streaming's
-    decoder a ``num_key_value_heads``: the query heads'), or a sliding
+    decoder a ``num_key_value_heads``: the query heads'; Moshi's depth decoder, one token per codebook, as many
+    codebooks as the sweep's tokens), or a sliding
     window the masks require though the class leaves it None (Step-3.5): 4096, more than the 9 tokens span."""
     import re
     import sys
@@ -224,6 +261,12 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
             return {key: kw["num_attention_heads"]}
     if "sliding_window" in reason and "not set" in reason and "sliding_window" not in kw:
         return {"sliding_window": 4096}
+    codebooks = getattr(config_cls(), "num_codebooks", None)
+    if ("IndexError" in reason and "out of range" in reason and "num_codebooks" not in kw
+            and isinstance(codebooks, int) and codebooks < _N_TOKENS):
+        # Moshi's depth decoder takes one token per codebook (its embeddings are indexed by the token's place):
+        # as many codebooks as the sweep's tokens
+        return {"num_codebooks": _N_TOKENS}
     from .discovery import N_HEADS
     from .discovery import config_value as _get
 
@@ -502,6 +545,9 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     out: dict[str, Any] = {"positions": run["positions"], "dtype": run["dtype"]}
     if "inputs" in run:
         out["inputs"] = run["inputs"]
+    for k in ("layers_by", "text_model_alone"):
+        if k in run:
+            out[k] = run[k]
     try:
         head_dim = head_dim_of({**d, **{k: d[v] for k, v in getattr(config_cls, "attribute_map", {}).items()
                                         if v in d and k not in d}})

@@ -43,6 +43,26 @@ def _layer_list(model, n_layers: int):
     return None
 
 
+def _attention_slots(model, n_layers: int):
+    """The attention modules of a decoder whose layers are no ModuleList of ``n_layers``, each numbered by its own
+    ``layer_idx`` (its cache slot), where that numbers the model's ``n_layers`` attention invocations: LongCat-Flash's
+    two MLA sublayers per decoder layer (layer_idx 2i and 2i + 1 of ``num_hidden_layers = 2 * num_layers``), or
+    HRM's two stacks run in cycles, whose attention adds the ``cycle_offset`` it is called with (its cache slot
+    ``layer_idx + cycle_offset``, ``num_hidden_layers`` of them). None where neither holds."""
+    attn = [m for _, m in model.named_modules() if isinstance(getattr(m, "layer_idx", None), int)
+            and re.search(r"Attention|MLA|Attn", type(m).__name__)
+            and not any(isinstance(c, type(m)) for c in m.children())]
+    if not attn:
+        return None
+    idx = sorted(m.layer_idx for m in attn)
+    if idx == list(range(n_layers)):
+        return attn
+    cycled = all("cycle_offset" in inspect.signature(m.forward).parameters for m in attn)
+    if cycled and set(idx) <= set(range(n_layers)):
+        return attn
+    return None
+
+
 def positions_for(max_pos: int | None) -> list[int]:
     """9 distinct positions: small ones (every pair's angle resolved) and large ones up to the context."""
     top = min(max_pos or 4096, 4096)
@@ -207,6 +227,27 @@ def model_inputs(model, config, dtype) -> list[dict]:
     return []
 
 
+class _Done(Exception):
+    """The run is complete (the text sub-model ran alone): leave the chain of fallbacks."""
+
+
+def _output_bug(e: BaseException) -> bool:
+    """An AttributeError on a model output object (``'...OutputWithPast' object has no attribute``)."""
+    return isinstance(e, AttributeError) and re.search(r"Output\w*' object has no attribute", str(e)) is not None
+
+
+def _conditioning(model, config, s: int, dtype) -> dict:
+    """A state a decoder is conditioned on besides its tokens (Moshi's depth decoder projects the main decoder's
+    ``last_hidden_state``, ``input_size`` wide, onto each codebook's token): seeded values, one row per token."""
+    if "last_hidden_state" not in inspect.signature(model.forward).parameters:
+        return {}
+    width = _first_int(config, "input_size")
+    if width is None:
+        return {}
+    g = torch.Generator().manual_seed(1)
+    return {"last_hidden_state": torch.randn(1, s, width, generator=g, dtype=torch.float64).to(dtype)}
+
+
 def _embedded(model, ids):
     emb = model.get_input_embeddings()
     return (emb[0] if isinstance(emb, torch.nn.ModuleList) else emb)(ids)
@@ -279,14 +320,22 @@ def _run(config, module, dtype, text=None) -> dict:
                           f"{', '.join(m.__name__ for m in modules)}; the rotation is inlined")
     n_layers = n_layers_of(config)
     layers = _layer_list(model, n_layers)
-    if layers is None:
-        raise LookupError(f"no ModuleList of num_hidden_layers={n_layers} layers in {type(model).__name__}")
+    slots = _attention_slots(model, n_layers) if layers is None else None
+    if layers is None and slots is None:
+        raise LookupError(f"no ModuleList of num_hidden_layers={n_layers} layers in {type(model).__name__}, and no "
+                          f"attention modules whose layer_idx numbers its {n_layers} layers")
     hooks = []
-    for i, layer in enumerate(layers):
+    for i, layer in enumerate(layers if layers is not None else []):
         def pre(_m, _a, i=i):
             rec.layer = i
             rec.ran.append(i)
         hooks.append(layer.register_forward_pre_hook(pre))
+    for attn in slots or []:
+        def pre_slot(m, _a, kwargs):
+            i = m.layer_idx + int(kwargs.get("cycle_offset", 0) or 0)
+            rec.layer = i
+            rec.ran.append(i)
+        hooks.append(attn.register_forward_pre_hook(pre_slot, with_kwargs=True))
         if text is not None:  # a composite: a call after a text layer (an encoder-decoder's other half) is no layer's
             hooks.append(layer.register_forward_hook(lambda *_: setattr(rec, "layer", None)))
     rotary = []  # (module, position_ids, output) of every call of a *Rotary* module: the positions it really saw
@@ -304,6 +353,7 @@ def _run(config, module, dtype, text=None) -> dict:
     pos = torch.tensor([positions])
     inputs = model_inputs(model, config, dtype) if text is None else []
     used_inputs = None
+    text_alone = None
     try:
         for (m, n), fn in saved.items():
             setattr(m, n, rec.wrap(fn))
@@ -312,8 +362,19 @@ def _run(config, module, dtype, text=None) -> dict:
                 used_inputs = _run_inputs(model, inputs, rec, rotary)
             else:
                 try:
-                    top(input_ids=ids, position_ids=pos, use_cache=False)
+                    top(input_ids=ids, position_ids=pos, use_cache=False, **_conditioning(top, config, len(positions),
+                                                                                       dtype))
                 except (ValueError, AttributeError) as e:
+                    if _output_bug(e) and text is not None and model is not top and rec.calls:
+                        # The text sub-model ran and the wrapper failed building its output afterwards (Llama 4's
+                        # reads ``image_outputs`` from its language model's output, which has none): the text
+                        # sub-model run alone, on the same tokens
+                        rec.calls.clear()
+                        rec.ran.clear()
+                        rotary.clear()
+                        model(input_ids=ids, position_ids=pos, use_cache=False)
+                        text_alone = error_text(e)
+                        raise _Done from None
                     if "input_ids` is expected to be `None`" not in str(e) and "'embed_tokens'" not in str(e):
                         raise
                     # A model fed embeddings, not tokens (Qwen3-Omni's talker and its code predictor): the tokens'
@@ -331,6 +392,8 @@ def _run(config, module, dtype, text=None) -> dict:
                     positions = list(range(len(positions)))
                     pos = torch.tensor([positions])
                     top(input_ids=ids)
+    except _Done:
+        pass
     finally:
         for (m, n), fn in saved.items():
             setattr(m, n, fn)
@@ -338,6 +401,13 @@ def _run(config, module, dtype, text=None) -> dict:
             h.remove()
     run = {"calls": rec.calls, "ran": sorted(set(rec.ran)), "positions": positions, "dtype": str(dtype),
            "rotary": rotary, "n_layers": n_layers}
+    if text_alone is not None:
+        run["text_model_alone"] = f"{type(model).__name__} run alone: the whole model raised after it ran ({text_alone})"
+    if slots is not None:
+        if not set(run["ran"]) <= set(range(n_layers)):
+            raise LookupError(f"attention slots {run['ran']} outside the {n_layers} layers of "
+                              f"{type(model).__name__}")
+        run["layers_by"] = "attention modules' layer_idx (plus the cycle_offset they are called with)"
     if used_inputs is not None:
         run["inputs"] = {k: list(v.shape) if isinstance(v, torch.Tensor) else v for k, v in used_inputs.items()}
         if "grid_thw" in used_inputs:
