@@ -208,14 +208,18 @@ def token_failure(config, module) -> str:
     layers to attribute rotation calls to."""
     import torch
 
+    from .running import SweepCannot, error_text
     from .running import base_model as _base_model
-    from .running import error_text
 
     try:
         torch.manual_seed(0)
         model = _base_model(config, module).double().eval()
         with torch.no_grad():
             model(input_ids=torch.randint(0, 100, (1, 9)))
+    except SweepCannot as e:
+        from .records import _SWEEP_CANNOT
+
+        return f"{_SWEEP_CANNOT}: {e}"
     except Exception as e:  # noqa: BLE001 - the reason goes into the table
         return f"transformers' model cannot run on tokens: {error_text(e)}"
     return ("the model runs on token ids, but it has no text sub-config and no num_hidden_layers: no decoder "

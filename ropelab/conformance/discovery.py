@@ -197,12 +197,13 @@ def _fails(rotary) -> bool:
 
 def mrope_fit(config_cls, kw: dict) -> dict[str, int] | None:
     """The head size whose rotary slice holds exactly the pairs the M-RoPE sections split, where the tiny config's
-    does not and its rotary module raises for it: {"head_dim": h} or {"hidden_size": N_HEADS * h}; else None. The sections are read from the modeling
-    code's rotary module built on the tiny config (its ``mrope_section``: the config's, else the module's default,
-    GLM-4.1V's [8, 12, 12], 32 pairs); h = 2 * sum(sections) / partial_rotary_factor, an even integer. GLM-4.1V's
-    class default (a 128 head rotated whole: 64 pairs) fails in transformers' own rotary, as the class's default
-    does; the published checkpoints rotate half of a 128 head (64 dims, 32 pairs), which a 64 head rotated whole
-    reproduces. No RoPE key changes; the row records the fit (``records``)."""
+    does not and its rotary module raises for it: {"head_dim": h} or {"hidden_size": N_HEADS * h}; else None.
+
+    The sections are read from the modeling code's rotary module built on the tiny config (its ``mrope_section``:
+    the config's, else the module's default, GLM-4.1V's [8, 12, 12], 32 pairs); h = 2 * sum(sections) /
+    partial_rotary_factor, an even integer. GLM-4.1V's class default (a 128 head rotated whole: 64 pairs) fails in
+    transformers' own rotary; the published checkpoints rotate half of a 128 head (64 dims, 32 pairs), which a 64
+    head rotated whole reproduces. No RoPE key changes; the row records the fit (``records``)."""
     import importlib
     import inspect
 

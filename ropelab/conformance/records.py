@@ -13,7 +13,7 @@ from .compare import compare_call
 from .convention import config_conventions, ignored_slice_keys, measure_calls, table_entry
 from .discovery import tiny_kwargs, variants
 from .probe import diagnose_probe
-from .running import InputsRefused, error_text, rotated_pairs, run_transformers
+from .running import InputsRefused, SweepCannot, error_text, rotated_pairs, run_transformers
 
 __all__ = ["sweep_model_type", "compare_layers"]
 
@@ -188,6 +188,7 @@ def _text_repair(config_cls, kw: dict, key: str, reason: str) -> dict | None:
 
 
 def _rerun_composite(model_type, row, config_cls, module, runs, key, diagnose) -> dict:
+    """The composite's variants run again on the repaired config (``_text_repair``), the default first."""
     row["variants"] = {}
     for name, kwargs in runs.items():
         row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs, None,
@@ -198,6 +199,7 @@ def _rerun_composite(model_type, row, config_cls, module, runs, key, diagnose) -
 
 
 def _composite_status(row: dict) -> dict:
+    """The composite row's status and reason from its variants, and its diagnose summary."""
     default = row["variants"]["default"]
     statuses = [v["status"] for v in row["variants"].values()]
     if default["status"] == "not covered":
@@ -232,6 +234,7 @@ def _sub_config_types(config_cls) -> dict[str, str | None]:
 _NO_ROPE = "the model applies no RoPE on this config"
 _N_TOKENS = 9  # the sweep's sequence (``running.positions_for``)
 _CANNOT_RUN = "transformers' model cannot run on tokens"
+_SWEEP_CANNOT = "the sweep cannot run or read transformers' model on this config (not a failure of transformers')"
 
 
 def _repair(config_cls, kw: dict, reason: str) -> dict | None:
@@ -518,6 +521,8 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     except InputsRefused as e:
         return {"status": "not covered", "reason": f"transformers' model refuses the inputs the sweep builds for it "
                 f"(tiny pixels, patches and grid, features or samples: {e})"}
+    except SweepCannot as e:
+        return {"status": "not covered", "reason": f"{_SWEEP_CANNOT}: {e}"}
     except Exception as e:  # noqa: BLE001
         return {"status": "not covered", "reason": f"transformers' model cannot run on tokens: {error_text(e)}"}
     if not run["calls"] and not run["rotary"]:

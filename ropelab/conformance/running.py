@@ -10,7 +10,7 @@ import sys
 import torch
 
 __all__ = ["base_model", "error_text", "positions_for", "run_transformers", "rotated_pairs", "layout_of",
-           "model_inputs", "n_layers_of", "InputsRefused", "GRID_THW"]
+           "model_inputs", "n_layers_of", "InputsRefused", "SweepCannot", "GRID_THW"]
 
 
 def error_text(e: BaseException) -> str:
@@ -111,7 +111,7 @@ def _base_model(config, module):
                     and name.endswith("Encoder")]
     if not own and len(sub_encoders) == 1:
         return sub_encoders[0](config)
-    raise LookupError(f"no AutoModel and no *Model class for {type(config).__name__} in {module.__name__}"
+    raise SweepCannot(f"no AutoModel and no *Model class for {type(config).__name__} in {module.__name__}"
                       f"{_rotary_owners(type(config), module)}")
 
 
@@ -292,15 +292,15 @@ def _run(config, module, dtype, text=None) -> dict:
         source = inspect.getsource(module)
         if not names and not any("Rotary" in n for n, c in vars(module).items() if inspect.isclass(c)) \
                 and not re.search(r"\.(cos|sin)\(|torch\.(cos|sin)\(", source):
-            raise LookupError(f"no rotary class, no rotation function and no cos/sin anywhere in {module.__name__}: "
+            raise SweepCannot(f"no rotary class, no rotation function and no cos/sin anywhere in {module.__name__}: "
                               "the model's code applies no RoPE (it was found because its configuration file "
                               "mentions rope keys)")
         if not names:
-            raise LookupError(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in "
+            raise SweepCannot(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in "
                               f"{module.__name__}; the rotation is inlined")
         if not isinstance(getattr(config, "num_hidden_layers", None), int) and not isinstance(
                 getattr(config, "depth", None), int):
-            raise LookupError(f"{type(config).__name__} has no num_hidden_layers: a component without decoder layers "
+            raise SweepCannot(f"{type(config).__name__} has no num_hidden_layers: a component without decoder layers "
                               "(an image tokenizer, a vocoder, an audio encoder) to attribute rotation calls to")
     torch.manual_seed(0)
     model = _base_model(config, module).to(dtype).eval()
@@ -309,20 +309,20 @@ def _run(config, module, dtype, text=None) -> dict:
     if text is not None:
         model = _text_model(top, text)
         if model is None:
-            raise LookupError(f"no sub-model of {type(top).__name__} on its text config {type(text).__name__} with "
+            raise SweepCannot(f"no sub-model of {type(top).__name__} on its text config {type(text).__name__} with "
                               f"its {text.num_hidden_layers} layers")
         config = text
         modules += [m for m in dict.fromkeys(sys.modules.get(type(s).__module__) for s in model.modules())
                     if m is not None and m is not module]
     wrapped = [(m, n) for m in modules for n in _rotation_names(m)]
     if not wrapped:
-        raise LookupError(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in "
+        raise SweepCannot(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in "
                           f"{', '.join(m.__name__ for m in modules)}; the rotation is inlined")
     n_layers = n_layers_of(config)
     layers = _layer_list(model, n_layers)
     slots = _attention_slots(model, n_layers) if layers is None else None
     if layers is None and slots is None:
-        raise LookupError(f"no ModuleList of num_hidden_layers={n_layers} layers in {type(model).__name__}, and no "
+        raise SweepCannot(f"no ModuleList of num_hidden_layers={n_layers} layers in {type(model).__name__}, and no "
                           f"attention modules whose layer_idx numbers its {n_layers} layers")
     hooks = []
     for i, layer in enumerate(layers if layers is not None else []):
@@ -402,10 +402,11 @@ def _run(config, module, dtype, text=None) -> dict:
     run = {"calls": rec.calls, "ran": sorted(set(rec.ran)), "positions": positions, "dtype": str(dtype),
            "rotary": rotary, "n_layers": n_layers}
     if text_alone is not None:
-        run["text_model_alone"] = f"{type(model).__name__} run alone: the whole model raised after it ran ({text_alone})"
+        run["text_model_alone"] = (f"{type(model).__name__} run alone: the whole model raised after it ran "
+                                   f"({text_alone})")
     if slots is not None:
         if not set(run["ran"]) <= set(range(n_layers)):
-            raise LookupError(f"attention slots {run['ran']} outside the {n_layers} layers of "
+            raise SweepCannot(f"attention slots {run['ran']} outside the {n_layers} layers of "
                               f"{type(model).__name__}")
         run["layers_by"] = "attention modules' layer_idx (plus the cycle_offset they are called with)"
     if used_inputs is not None:
@@ -430,8 +431,13 @@ def n_layers_of(config) -> int:
     n = getattr(config, "num_hidden_layers", None)
     n = n if isinstance(n, int) else getattr(config, "depth", None)
     if not isinstance(n, int):
-        raise LookupError(f"{type(config).__name__} has no int num_hidden_layers or depth")
+        raise SweepCannot(f"{type(config).__name__} has no int num_hidden_layers or depth")
     return n
+
+
+class SweepCannot(LookupError):
+    """What the sweep itself cannot do with a model (find its class, its decoder layers, its rotation function):
+    never transformers' failure, and its row says so (``records``)."""
 
 
 class InputsRefused(RuntimeError):
