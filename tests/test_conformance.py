@@ -497,12 +497,14 @@ def test_reasons_of_models_that_take_no_tokens_are_what_the_code_gives(model_typ
 @pytest.mark.skipif(transformers.__version__ != TRANSFORMERS_VERSION,
                     reason="the committed table is for another transformers; rerun make conformance")
 def test_a_rotary_that_fails_on_its_own_default_config_is_transformers_reason():
-    """GLM-4.1V's text rotary splits its cos/sin by the default M-RoPE sections [8, 12, 12] (32 pairs) while the
-    default head has 64; Cohere Compass's default has no rope dict for its layer types: both fail on the class's
-    own default config, before any tiny size, and their rows say so with the error the code gives now. Llama's and
-    Gemma 3's (one call per layer type) run."""
+    """Cohere Compass's default has no rope dict for its layer types: it fails on the class's own default config,
+    before any tiny size, and its row says so with the error the code gives now. GLM-4.1V's default fails too
+    (its sections [8, 12, 12] span 32 pairs of a 64-pair head), but a head that holds its sections runs, so its row
+    is compared on that head (``discovery.mrope_fit``), and says which. Llama's and Gemma 3's (one call per layer
+    type) run."""
     from transformers import CONFIG_MAPPING
 
+    from ropelab.conformance.discovery import fitted_head
     from ropelab.conformance.records import _DEFAULT_FAILS, default_rotary_failure, modeling_module
     from ropelab.conformance.report import reason_class
 
@@ -510,11 +512,134 @@ def test_a_rotary_that_fails_on_its_own_default_config_is_transformers_reason():
     for mt in ("glm4v_text", "cohere_compass_text"):
         failure = default_rotary_failure(CONFIG_MAPPING[mt], modeling_module(mt, found[mt]["module"]))
         assert failure is not None
-        reason = _table()["models"][mt]["reason"]
-        assert reason.startswith(_DEFAULT_FAILS) and failure in reason
-        assert reason_class(reason).startswith("transformers' rotary fails on its config class's own default")
+    reason = _table()["models"]["cohere_compass_text"]["reason"]
+    assert reason.startswith(_DEFAULT_FAILS) and failure in reason
+    assert reason_class(reason).startswith("transformers' rotary fails on its config class's own default")
+    assert fitted_head(CONFIG_MAPPING["cohere_compass_text"]) is None  # no sections: nothing a head could fit
     for mt in ("llama", "gemma3_text"):
         assert default_rotary_failure(CONFIG_MAPPING[mt], modeling_module(mt, found[mt]["module"])) is None
+
+
+def test_a_tiny_head_holds_the_mrope_sections_its_rotary_splits():
+    """GLM-4.1V / GLM-Image (sections [8, 12, 12] = 32 pairs, whole head rotated: head 64) and GLM-4.5V (half of
+    the head rotated: head 128) get the head whose rotary slice holds exactly their sections, read from the rotary
+    module built on the tiny config; their rows are compared and record the fit. No RoPE key changes, and a
+    rotary whose sections need not fill the slice (Qwen3-Omni's interleaved ones) or that has none keeps its head."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.discovery import fitted_head
+
+    rows = _table()["models"]
+    for mt, head in (("glm4v_text", 64), ("glm_image_text", 64), ("glm4v_moe_text", 128)):
+        cls = CONFIG_MAPPING[mt]
+        kw = conformance.tiny_kwargs(cls)
+        config = cls(**kw)
+        assert config.hidden_size // config.num_attention_heads == head, mt
+        assert config.rope_parameters == cls().rope_parameters, mt
+        assert rows[mt]["status"] == "agree" and rows[mt]["tiny_head_fits_mrope_section"] == fitted_head(cls), mt
+    for mt in ("glm4v", "glm4v_moe", "glm_image"):
+        assert rows[mt]["status"] == "agree" and rows[mt]["tiny_head_fits_mrope_section"], mt
+    for mt in ("qwen3_omni_moe_text", "qwen2_vl_text", "llama"):
+        assert fitted_head(CONFIG_MAPPING[mt]) is None, mt
+
+
+def test_tiny_composites_keep_the_ties_their_classes_validate():
+    """A composite whose validators tie sizes across its sub-configs accepts the tiny config: a tower's output
+    width or a flow head's condition width at the tiny text / backbone width, a diarization head's input at the
+    tiny audio width, Molmo2's tower at the depth its adapter indexes, Apertus 1.5's vocabulary holding its token
+    ranges; the text sub-config's RoPE keys are the default's. The rows built so are compared."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.composite import tiny_composite
+
+    rows = _table()["models"]
+    for mt, tied in (("granite_docling", ("vision_config", "out_hidden_size", "text_config")),
+                     ("gradium_phonon_tts", ("flow_head_config", "condition_dim", None)),
+                     ("nemotron3_diarization", ("head_config", "audio_hidden_size", "audio_config")),
+                     ("molmo2", None), ("apertus1p5", None)):
+        cls = CONFIG_MAPPING[mt]
+        kw, key = tiny_composite(cls)
+        config = cls(**json.loads(json.dumps(kw)))  # accepted
+        if tied is not None:
+            sub, name, other = tied
+            width = getattr(config, other).hidden_size if other else config.hidden_size
+            assert getattr(getattr(config, sub), name) == width < getattr(getattr(cls(), sub), name), mt
+        if key is not None:
+            assert getattr(config, key).rope_parameters == getattr(cls(), key).rope_parameters, mt
+    for mt in ("granite_docling", "gradium_phonon_tts", "pocket_tts", "molmo2", "apertus1p5", "muse_spark",
+               "dots3_note", "dots3_note_vision_encoder", "dbrx", "llama4", "hrm_text", "t5_gemma_module"):
+        assert rows[mt]["status"] == "agree", mt
+
+
+def test_sweep_build_choices_are_not_called_transformers_failures():
+    """A config class with no model class of its own (a mask decoder, a vision tower built by its parent) is the
+    sweep's lookup, never "transformers' model cannot be built"; its row says which config the module's rotary
+    classes take. DBRX is built as its published configs are: attn_config.rope_theta (read by its attention, not
+    defined by DbrxAttentionConfig) from the parent's rope dict, the one its rotary reads."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.records import default_build_failure, modeling_module
+
+    found = _discovered()
+    rows = _table()["models"]
+    mt = "idefics_vision"
+    assert default_build_failure(CONFIG_MAPPING[mt], modeling_module(mt, found[mt]["module"])) is None
+    for mt, owner in (("sam2_video_mask_decoder", "Sam2VideoConfig"), ("idefics_vision", "IdeficsConfig")):
+        assert f"no rotary class takes a {CONFIG_MAPPING[mt].__name__}" in rows[mt]["reason"], mt
+        assert f"takes {owner}" in rows[mt]["reason"], mt
+    dbrx = rows["dbrx"]
+    theta = CONFIG_MAPPING["dbrx"]().rope_parameters["rope_theta"]
+    assert dbrx["status"] == "agree" and dbrx["added_to_config"]["attn_config"]["rope_theta"] == theta
+
+
+def test_no_rope_reasons_hold_at_the_default_layer_pattern():
+    """A row that says the model applies no RoPE ran a tiny config holding every layer type of the class's
+    default (none cut off by the tiny depth) and its code has no rotary class taking its (text) config class:
+    the text models of GLM-5-Next and Inkling-2 (their rotaries are their vision towers'), Jamba and Nemotron-H
+    (no rotary class at all), Molmo2's and Cosmos-3-Edge's towers (their rotaries are the text models')."""
+    import inspect
+
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.composite import text_key
+    from ropelab.conformance.records import _NO_ROPE, modeling_module
+
+    found = _discovered()
+    rows = _table()["models"]
+    for mt in ("glm5_next", "glm5_next_text", "inkling2", "inkling2_text", "jamba", "nemotron_h", "molmo2_vision",
+               "cosmos3_edge_vision", "moshi_depth"):
+        assert rows[mt]["reason"].startswith(_NO_ROPE), mt
+        cls = CONFIG_MAPPING[mt]
+        key = text_key(cls) if getattr(cls, "sub_configs", None) else None
+        cls = type(getattr(cls(), key)) if key else cls
+        tiny = cls(**json.loads(json.dumps(conformance.tiny_kwargs(cls))))
+        for attr in ("layer_types", "layers_block_type"):
+            default = getattr(cls(), attr, None)
+            if isinstance(default, list):
+                assert set(getattr(tiny, attr)) == set(default), (mt, attr)
+        module = modeling_module(mt, found[mt]["module"])
+        takes = [getattr(inspect.signature(c.__init__).parameters.get("config"), "annotation", None)
+                 for n, c in vars(module).items() if inspect.isclass(c) and "Rotary" in n]
+        assert cls not in takes and cls.__name__ not in takes, mt
+
+
+def test_layers_numbered_by_their_attention_modules():
+    """LongCat-Flash's decoder layers hold two MLA sublayers each (num_hidden_layers = 2 * num_layers): no ModuleList
+    of num_hidden_layers, but its attention modules' layer_idx number them exactly (built on the meta device)."""
+    from transformers import CONFIG_MAPPING
+
+    from ropelab.conformance.records import modeling_module
+    from ropelab.conformance.running import _attention_slots, _layer_list, base_model
+
+    cls = CONFIG_MAPPING["longcat_flash"]
+    config = cls(**conformance.tiny_kwargs(cls))
+    with torch.device("meta"):
+        model = base_model(config, modeling_module("longcat_flash", "longcat_flash"))
+    n = config.num_hidden_layers
+    assert _layer_list(model, n) is None
+    assert sorted(m.layer_idx for m in _attention_slots(model, n)) == list(range(n))
+    row = _table()["models"]["hrm_text"]
+    assert row["status"] == "agree" and "layer_idx" in row["variants"]["default"]["layers_by"]
 
 
 def test_a_model_that_cannot_be_built_on_its_own_default_config_is_transformers_reason():

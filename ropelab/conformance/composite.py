@@ -5,6 +5,7 @@ config of each sub-config, the model's text path recorded per decoder layer of i
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from .discovery import tiny_kwargs, variants
@@ -89,12 +90,86 @@ def tiny_composite(config_cls) -> tuple[dict[str, Any], str | None]:
     key = text_key(config_cls)
     kw: dict[str, Any] = {}
     if key is None:
-        kw = tiny_kwargs(config_cls)
+        kw = _own_names(config_cls, tiny_kwargs(config_cls))
         # BLT's hash-n-gram embeddings (encoder_hash_byte_group_vocab=500002 rows): a vocabulary the RoPE never reads
         for k, v in vars(config_cls()).items():
             if "vocab" in k and isinstance(v, int) and not isinstance(v, bool) and v > 128 and k not in kw:
                 kw[k] = 128
-    return {**kw, **_shrunk_subs(config_cls, config_cls(), key)}, key
+    kw = {**kw, **_shrunk_subs(config_cls, config_cls(), key)}
+    if not _builds(config_cls, kw):
+        kw = _tied_composite(config_cls, config_cls(), kw, key)
+    return kw, key
+
+
+def _own_names(config_cls, kw: dict) -> dict[str, Any]:
+    """``kw`` under the names the class stores (its ``attribute_map``'s targets) where the decoder is the top config
+    of a composite: DBRX's ``__post_init__`` copies ``d_model`` into its ``ffn_config`` before the alias
+    ``hidden_size`` is applied, so a tiny width given as ``hidden_size`` leaves its experts at the default one."""
+    amap = getattr(config_cls, "attribute_map", None) or {}
+    fields = vars(_default(config_cls) or object())
+    return {amap[k] if k in amap and amap[k] in fields and amap[k] not in kw else k: v for k, v in kw.items()}
+
+
+_WIDTH_NAME = re.compile(r"hidden|(in|out|condition)_dim$")  # a width, never a count such as a codebook size
+
+
+def _tied_composite(config_cls, inst, kw: dict, key: str | None) -> dict[str, Any]:
+    """``kw`` adjusted where the composite class refuses it for a tie between its sub-configs (its validators), each
+    step kept only while the class still refuses: (1) a width the default ties to a width the tiny sizes changed
+    (a tower's ``out_hidden_size``, a flow head's ``condition_dim``, a diarization head's ``audio_hidden_size``,
+    equal to the text, backbone or audio ``hidden_size`` at the defaults) set to the tiny one; (2) the towers at
+    their default depth, at their tiny width (Molmo2's adapter reads tower layers 24 and 18); (3) the text
+    vocabulary at its default size (Apertus 1.5's audio and image token ranges lie inside it); the first of
+    each step alone, the ties with one other, all three that the class accepts. None of these is a
+    RoPE key: the text sub-config's rope keys and head geometry are those of :func:`tiny_kwargs`."""
+    subs = [k for k in getattr(config_cls, "sub_configs", None) or {} if hasattr(getattr(inst, k, None), "to_dict")]
+    parts = [(None, inst, kw)] + [(k, getattr(inst, k), kw.get(k, {})) for k in subs]
+    changed: dict[int, set] = {}
+    for _, c, ckw in parts:
+        h = getattr(c, "hidden_size", None)
+        if isinstance(h, int) and not isinstance(h, bool) and isinstance(ckw.get("hidden_size"), int) \
+                and ckw["hidden_size"] != h:
+            changed.setdefault(h, set()).add(ckw["hidden_size"])
+    tie = {h: next(iter(v)) for h, v in changed.items() if len(v) == 1}  # two tiny widths for one default: no tie
+
+    ties: dict[str | None, dict] = {}
+    for k, c, ckw in parts:
+        fix = {name: tie[v] for name, v in vars(c).items() if name not in ckw and name != "hidden_size"
+               and _WIDTH_NAME.search(name) and isinstance(v, int) and not isinstance(v, bool) and v in tie}
+        if fix:
+            ties[k] = fix
+    deep = {}
+    for k, c, ckw in parts[1:]:
+        depth = {name: v for name, v in vars(c).items() if isinstance(v, int) and not isinstance(v, bool)
+                 and (name == "depth" or name.endswith("_layers") or name.endswith("_depth"))
+                 and isinstance(ckw.get(name), int) and ckw[name] < v}
+        if depth and k != key:
+            deep[k] = depth
+    steps = [ties, deep]
+    text = getattr(inst, key, None) if key is not None else inst
+    vocab = getattr(text, "vocab_size", None)
+    if isinstance(vocab, int) and not isinstance(vocab, bool):
+        steps.append({key: {"vocab_size": vocab}})
+
+    def applied(chosen):
+        out = json.loads(json.dumps(kw))
+        for step in chosen:
+            for k, fix in step.items():
+                if k is None:
+                    out.update(fix)
+                    continue
+                c = getattr(inst, k)
+                base = out.get(k) or ({"model_type": c.model_type} if getattr(c, "model_type", "") else {})
+                out[k] = {**base, **fix}
+        return out
+
+    steps = [s for s in steps if s]
+    # each step alone, then the ties with each other step, then all: the fewest changes the class accepts
+    for chosen in [[s] for s in steps] + [[steps[0], s] for s in steps[1:]] + [steps]:
+        out = applied(chosen)
+        if _builds(config_cls, out):
+            return out
+    return kw
 
 
 def composite_variants(config_cls, kw: dict, key: str) -> dict[str, dict]:
@@ -133,14 +208,18 @@ def token_failure(config, module) -> str:
     layers to attribute rotation calls to."""
     import torch
 
+    from .running import SweepCannot, error_text
     from .running import base_model as _base_model
-    from .running import error_text
 
     try:
         torch.manual_seed(0)
         model = _base_model(config, module).double().eval()
         with torch.no_grad():
             model(input_ids=torch.randint(0, 100, (1, 9)))
+    except SweepCannot as e:
+        from .records import _SWEEP_CANNOT
+
+        return f"{_SWEEP_CANNOT}: {e}"
     except Exception as e:  # noqa: BLE001 - the reason goes into the table
         ran = _runs_on_built_inputs(model, config) if "model" in locals() else None
         if ran is None:

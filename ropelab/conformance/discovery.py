@@ -8,7 +8,7 @@ import pathlib
 import re
 from typing import Any
 
-__all__ = ["N_LAYERS", "N_HEADS", "SMALL_INTS", "discover", "tiny_kwargs", "variants", "config_value"]
+__all__ = ["N_LAYERS", "N_HEADS", "SMALL_INTS", "discover", "tiny_kwargs", "variants", "config_value", "mrope_fit"]
 
 N_LAYERS = 8  # enough for the layer patterns of transformers' configs (every 4th, 6th layer ...)
 N_HEADS = 2
@@ -71,7 +71,19 @@ def _get(d, key: str):
 
 def tiny_kwargs(config_cls) -> dict[str, Any]:
     """Keyword arguments that shrink ``config_cls()``: N_LAYERS layers, N_HEADS heads of the default head size,
-    small MLPs, experts and vocabulary. RoPE fields (theta, scaling, partial rotary, layer patterns) untouched."""
+    small MLPs, experts and vocabulary. RoPE fields (theta, scaling, partial rotary, layer patterns) untouched.
+    Where the default head size cannot hold the M-RoPE sections the rotary splits, the head that does
+    (:func:`mrope_fit`)."""
+    kw = _shrunk(config_cls)
+    return {**kw, **(mrope_fit(config_cls, kw) or {})}
+
+
+def fitted_head(config_cls) -> dict[str, int] | None:
+    """What :func:`tiny_kwargs` changed to fit the M-RoPE sections (:func:`mrope_fit`), None where nothing."""
+    return mrope_fit(config_cls, _shrunk(config_cls))
+
+
+def _shrunk(config_cls) -> dict[str, Any]:
     d = config_cls()
     kw: dict[str, Any] = {}
     heads = _get(d, "num_attention_heads")
@@ -170,12 +182,76 @@ def tiny_kwargs(config_cls) -> dict[str, Any]:
     return kw
 
 
+def _fails(rotary) -> bool:
+    """Whether a text rotary module raises on 9 positions (GLM-4.1V's ``split_with_sizes`` of its sections)."""
+    import torch
+
+    try:
+        rotary(torch.zeros(1, 9, 8), torch.arange(9)[None])
+    except RuntimeError:
+        return True
+    except Exception:  # noqa: BLE001 - another failure: not the sections' to fit
+        return False
+    return False
+
+
+def mrope_fit(config_cls, kw: dict) -> dict[str, int] | None:
+    """The head size whose rotary slice holds exactly the pairs the M-RoPE sections split, where the tiny config's
+    does not and its rotary module raises for it: {"head_dim": h} or {"hidden_size": N_HEADS * h}; else None.
+
+    The sections are read from the modeling code's rotary module built on the tiny config (its ``mrope_section``:
+    the config's, else the module's default, GLM-4.1V's [8, 12, 12], 32 pairs); h = 2 * sum(sections) /
+    partial_rotary_factor, an even integer. GLM-4.1V's class default (a 128 head rotated whole: 64 pairs) fails in
+    transformers' own rotary; the published checkpoints rotate half of a 128 head (64 dims, 32 pairs), which a 64
+    head rotated whole reproduces. No RoPE key changes; the row records the fit (``records``)."""
+    import importlib
+    import inspect
+
+    config = _built(config_cls, kw)
+    if config is None or not isinstance(kw.get("hidden_size"), int):
+        return None
+    try:
+        module = importlib.import_module(config_cls.__module__.replace(".configuration_", ".modeling_"))
+    except Exception:  # noqa: BLE001 - no modeling module next to the config: nothing to fit
+        return None
+    for name, cls in sorted(vars(module).items()):
+        if not (inspect.isclass(cls) and "Rotary" in name and cls.__module__ == module.__name__):
+            continue
+        annotation = getattr(inspect.signature(cls.__init__).parameters.get("config"), "annotation", None)
+        if getattr(annotation, "__name__", annotation) != config_cls.__name__:
+            continue
+        try:
+            rotary = cls(config)
+        except Exception:  # noqa: BLE001 - a rotary that does not build on the tiny config: reported when run
+            continue
+        section = getattr(rotary, "mrope_section", None)
+        inv = getattr(rotary, "inv_freq", None)
+        if not (isinstance(section, (list, tuple)) and section and all(isinstance(x, int) for x in section)
+                and inv is not None and inv.numel() != sum(section) and _fails(rotary)):
+            continue  # sections that need not fill the slice (Qwen3's interleaved ones) run as they are
+        params = getattr(config, "rope_parameters", None) or {}
+        share = params.get("partial_rotary_factor", 1.0) if isinstance(params, dict) else 1.0
+        head = 2 * sum(section) / float(share or 1.0)
+        if head != int(head) or int(head) % 2:
+            return None
+        fit = {"head_dim": int(head)} if "head_dim" in kw or isinstance(_get(config, "head_dim"), int) else \
+            {"hidden_size": N_HEADS * int(head)}
+        fitted = _built(config_cls, {**kw, **fit})
+        try:
+            ok = fitted is not None and cls(fitted).inv_freq.numel() == sum(section)
+        except Exception:  # noqa: BLE001
+            ok = False
+        return fit if ok else None
+    return None
+
+
 def _accepted(config_cls, d, kw: dict) -> dict:
     """``kw`` adjusted where the class refuses it for a tie between sizes (the class's validators): a default
     per-layer list the class keeps at the default depth (Zamba2's 54 layers_block_type) cut to the tiny depth's
     first layers, with its lists of layer indices; a size that the default ties to hidden_size (dots.3's
-    adapter_input_size) set to the tiny one; a token id outside the tiny vocabulary (a CTC blank) moved inside
-    it. Each only if the class then accepts."""
+    adapter_input_size, its vision tower's adapter_in_dim) set to the tiny one; a token id outside the tiny
+    vocabulary (a CTC blank) moved inside it; else (no sub-config to tie it to: ``composite``) the default width
+    and heads. Each only if the class then accepts."""
     n_default, hidden = _get(d, "num_hidden_layers"), _get(d, "hidden_size")
     fixes: list[dict] = []
     if isinstance(kw.get("num_hidden_layers"), int) and isinstance(n_default, int):
@@ -186,11 +262,17 @@ def _accepted(config_cls, d, kw: dict) -> dict:
                          if len(v) != n_default and v and all(isinstance(i, int) for i in v)}})
     if isinstance(hidden, int) and "hidden_size" in kw:
         fixes.append({k: kw["hidden_size"] for k, v in vars(d).items()
-                      if k.endswith("_size") and k != "hidden_size" and v == hidden and not isinstance(v, bool)})
+                      if k.endswith(("_size", "_dim")) and k != "hidden_size" and v == hidden
+                      and not isinstance(v, bool)})
     vocab = kw.get("vocab_size")
     if isinstance(vocab, int):
         fixes.append({k: vocab - 1 for k, v in vars(d).items()
                       if k.endswith("_token_id") and isinstance(v, int) and not isinstance(v, bool) and v >= vocab})
+    if isinstance(hidden, int) and "hidden_size" in kw and not getattr(config_cls, "sub_configs", None):
+        # A width the class ties to a list of stage widths (EfficientLoFTR's hidden_size == out_features[-1]), which
+        # its backbone's other lists repeat: the default width and heads (their head size is the default's anyway).
+        fixes.append({k: _get(d, k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads")
+                      if k in kw and isinstance(_get(d, k), int)})
     out = dict(kw)
     for fix in fixes:
         if fix and _built(config_cls, out) is None:

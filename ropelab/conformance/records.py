@@ -15,7 +15,7 @@ from .compare import compare_call
 from .convention import config_conventions, ignored_slice_keys, measure_calls, table_entry
 from .discovery import tiny_kwargs, variants
 from .probe import diagnose_probe
-from .running import InputsRefused, error_text, rotated_pairs, run_transformers
+from .running import InputsRefused, SweepCannot, error_text, rotated_pairs, run_transformers
 
 __all__ = ["sweep_model_type", "compare_layers"]
 
@@ -53,6 +53,7 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
         runs = variants(config_cls, kw)
     except Exception as e:  # noqa: BLE001
         return {**row, "status": "not covered", "reason": f"tiny config cannot be built: {error_text(e)}"}
+    _note_fitted_head(row, config_cls)
     if composite and not isinstance(getattr(config_cls(**json.loads(json.dumps(kw))), "num_hidden_layers", None), int):
         from .composite import token_failure
         from .vision import vision_composite_reason
@@ -75,7 +76,8 @@ def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False,
             if name == "default" and row["variants"][name].get("reason", "").startswith((_NO_ROPE, _CANNOT_RUN)):
                 break
         reason = row["variants"]["default"].get("reason", "")
-        fix = _repair(config_cls, kw, reason) if reason.startswith(_CANNOT_RUN) else None
+        fix = (_repair(config_cls, kw, reason) or _sub_config_repair(config_cls, kw, reason)
+               or _clip_repair(config_cls, kw, reason) if reason.startswith(_CANNOT_RUN) else None)
         if fix:  # the model needs a value its config class does not give (below); every variant runs with it
             kw = {**kw, **fix}
             row["added_to_config"] = {**row.get("added_to_config", {}), **fix}
@@ -158,31 +160,66 @@ def _sweep_composite(model_type: str, row: dict, config_cls, *, only_default: bo
         runs = composite_variants(config_cls, kw, key)
     except Exception as e:  # noqa: BLE001
         return {**row, "status": "not covered", "reason": f"tiny config cannot be built: {error_text(e)}"}
-    for _attempt in range(2):
-        if only_default:
-            runs = {"default": runs["default"]}
-        row["variants"] = {}
-        for name, kwargs in runs.items():
-            row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs, None,
-                                                   probe=diagnose and "v4" not in name, key=key)
-            if row["variants"]["default"]["status"] == "not covered":
-                break  # not covered whatever the scalings give: their runs (a big tower built again) spared
+    _note_fitted_head(row, type(getattr(config_cls(**json.loads(json.dumps(kw))), key)))
+    if only_default:
+        runs = {"default": runs["default"]}
+    row["variants"] = {}
+    for name, kwargs in runs.items():
+        row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs, None,
+                                               probe=diagnose and "v4" not in name, key=key)
         reason = row["variants"]["default"].get("reason", "")
-        text_cls = type(getattr(config_cls(**json.loads(json.dumps(kw))), key))
-        text_kw = {k: v for k, v in kw[key].items() if k != "model_type"}
-        fix = _repair(text_cls, text_kw, reason) if reason.startswith(_CANNOT_RUN) else None
-        top_fix = None
-        if not fix and reason.startswith(_CANNOT_RUN) and "'NoneType' object has no attribute 'get'" in reason:
-            top_fix = _none_mapping(config_cls, kw)
-        elif not fix and reason.startswith(_CANNOT_RUN) and "object of type 'NoneType' has no len()" in reason:
-            top_fix = _none_mapping(config_cls, kw, list)
-        if not (fix or top_fix) or "added_to_config" in row:
+        fix = _text_repair(config_cls, kw, key, reason) if name == "default" else None
+        top_fix = _top_repair(config_cls, kw, reason) if name == "default" and not fix else None
+        if fix or top_fix:  # a value the text sub-config (the plain types' ``_repair``) or the top config (Emu3's
+            # vocabulary_map) needs: every variant runs with it
+            kw = {**kw, key: {**kw[key], **fix}} if fix else {**kw, **top_fix}
+            row["added_to_config"] = {key: fix} if fix else top_fix
+            runs = composite_variants(config_cls, kw, key)
+            if only_default:
+                runs = {"default": runs["default"]}
+            return _rerun_composite(model_type, row, config_cls, module, runs, key, diagnose)
+        if row["variants"]["default"]["status"] == "not covered":
+            break  # the row is not covered whatever the scalings give: their runs (a big tower built again) spared
+    return _composite_status(row)
+
+
+def _top_repair(config_cls, kw: dict, reason: str) -> dict | None:
+    """:func:`_none_mapping` on a composite's top config (Emu3's ``vocabulary_map``: ``.get``; Granite 4 Vision's
+    ``deepstack_layer_map``: ``len``), where the run on tokens failed on it; None otherwise."""
+    if not reason.startswith(_CANNOT_RUN):
+        return None
+    if "'NoneType' object has no attribute 'get'" in reason:
+        return _none_mapping(config_cls, kw)
+    if "object of type 'NoneType' has no len()" in reason:
+        return _none_mapping(config_cls, kw, list)
+    return None
+
+
+def _text_repair(config_cls, kw: dict, key: str, reason: str) -> dict | None:
+    """:func:`_repair` on a composite's text sub-config (Step-3.7's Step-3.5 decoder: its sliding window)."""
+    if not reason.startswith(_CANNOT_RUN):
+        return None
+    text_cls = type(getattr(config_cls(**json.loads(json.dumps(kw))), key))
+    text_kw = {k: v for k, v in kw[key].items() if k != "model_type"}
+    try:
+        return _repair(text_cls, text_kw, reason)
+    except Exception:  # noqa: BLE001 - no repair then
+        return None
+
+
+def _rerun_composite(model_type, row, config_cls, module, runs, key, diagnose) -> dict:
+    """The composite's variants run again on the repaired config (``_text_repair``), the default first."""
+    row["variants"] = {}
+    for name, kwargs in runs.items():
+        row["variants"][name] = _sweep_variant(model_type, config_cls, module, kwargs, None,
+                                               probe=diagnose and "v4" not in name, key=key)
+        if row["variants"]["default"]["status"] == "not covered":
             break
-        # The text sub-config (or the top config: Emu3's vocabulary_map) lacks a value its model needs (_repair):
-        # given to it, every variant runs with it
-        kw = {**kw, key: {**kw[key], **fix}} if fix else {**kw, **top_fix}
-        row["added_to_config"] = {key: fix} if fix else top_fix
-        runs = composite_variants(config_cls, kw, key)
+    return _composite_status(row)
+
+
+def _composite_status(row: dict) -> dict:
+    """The composite row's status and reason from its variants, and its diagnose summary."""
     default = row["variants"]["default"]
     statuses = [v["status"] for v in row["variants"].values()]
     if default["status"] == "not covered":
@@ -215,18 +252,22 @@ def _sub_config_types(config_cls) -> dict[str, str | None]:
 
 
 _NO_ROPE = "the model applies no RoPE on this config"
+_N_TOKENS = 9  # the sweep's sequence (``running.positions_for``)
 _CANNOT_RUN = "transformers' model cannot run on tokens"
+_SWEEP_CANNOT = "the sweep cannot run or read transformers' model on this config (not a failure of transformers')"
 
 
 def _repair(config_cls, kw: dict, reason: str) -> dict | None:
     """A value the model needs and the tiny config lacks, read from the failure (None: none known). Never a RoPE
     key: the attribute a composite config of the same module sets on this one (T5Gemma 2's decoder reads the
     ``dropout_rate`` its ``T5Gemma2Config`` copies into it), a missing MLP size (Qwen3-Omni's talker reads a
-    ``shared_expert_intermediate_size`` its config class never defines: the sweep's MLP size), or a sliding
-    window the masks require though the class leaves it None (Step-3.5): 4096, more than the 9 tokens span; the
-    default vocabulary sizes where a padding id lies past the tiny one (Kyutai's); sizes the class's validator
-    requires together (:func:`_required_together`: Qwen4-Exp's QSA indexer); the one mapping a class leaves None
-    while its model reads it (:func:`_none_mapping`: Chameleon's vocabulary_map)."""
+    ``shared_expert_intermediate_size`` its config class never defines: the sweep's MLP size; Moonshine Streaming's
+    decoder a ``num_key_value_heads``: the query heads'; Moshi's depth decoder, one token per codebook, as many
+    codebooks as the sweep's tokens), or a sliding window the masks require though the class leaves it None
+    (Step-3.5): 4096, more than the 9 tokens span; the default vocabulary sizes where a padding id lies past the
+    tiny one (Kyutai's); sizes the class's validator requires together (:func:`_required_together`: Qwen4-Exp's QSA
+    indexer); the one mapping a class leaves None while its model reads it (:func:`_none_mapping`: Chameleon's
+    vocabulary_map)."""
     import re
     import sys
 
@@ -240,6 +281,10 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
                 return {key: getattr(cls, key)}
         if key.endswith("intermediate_size"):
             return {key: 32}
+        if key == "num_key_value_heads" and isinstance(kw.get("num_attention_heads"), int):
+            # Moonshine Streaming's decoder layers read it and its config class never defines it: one KV head per
+            # query head (plain multi-head attention), what the class's attention then computes
+            return {key: kw["num_attention_heads"]}
     if "sliding_window" in reason and "not set" in reason and "sliding_window" not in kw:
         return {"sliding_window": 4096}
     if "Padding_idx must be within num_embeddings" in reason:
@@ -256,6 +301,12 @@ def _repair(config_cls, kw: dict, reason: str) -> dict | None:
         group = _required_together(config_cls, kw)
         if group:
             return group
+    codebooks = getattr(config_cls(), "num_codebooks", None)
+    if ("IndexError" in reason and "out of range" in reason and "num_codebooks" not in kw
+            and isinstance(codebooks, int) and codebooks < _N_TOKENS):
+        # Moshi's depth decoder takes one token per codebook (its embeddings are indexed by the token's place):
+        # as many codebooks as the sweep's tokens
+        return {"num_codebooks": _N_TOKENS}
     from .discovery import N_HEADS
     from .discovery import config_value as _get
 
@@ -324,6 +375,53 @@ def _required_together(config_cls, kw: dict) -> dict | None:
     except Exception:  # noqa: BLE001 - values the class refuses: no repair
         return None
     return fix
+def _note_fitted_head(row: dict, config_cls) -> None:
+    """Record in the row the head size the tiny config took to fit its M-RoPE sections (``discovery.mrope_fit``)."""
+    from .discovery import fitted_head
+
+    fit = fitted_head(config_cls)
+    if fit:
+        row["tiny_head_fits_mrope_section"] = fit
+
+
+def _sub_config_repair(config_cls, kw: dict, reason: str) -> dict | None:
+    """A key the model reads from a sub-config whose class never defines it, where the parent config holds it
+    (DBRX's attention stores ``attn_config.rope_theta``, which a published config.json carries and
+    ``DbrxAttentionConfig`` does not define, while its rotary reads the parent's ``rope_parameters``): the
+    parent's value, so the config stays one with a single theta; {sub-config key: {key: value}}, else None."""
+    import re
+
+    m = re.search(r"'(\w+Config)' object has no attribute '(\w+)'", reason)
+    if m is None:
+        return None
+    cls_name, key = m.groups()
+    sub = next((k for k, c in (getattr(config_cls, "sub_configs", None) or {}).items()
+                if getattr(c, "__name__", "") == cls_name), None)
+    if sub is None or key in (kw.get(sub) or {}):
+        return None
+    parent = config_cls(**json.loads(json.dumps(kw)))
+    params = getattr(parent, "rope_parameters", None)
+    value = params.get(key) if isinstance(params, dict) else None
+    if value is None and not callable(getattr(parent, key, None)):
+        value = getattr(parent, key, None)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return {sub: {**(kw.get(sub) or {}), key: value}}
+
+
+def _clip_repair(config_cls, kw: dict, reason: str) -> dict | None:
+    """A clip bound the class leaves None while its attention clamps by it unconditionally (DBRX's
+    ``attn_config.clip_qkv``: ``clamp(min=None, max=None)`` raises): a bound never reached (1e9), which is what
+    None means; never a RoPE key. {key: value} or {sub-config key: {key: value}}, else None."""
+    if "clamp" not in reason or "must not be None" not in reason:
+        return None
+    d = config_cls(**json.loads(json.dumps(kw)))
+    for sub in [None, *(getattr(config_cls, "sub_configs", None) or {})]:
+        c = d if sub is None else getattr(d, sub, None)
+        keys = [k for k, v in vars(c).items() if v is None and "clip" in k and "rope" not in k] if c is not None else []
+        if len(keys) == 1:
+            return {keys[0]: 1e9} if sub is None else {sub: {**(kw.get(sub) or {}), keys[0]: 1e9}}
+    return None
 
 
 _DEFAULT_FAILS = "transformers' rotary module fails on its config class's own default config"
@@ -348,6 +446,10 @@ def default_build_failure(config_cls, module) -> str | None:
     try:
         with torch.device("meta"):
             _base_model(config, module)
+    except (LookupError, ImportError):
+        # the sweep found no class to build (``running.base_model``), or a package transformers needs for it is not
+        # installed here: no failure of transformers' own
+        return None
     except Exception as e:  # noqa: BLE001
         return error_text(e)
     return None
@@ -511,6 +613,8 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     except InputsRefused as e:
         return {"status": "not covered", "reason": f"transformers' model refuses the inputs the sweep builds for it "
                 f"(tiny pixels, patches and grid, features or samples: {e})"}
+    except SweepCannot as e:
+        return {"status": "not covered", "reason": f"{_SWEEP_CANNOT}: {e}"}
     except Exception as e:  # noqa: BLE001
         return {"status": "not covered", "reason": f"transformers' model cannot run on tokens: {error_text(e)}"}
     if not run["calls"] and not run["rotary"]:
@@ -542,6 +646,9 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
     out: dict[str, Any] = {"positions": run["positions"], "dtype": run["dtype"]}
     if "inputs" in run:
         out["inputs"] = run["inputs"]
+    for k in ("layers_by", "text_model_alone"):
+        if k in run:
+            out[k] = run[k]
     try:
         head_dim = head_dim_of({**d, **{k: d[v] for k, v in getattr(config_cls, "attribute_map", {}).items()
                                         if v in d and k not in d}})

@@ -10,7 +10,7 @@ import sys
 import torch
 
 __all__ = ["base_model", "error_text", "positions_for", "run_transformers", "rotated_pairs", "layout_of",
-           "model_inputs", "n_layers_of", "InputsRefused", "GRID_THW"]
+           "model_inputs", "n_layers_of", "InputsRefused", "SweepCannot", "GRID_THW"]
 
 
 def error_text(e: BaseException) -> str:
@@ -49,6 +49,26 @@ def _layer_list(model, n_layers: int):
     return None
 
 
+def _attention_slots(model, n_layers: int):
+    """The attention modules of a decoder whose layers are no ModuleList of ``n_layers``, each numbered by its own
+    ``layer_idx`` (its cache slot), where that numbers the model's ``n_layers`` attention invocations: LongCat-Flash's
+    two MLA sublayers per decoder layer (layer_idx 2i and 2i + 1 of ``num_hidden_layers = 2 * num_layers``), or
+    HRM's two stacks run in cycles, whose attention adds the ``cycle_offset`` it is called with (its cache slot
+    ``layer_idx + cycle_offset``, ``num_hidden_layers`` of them). None where neither holds."""
+    attn = [m for _, m in model.named_modules() if isinstance(getattr(m, "layer_idx", None), int)
+            and re.search(r"Attention|MLA|Attn", type(m).__name__)
+            and not any(isinstance(c, type(m)) for c in m.children())]
+    if not attn:
+        return None
+    idx = sorted(m.layer_idx for m in attn)
+    if idx == list(range(n_layers)):
+        return attn
+    cycled = all("cycle_offset" in inspect.signature(m.forward).parameters for m in attn)
+    if cycled and set(idx) <= set(range(n_layers)):
+        return attn
+    return None
+
+
 def positions_for(max_pos: int | None) -> list[int]:
     """9 distinct positions: small ones (every pair's angle resolved) and large ones up to the context."""
     top = min(max_pos or 4096, 4096)
@@ -80,7 +100,42 @@ def _base_model(config, module):
     bare = [cls for name, cls in own if not re.search(r"For[A-Z]", name)]
     if len(bare) == 1:
         return bare[0](config)
-    raise LookupError(f"no AutoModel and no *Model class for {type(config).__name__} in {module.__name__}")
+    # T5Gemma's encoder and decoder both on T5GemmaModuleConfig: the encoder, which runs on tokens alone.
+    encoders = [cls for cls in bare if cls.__name__.endswith("Encoder")]
+    if len(bare) > 1 and len(encoders) == 1:
+        return encoders[0](config)
+    # A model that exists only with its task head (EoMT-DINOv3's ForUniversalSegmentation): that one.
+    if not bare and len(own) == 1:
+        return own[0][1](config)
+    # A sub-config's network that the parent model builds from it (T5Gemma's encoder, annotated with the parent
+    # T5GemmaConfig, built by T5GemmaModel on its T5GemmaModuleConfig): the one encoder of a parent config class
+    # whose sub-configs include this class.
+    parents = {cls for cls in vars(module).values() if inspect.isclass(cls)
+               and type(config) in (getattr(cls, "sub_configs", None) or {}).values()}
+    sub_encoders = [cls for name, cls in sorted(vars(module).items()) if inspect.isclass(cls)
+                    and issubclass(cls, PreTrainedModel) and getattr(cls, "config_class", None) in parents
+                    and name.endswith("Encoder")]
+    if not own and len(sub_encoders) == 1:
+        return sub_encoders[0](config)
+    raise SweepCannot(f"no AutoModel and no *Model class for {type(config).__name__} in {module.__name__}"
+                      f"{_rotary_owners(type(config), module)}")
+
+
+def _rotary_owners(config_cls, module) -> str:
+    """Where no model class is built on ``config_cls``: whether a rotary class of ``module`` takes it (read from
+    the classes' ``config`` annotations), else which config classes the module's rotary classes take."""
+    owners = {}
+    for name, cls in sorted(vars(module).items()):
+        if inspect.isclass(cls) and "Rotary" in name and cls.__module__ == module.__name__:
+            p = inspect.signature(cls.__init__).parameters.get("config")
+            a = getattr(p, "annotation", None) if p is not None else None
+            owners[name] = getattr(a, "__name__", None) if a is not None and a is not p.empty else None
+    if any(v == config_cls.__name__ for v in owners.values()):
+        return ""
+    if not owners:
+        return f"; {module.__name__} has no rotary class"
+    taken = ", ".join(f"{n} takes {c or 'no annotated config'}" for n, c in owners.items())
+    return f"; no rotary class takes a {config_cls.__name__} ({taken})"
 
 
 # Two frames of 4 x 4 patches: each spatial merge (2 x 2) has whole blocks, rows differ from columns, and a tower
@@ -217,6 +272,27 @@ def _vision_encoder_inputs(req: set[str], config, rand) -> list[dict] | None:
     return None
 
 
+class _Done(Exception):
+    """The run is complete (the text sub-model ran alone): leave the chain of fallbacks."""
+
+
+def _output_bug(e: BaseException) -> bool:
+    """An AttributeError on a model output object (``'...OutputWithPast' object has no attribute``)."""
+    return isinstance(e, AttributeError) and re.search(r"Output\w*' object has no attribute", str(e)) is not None
+
+
+def _conditioning(model, config, s: int, dtype) -> dict:
+    """A state a decoder is conditioned on besides its tokens (Moshi's depth decoder projects the main decoder's
+    ``last_hidden_state``, ``input_size`` wide, onto each codebook's token): seeded values, one row per token."""
+    if "last_hidden_state" not in inspect.signature(model.forward).parameters:
+        return {}
+    width = _first_int(config, "input_size")
+    if width is None:
+        return {}
+    g = torch.Generator().manual_seed(1)
+    return {"last_hidden_state": torch.randn(1, s, width, generator=g, dtype=torch.float64).to(dtype)}
+
+
 def _embedded(model, ids):
     emb = model.get_input_embeddings()
     return (emb[0] if isinstance(emb, torch.nn.ModuleList) else emb)(ids)
@@ -261,15 +337,15 @@ def _run(config, module, dtype, text=None) -> dict:
         source = inspect.getsource(module)
         if not names and not any("Rotary" in n for n, c in vars(module).items() if inspect.isclass(c)) \
                 and not re.search(r"\.(cos|sin)\(|torch\.(cos|sin)\(", source):
-            raise LookupError(f"no rotary class, no rotation function and no cos/sin anywhere in {module.__name__}: "
+            raise SweepCannot(f"no rotary class, no rotation function and no cos/sin anywhere in {module.__name__}: "
                               "the model's code applies no RoPE (it was found because its configuration file "
                               "mentions rope keys)")
         if not names:
-            raise LookupError(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in "
+            raise SweepCannot(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in "
                               f"{module.__name__}; the rotation is inlined")
         if not isinstance(getattr(config, "num_hidden_layers", None), int) and not isinstance(
                 getattr(config, "depth", None), int):
-            raise LookupError(f"{type(config).__name__} has no num_hidden_layers: a component without decoder layers "
+            raise SweepCannot(f"{type(config).__name__} has no num_hidden_layers: a component without decoder layers "
                               "(an image tokenizer, a vocoder, an audio encoder) to attribute rotation calls to")
     torch.manual_seed(0)
     model = _base_model(config, module).to(dtype).eval()
@@ -278,24 +354,26 @@ def _run(config, module, dtype, text=None) -> dict:
     if text is not None:
         model = _text_model(top, text)
         if model is None:
-            raise LookupError(f"no sub-model of {type(top).__name__} on its text config {type(text).__name__} with "
+            raise SweepCannot(f"no sub-model of {type(top).__name__} on its text config {type(text).__name__} with "
                               f"its {text.num_hidden_layers} layers")
         config = text
         modules += [m for m in dict.fromkeys(sys.modules.get(type(s).__module__) for s in model.modules())
                     if m is not None and m is not module]
     wrapped = [(m, n) for m in modules for n in _rotation_names(m)]
     if not wrapped:
-        raise LookupError(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in "
+        raise SweepCannot(f"no module-level rotation function (apply_*rotary*/apply_*rope*) in "
                           f"{', '.join(m.__name__ for m in modules)}; the rotation is inlined")
     n_layers = n_layers_of(config)
     from .sequence_inputs import decoder_layers
 
     dec_layers = decoder_layers(model, config, n_layers, _layer_list) if text is None else None
     layers = dec_layers if dec_layers is not None else _layer_list(model, n_layers)
-    if layers is None:
-        raise LookupError(f"no ModuleList of num_hidden_layers={n_layers} layers in {type(model).__name__}")
+    slots = _attention_slots(model, n_layers) if layers is None else None
+    if layers is None and slots is None:
+        raise SweepCannot(f"no ModuleList of num_hidden_layers={n_layers} layers in {type(model).__name__}, and no "
+                          f"attention modules whose layer_idx numbers its {n_layers} layers")
     hooks = []
-    for i, layer in enumerate(layers):
+    for i, layer in enumerate(layers if layers is not None else []):
         def pre(_m, _a, i=i):
             rec.layer = i
             rec.ran.append(i)
@@ -303,6 +381,12 @@ def _run(config, module, dtype, text=None) -> dict:
         if text is not None or dec_layers is not None:  # a call after a layer (an encoder-decoder's other half, a
             # composite's tower) is no layer's
             hooks.append(layer.register_forward_hook(lambda *_: setattr(rec, "layer", None)))
+    for attn in slots or []:
+        def pre_slot(m, _a, kwargs):
+            i = m.layer_idx + int(kwargs.get("cycle_offset", 0) or 0)
+            rec.layer = i
+            rec.ran.append(i)
+        hooks.append(attn.register_forward_pre_hook(pre_slot, with_kwargs=True))
     rotary = []  # (module, position_ids, output) of every call of a *Rotary* module: the positions it really saw
 
     def seen(m, args, kwargs, out):
@@ -318,6 +402,7 @@ def _run(config, module, dtype, text=None) -> dict:
     pos = torch.tensor([positions])
     inputs = model_inputs(model, config, dtype) if text is None else []
     used_inputs = None
+    text_alone = None
     try:
         for (m, n), fn in saved.items():
             setattr(m, n, rec.wrap(fn))
@@ -326,7 +411,12 @@ def _run(config, module, dtype, text=None) -> dict:
                 used_inputs = _run_inputs(model, inputs, rec, rotary)
             else:
                 try:
-                    positions = _token_forward(top, ids, pos, rec, rotary)
+                    positions = _token_forward(top, ids, pos, rec, rotary, _conditioning(top, config, len(positions),
+                                                                                         dtype),
+                                               text_alone_ok=text is not None and model is not top)
+                except _Done as done:
+                    text_alone = str(done)
+                    model(input_ids=ids, position_ids=pos, use_cache=False)
                 except Exception as e:  # noqa: BLE001 - what else the forward needs, else this error stands
                     from .sequence_inputs import token_candidates
 
@@ -344,16 +434,33 @@ def _run(config, module, dtype, text=None) -> dict:
             setattr(m, n, fn)
         for h in hooks:
             h.remove()
-    return _finish_run(rec, positions, dtype, rotary, n_layers, used_inputs)
+    run = _finish_run(rec, positions, dtype, rotary, n_layers, used_inputs)
+    if text_alone is not None:
+        run["text_model_alone"] = (f"{type(model).__name__} run alone: the whole model raised after it ran "
+                                   f"({text_alone})")
+    if slots is not None:
+        if not set(run["ran"]) <= set(range(n_layers)):
+            raise SweepCannot(f"attention slots {run['ran']} outside the {n_layers} layers of "
+                              f"{type(model).__name__}")
+        run["layers_by"] = "attention modules' layer_idx (plus the cycle_offset they are called with)"
+    return run
 
 
-def _token_forward(top, ids, pos, rec, rotary) -> list[int]:
-    """The forward on token ids (``_run``) at ``pos``; returns the positions given (0 .. s-1 where the model
-    refuses them)."""
+def _token_forward(top, ids, pos, rec, rotary, conditioning=None, text_alone_ok=False) -> list[int]:
+    """The forward on token ids (``_run``) at ``pos``, with the ``conditioning`` state a decoder takes besides them
+    (:func:`_conditioning`); returns the positions given (0 .. s-1 where the model refuses them). Raises
+    :class:`_Done`, its message the wrapper's error, where (``text_alone_ok``) a composite's text sub-model ran and
+    the wrapper failed building its output afterwards (Llama 4's reads ``image_outputs`` from its language model's
+    output, which has none): the caller runs the text sub-model alone, on the same tokens."""
     positions = pos[0].tolist()
     try:
-        top(input_ids=ids, position_ids=pos, use_cache=False)
+        top(input_ids=ids, position_ids=pos, use_cache=False, **(conditioning or {}))
     except (ValueError, AttributeError) as e:
+        if _output_bug(e) and text_alone_ok and rec.calls:
+            rec.calls.clear()
+            rec.ran.clear()
+            rotary.clear()
+            raise _Done(error_text(e)) from None
         if "input_ids` is expected to be `None`" not in str(e) and "'embed_tokens'" not in str(e):
             raise
         # A model fed embeddings, not tokens (Qwen3-Omni's talker and its code predictor): the tokens'
@@ -399,8 +506,13 @@ def n_layers_of(config) -> int:
     n = getattr(config, "num_hidden_layers", None)
     n = n if isinstance(n, int) else getattr(config, "depth", None)
     if not isinstance(n, int):
-        raise LookupError(f"{type(config).__name__} has no int num_hidden_layers or depth")
+        raise SweepCannot(f"{type(config).__name__} has no int num_hidden_layers or depth")
     return n
+
+
+class SweepCannot(LookupError):
+    """What the sweep itself cannot do with a model (find its class, its decoder layers, its rotation function):
+    never transformers' failure, and its row says so (``records``)."""
 
 
 class InputsRefused(RuntimeError):
