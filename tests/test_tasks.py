@@ -218,3 +218,22 @@ def test_training_machines_and_learning_rate_sensitivity():
     assert sens[0.003]["test"]["ood_sparse"] == pytest.approx([10.0] * 5)
     with pytest.raises(ValueError, match="no runs of encoding"):
         learning_rate_sensitivity(runs, "rope")
+
+
+def test_lr_sweep_plot_shows_every_seed():
+    """The sweep figure's mean hides a failed seed (lr 0.01, seed 4 in the committed sweep): per_seed draws it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ropelab.studies.nb04_plots import plot_lr_sweep
+
+    selected = {"cope": {"lr": 0.003, "sweep": {0.003: {"sequence_error": 0.0}, 0.01: {"sequence_error": 12.0}}}}
+    style = {"cope": {"color": "C2", "ls": ":", "marker": "^"}}
+    fig, ax = plt.subplots()
+    plot_lr_sweep(ax, selected, [0.003, 0.01], {"cope": "CoPE"}, style, 5, 400,
+                  per_seed={"cope": {0.003: [0.0] * 5, 0.01: [0.0, 0.0, 0.0, 0.0, 60.0]}})
+    ys = [y for line in ax.get_lines() for y in line.get_ydata()]
+    assert 60.0 in ys and "each seed" in ax.get_title()
+    plt.close(fig)

@@ -13,14 +13,21 @@ __all__ = ["plot_lr_sweep", "plot_selective_copy_errors", "plot_training_curves"
 _STYLES, _HEAD_C = ["-", "--", "-.", ":"], ["C0", "C1", "C2", "C4"]  # per CoPE head; colorblind palette, no red
 
 
-def plot_lr_sweep(ax, selected: dict, lrs, labels: dict, style: dict, n_seeds: int, steps: int) -> None:
-    """Validation error against learning rate per encoding, the selected one circled (notebook 04, section 1)."""
-    for pe, sel in selected.items():
+def plot_lr_sweep(ax, selected: dict, lrs, labels: dict, style: dict, n_seeds: int, steps: int,
+                  per_seed: dict | None = None) -> None:
+    """Validation error against learning rate per encoding, the selected one circled (notebook 04, section 1).
+    ``per_seed``, ``{pe: {lr: [validation error % of each seed]}}`` (from
+    :func:`~ropelab.studies.nb04_selective_copy.learning_rate_sensitivity`), adds every seed as a small dot, so that
+    a mean hiding one failed seed shows it."""
+    for k, (pe, sel) in enumerate(selected.items()):
         sweep = sel["sweep"]
         ax.plot(lrs, [sweep[lr]["sequence_error"] for lr in lrs], label=labels[pe], ms=6, **style[pe])
         ax.plot([sel["lr"]], [sweep[sel["lr"]]["sequence_error"]], "o", ms=13, mfc="none", mec=style[pe]["color"])
+        for lr, errors in (per_seed or {}).get(pe, {}).items():
+            ax.plot([lr * 1.04 ** (k - 1.5)] * len(errors), errors, ".", ms=4, alpha=0.6, color=style[pe]["color"])
+    dots = "dots: each seed; " if per_seed else ""
     ax.set(xscale="log", xlabel="peak learning rate", ylabel="validation error (% of sequences)", ylim=(-3, 103),
-           title=f"learning-rate sweep: mean of {n_seeds} seeds, {steps} steps (circled: selected)")
+           title=f"learning-rate sweep, {steps} steps: mean of {n_seeds} seeds\n({dots}circled: selected)")
     ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
     ax.minorticks_off()
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
