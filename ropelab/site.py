@@ -203,7 +203,9 @@ def _banner(src: Path, smoke: bool) -> dict:
     download (the stripped source, as committed) and how to run it; a smoke run's note."""
     nav = navigation(src).split("\n\n", 1)[1]  # "**Previous:** [..](..) · **Map:** [..](index.ipynb) · **Next:** .."
     nav = nav.replace("(index.ipynb)", "(../index.md)")
-    lines = [f":::{{container}} {BANNER_CLASS}", nav, "",
+    # no-search: Sphinx leaves the banner out of the search index (its glossary line names YaRN, NTK, M-RoPE...:
+    # every notebook matched those words); ropelab.js leaves it out of the results' excerpts too.
+    lines = [f":::{{container}} {BANNER_CLASS} no-search", nav, "",
              f'**Run it yourself:** <a class="ropelab-download" href="{src.name}" download>download '
              f"<code>{src.name}</code></a> (the notebook's source, outputs stripped), or get the "
              f"[whole source](../index.md#get-the-code), run `make lab` and open `notebooks/{src.name}` "
@@ -292,13 +294,43 @@ def figure_caption(png: Path) -> str:
                 own = [c for c in child if c.get("id", "").startswith("text_")]
                 if own:
                     titles.append(comment_text(own[-1]))
-    titles = [" ".join(html.unescape(t).replace("$", "").replace("\\mathdefault", "").split())
-              for t in suptitles + titles]
+    titles = [" ".join(_plain_tex(html.unescape(t)).split()) for t in suptitles + titles]
     titles = [t for t in dict.fromkeys(titles) if t and not re.fullmatch(r"[-+0-9.,e ]*", t)]
     if not titles:
         return words
     text = "Figure: " + "; ".join(titles)
     return text if len(text) <= 300 else text[:297].rsplit(" ", 1)[0] + " ..."
+
+
+_TEX_SYMBOLS = {"langle": "⟨", "rangle": "⟩", "cdot": "·", "times": "×", "approx": "≈", "le": "≤", "leq": "≤",
+                "ge": "≥", "geq": "≥", "ne": "≠", "neq": "≠", "infty": "∞", "pm": "±", "to": "→", "sum": "Σ",
+                "prime": "′", "ell": "ℓ", "lfloor": "⌊", "rfloor": "⌋", "lceil": "⌈", "rceil": "⌉"}
+
+
+def _plain_tex(text: str) -> str:
+    """A figure title's math as a reader (or a screen reader) reads it: ``$\\cos(m\\,\\omega_i)$`` becomes
+    ``cos(m ω_i)`` and ``\\langle R_m q, R_n k\\rangle`` becomes ``⟨R_m q, R_n k⟩``: the dollars, spacing commands
+    and braces go, Greek letters and common symbols become their characters, other commands (``\\cos``,
+    ``\\mathrm``) their names."""
+    import unicodedata
+
+    def command(m: re.Match) -> str:
+        name = m.group(1)
+        if name in _TEX_SYMBOLS:
+            return _TEX_SYMBOLS[name]
+        case = "CAPITAL" if name[0].isupper() else "SMALL"
+        try:
+            return unicodedata.lookup(f"GREEK {case} LETTER {name.upper()}")
+        except KeyError:
+            return "" if name in ("mathdefault", "left", "right", "displaystyle") else name
+
+    text = text.replace("$", "")
+    text = re.sub(r"\\[,;:! ]", " ", text)  # spacing commands
+    accents = {"tilde": "\u0303", "hat": "\u0302", "bar": "\u0304", "vec": "\u20d7", "dot": "\u0307"}
+    text = re.sub(r"\\(tilde|hat|bar|vec|dot)\s*\{?(\\?[A-Za-z]+?)\}?(?=[^A-Za-z]|$)",
+                  lambda m: _plain_tex(m.group(2)) + accents[m.group(1)], text)  # p̃, not "tildep"
+    text = re.sub(r"\\([A-Za-z]+)", command, text)
+    return text.replace("{", "").replace("}", "").replace("\\", "")
 
 
 def _png_size(png: Path) -> tuple[int, int]:
@@ -321,8 +353,15 @@ def _figure_output(png: Path, site_figures: dict[str, Path]) -> dict:
 
 
 # The lab's "How to run" cell (runner plumbing: SMOKE, the pre-save hook, git status): not on the site, where the
-# banner links the guide that says it (docs/guides/running.md).
+# banner links the guide that says it (docs/guides/running.md). Known by its id in most notebooks, and by its opening
+# words in all (08, 09 and 10 gave it other ids, and their pages once opened with it).
 LAB_HOW_TO_RUN = "lab-how-to-run"
+LAB_HOW_TO_RUN_OPENING = "**How to run.**"
+
+
+def _is_how_to_run(cell: dict) -> bool:
+    return cell.get("id") == LAB_HOW_TO_RUN or (
+        cell["cell_type"] == "markdown" and "".join(cell["source"]).lstrip().startswith(LAB_HOW_TO_RUN_OPENING))
 SOLUTION_TAG = "ropelab-solution"  # an exercise's solution cell on the site: collapsed behind "Solution"
 CHECK_TAG = "ropelab-check"  # an exercise's check cell (lab-exN-check): its code collapsed, its verdict shown
 EXPLORER_NOTE = ("*The explorer below runs in your browser, with no kernel: move a control and it redraws. Above: "
@@ -330,21 +369,33 @@ EXPLORER_NOTE = ("*The explorer below runs in your browser, with no kernel: move
 
 
 _ARXIV = re.compile(r"(?<![\[\w/])arXiv[: ]([0-9]{4}\.[0-9]{4,5})(?!\]\()")
-_BARE_URL = re.compile(r"(?<![(<\w/\[])(https?://[^\s)<>\]\"'`]*[^\s)<>\]\"'`.,;:])")
+# A URL not already a link's target (after "](") or text (after "["), an autolink (after "<") or an attribute's value.
+_BARE_URL = re.compile(r"(?<!\]\()(?<![<\w/\[\"'=])(https?://[^\s)<>\]\"'`]*[^\s)<>\]\"'`.,;:])")
+# "llama.cpp (https://github.com/ggml-org/llama.cpp) #19443, #22612": the issue numbers after a repository's URL
+_ISSUES_AFTER_REPO = re.compile(r"\(<https://github\.com/([\w.-]+/[\w.-]+?)/?>\)((?:,? #[0-9]+)+)")
 _URL_IN_PARENS = re.compile(r"\]\(https://arxiv\.org/abs/([0-9]{4}\.[0-9]{4,5})\) \(https://arxiv\.org/abs/\1\)")
 
 
 def link_references(text: str) -> str:
     """Markdown with its bare references made links (the site's review: a bare arXiv id, or a URL that overflows the
     column, is no link): ``arXiv:2309.00071`` or ``arXiv 2309.00071`` not already a link's text becomes a link to
-    its abstract (the URL printed after it, if any, is dropped: the link carries it), and a bare ``https://`` URL
-    an autolink. Inline code (between backticks) is left as it is."""
+    its abstract (the URL printed after it, if any, is dropped: the link carries it), a bare ``https://`` URL (in
+    parentheses too) an autolink, and the issue numbers right after a GitHub repository's URL ("llama.cpp
+    (https://github.com/ggml-org/llama.cpp) #19443, #22612") links to those issues (GitHub sends an issue's address
+    to its pull request when it is one). Inline code (between backticks) is left as it is."""
     parts = text.split("`")
     for i in range(0, len(parts), 2):  # outside inline code
         s = _ARXIV.sub(r"[arXiv:\1](https://arxiv.org/abs/\1)", parts[i])
         s = _URL_IN_PARENS.sub(r"](https://arxiv.org/abs/\1)", s)
-        parts[i] = _BARE_URL.sub(r"<\1>", s)
+        s = _BARE_URL.sub(r"<\1>", s)
+        parts[i] = _ISSUES_AFTER_REPO.sub(_link_issues, s)
     return "`".join(parts)
+
+
+def _link_issues(m: re.Match) -> str:
+    repo = m.group(1)
+    refs = re.sub(r"#([0-9]+)", lambda n: f"[#{n.group(1)}](https://github.com/{repo}/issues/{n.group(1)})", m.group(2))
+    return f"(<https://github.com/{repo}>){refs}"
 
 
 def _scrub_paths(text: str) -> str:
@@ -385,7 +436,7 @@ def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: 
         source = "".join(cell["source"])
         meta = cell.setdefault("metadata", {})
         tags = meta.get("tags", [])
-        if INJECTED_TAG in tags or cell.get("id") == LAB_HOW_TO_RUN:
+        if INJECTED_TAG in tags or _is_how_to_run(cell):
             continue
         if cell["cell_type"] == "markdown":
             if importlib.util.find_spec("ropelab.webexplorers") is not None:  # the twins replace the kernel's widget
