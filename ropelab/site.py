@@ -11,6 +11,7 @@ are never touched: the builder stages copies of the executed notebooks under ``b
 (``build/smoke/site-src/``), laid out like the repository (``notebooks/``, ``figures/``, and ``docs/`` at the root),
 and Sphinx builds that with ``docs/conf.py``. On each staged copy (:func:`stage_notebook`):
 
+- the map's short title (``07 · Context extension``) as the page's title, the notebook's own (a sentence) under it;
 - a banner after the title: links to the previous and next notebook along :func:`ropelab.manifest.notebooks`
   (:func:`ropelab.manifest.navigation`), the notebook's stripped ``.ipynb`` to download and how to run it;
 - the runner's injected parameters cell and the lab's "How to run" notes are left out (the running guide says
@@ -77,6 +78,7 @@ GET_MARKER = "<!-- ropelab:get -->"  # in docs/index.md: how to get the code (th
 CITE_MARKER = "<!-- ropelab:cite -->"  # in docs/index.md: the citation block (render_cite, from CITATION.cff)
 GLOSSARY = "glossary.md"  # in docs/: the RoPE terms; every notebook page's banner links it
 BANNER_CLASS = "ropelab-banner"  # the run-locally / previous / next banner of a notebook page
+SUBTITLE_CLASS = "ropelab-subtitle"  # a notebook page's full title, under its short one
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 INJECTED_TAG = "injected-parameters"  # the cell ropelab.figures inserts after the parameters cell
 # Pages of the site that are not at their repository path: the README (a page of its own) and the map (the front page).
@@ -469,13 +471,24 @@ def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: 
         cells.append(cell)
     title = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
                   and "".join(c["source"]).lstrip().startswith("# ")), -1)
+    head_cells = []
     if title >= 0:  # the banner goes right under the title line: split it from the rest of its cell
         head, _, rest = "".join(cells[title]["source"]).lstrip().partition("\n")
+        # The page's title is the map's short one (the browser's tab, search results, the previous/next links); the
+        # notebook's full title, a sentence, is its subtitle.
+        full = head[2:].strip()
+        short = _short_titles().get(src.stem, full)
+        head_cells = [{**cells[title], "source": f"# {short}"}]
+        if short != full:
+            sub = full[len(short) + 1:].strip() if full.startswith(short + ":") else full.split(" · ", 1)[-1]
+            head_cells.append({"cell_type": "markdown", "id": SUBTITLE_CLASS, "metadata": {},
+                               "source": f":::{{container}} {SUBTITLE_CLASS}\n{sub[:1].upper() + sub[1:]}\n:::"})
+        head_cells.append(_banner(src, smoke))
         if rest.strip():
-            rest_id = f"{cells[title].get('id', 'title')}-rest"
-            first = {**cells[title], "source": head}
-            cells[title : title + 1] = [first, {**cells[title], "id": rest_id, "source": rest}]
-    cells.insert(title + 1, _banner(src, smoke))
+            head_cells.append({**cells[title], "id": f"{cells[title].get('id', 'title')}-rest", "source": rest})
+        cells[title : title + 1] = head_cells
+    else:
+        cells.insert(0, _banner(src, smoke))
     nb["cells"] = cells
     return nb
 
