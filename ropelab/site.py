@@ -400,18 +400,43 @@ def _link_issues(m: re.Match) -> str:
     return f"(<https://github.com/{repo}>){refs}"
 
 
-def _scrub_paths(text: str) -> str:
-    """A notebook output with the build machine's checkout path made repository-relative (``data/lm/x.pt``)."""
-    return text.replace(str(REPO) + os.sep, "").replace(str(REPO), ".")
+def _scrub_paths(text: str, roots: tuple[str, ...] = ()) -> str:
+    """A notebook output with the build machine's checkout path, and ``roots`` (the checkout the notebook ran in,
+    when another: :func:`_run_root`), made repository-relative (``data/lm/x.pt``)."""
+    for root in dict.fromkeys((str(REPO), *roots)):
+        text = text.replace(root + os.sep, "").replace(root, ".")
+    return text
 
 
-def _scrub_output(out: dict) -> dict:
+def _scrub_output(out: dict, roots: tuple[str, ...] = ()) -> dict:
     if "text" in out:
-        out["text"] = _scrub_paths("".join(out["text"]))
+        out["text"] = _scrub_paths("".join(out["text"]), roots)
     for mime, value in list(out.get("data", {}).items()):
         if mime.startswith("text/") or mime == "application/javascript":
-            out["data"][mime] = _scrub_paths("".join(value) if isinstance(value, list) else value)
+            out["data"][mime] = _scrub_paths("".join(value) if isinstance(value, list) else value, roots)
     return out
+
+
+def _run_root(nb: dict, figures_dir: Path) -> tuple[str, ...]:
+    """The checkout an executed notebook ran in, when it is not this one (a fresh clone's run copied here): read
+    from the runner's injected ``FIGURES_DIR``, which is that checkout's counterpart of ``figures_dir``."""
+    import ast
+
+    try:
+        suffix = "/" + figures_dir.resolve().relative_to(REPO.resolve()).as_posix()
+    except ValueError:
+        return ()
+    for cell in nb.get("cells", []):
+        if INJECTED_TAG not in cell.get("metadata", {}).get("tags", []):
+            continue
+        m = re.search(r"^FIGURES_DIR = (.+)$", "".join(cell["source"]), re.M)
+        try:
+            value = ast.literal_eval(m.group(1)) if m else None
+        except (ValueError, SyntaxError):
+            value = None
+        if isinstance(value, str) and value.endswith(suffix) and value.startswith("/"):
+            return (value[: -len(suffix)],)
+    return ()
 
 
 def _runtime_output(stem: str) -> dict:
@@ -433,6 +458,7 @@ def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: 
     nb.get("metadata", {}).pop("widgets", None)  # the widget state: a page has no kernel to give it to
     site_figures = {} if site_figures is None else site_figures
     own = {p.stem for p in figures_dir.glob(src.stem[:3] + "*.png")}
+    roots = _run_root(nb, figures_dir)  # where it ran, if another checkout: its paths are scrubbed too
     cells = []
     for cell in nb["cells"]:
         source = "".join(cell["source"])
@@ -462,9 +488,8 @@ def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: 
                 cell["outputs"] = [_runtime_output(src.stem)]
                 cells.append(cell)
                 continue
-            outputs = []
-            for out in cell.get("outputs", []):
-                outputs.append(_explorer_output(source) if WIDGET_MIME in out.get("data", {}) else _scrub_output(out))
+            outputs = [_explorer_output(source) if WIDGET_MIME in out.get("data", {}) else _scrub_output(out, roots)
+                       for out in cell.get("outputs", [])]
             saved = [n for n in dict.fromkeys(re.findall(r"[\"']([0-9]{2}_\w+)[\"']", source)) if n in own]
             outputs += [_figure_output(figures_dir / f"{n}.png", site_figures) for n in saved]
             cell["outputs"] = outputs

@@ -593,7 +593,7 @@ def test_a_staged_notebook_gets_its_banner_figures_and_links(tmp_path):
     solution = next(c for c in nb["cells"] if "".join(c["source"]).startswith("# Solution"))
     check = next(c for c in nb["cells"] if c.get("id", "").endswith("-check"))
     injected = {"cell_type": "code", "id": "inj", "metadata": {"tags": [site.INJECTED_TAG]}, "outputs": [],
-                "source": f"SMOKE = True\nFIGURES_DIR = '{manifest.REPO}/build/smoke/figures'"}
+                "source": "SMOKE = False\nFIGURES_DIR = '/tmp/another-clone/figures'"}  # it ran in another checkout
     nb["cells"].insert(3, injected)
     howto = {"cell_type": "markdown", "id": "howto", "metadata": {"tags": ["ropelab-lab"]},
              "source": "**How to run.** *Kernel → Restart Kernel and Run All Cells.*\n\n- `SMOKE = True` ..."}
@@ -601,7 +601,8 @@ def test_a_staged_notebook_gets_its_banner_figures_and_links(tmp_path):
     runtime = next(c for c in nb["cells"] if "runtime_note(" in "".join(c["source"]))
     runtime["outputs"] = [{"output_type": "display_data", "metadata": {},
                            "data": {"text/markdown": "**Run time.** stale: 1 s", "text/plain": "x"}}]
-    stream = {"output_type": "stream", "name": "stdout", "text": f"losses: {manifest.REPO}/data/lm/x.pt\n"}
+    stream = {"output_type": "stream", "name": "stdout",
+              "text": f"losses: {manifest.REPO}/data/lm/x.pt\nseeds: /tmp/another-clone/data/y.json\n"}
     saving["outputs"] = [stream]
     explorer = next(c for c in nb["cells"] if "explorers.LadderExplorer()" in "".join(c["source"]))
     explorer["outputs"] = [{"output_type": "display_data", "metadata": {},
@@ -619,7 +620,8 @@ def test_a_staged_notebook_gets_its_banner_figures_and_links(tmp_path):
     assert any('src="../_figures/00_pair_rotation.png"' in h and 'class="ropelab-zoom"' in h for h in shown), \
         "the saved figure is not shown, in a link to its full size"
     assert all('alt="Figure: ' in h and 'alt="00_pair_rotation' not in h for h in shown), shown
-    assert staged["outputs"][0]["text"] == "losses: data/lm/x.pt\n", "an absolute path is left in an output"
+    assert staged["outputs"][0]["text"] == "losses: data/lm/x.pt\nseeds: data/y.json\n", \
+        "an absolute path (this checkout's, or the one the notebook ran in) is left in an output"
     assert "inj" not in {c.get("id") for c in cells}, "the runner's injected cell is on the page"
     assert not {site.LAB_HOW_TO_RUN, "howto"} & {c.get("id") for c in cells}, "the lab's how-to-run notes are shown"
     runtime_out = next(c for c in cells if c.get("id") == runtime.get("id"))["outputs"]
