@@ -64,10 +64,10 @@ from .manifest import NAV_TAG, cells_hash, navigation, notebooks
 from .paths import BUILD_DIR, FIGURES_DIR, NOTEBOOK_DIR, REPO
 
 __all__ = ["DOCS_DIR", "SITE_DIR", "MAP_MARKER", "MODULES_MARKER", "PATH_MARKER", "GET_MARKER", "CITE_MARKER",
-           "BANNER_CLASS", "WIDGET_MIME", "EXPLORER_TWINS", "ARCHIVE", "executed_notebooks", "stage_notebook",
-           "render_map", "render_path", "render_get", "render_cite", "figure_caption", "reading_minutes", "builds_on",
-           "api_modules", "API_TOPICS", "api_topics", "api_title", "GLOSSARY", "link_references", "explorer_html",
-           "stage", "build", "main"]
+           "BANNER_CLASS", "SUBTITLE_CLASS", "WIDGET_MIME", "EXPLORER_TWINS", "ARCHIVE", "executed_notebooks",
+           "stage_notebook", "render_map", "render_path", "render_get", "render_cite", "figure_caption",
+           "reading_minutes", "builds_on", "api_modules", "API_TOPICS", "api_topics", "api_title", "GLOSSARY",
+           "link_references", "explorer_html", "stage", "build", "main"]
 
 DOCS_DIR = REPO / "docs"
 SITE_DIR = BUILD_DIR / "site"  # the full run's site; a smoke site goes to build/smoke/site
