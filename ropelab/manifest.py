@@ -240,7 +240,8 @@ def machines_text(runs: dict) -> str:
         span = lo if lo == hi else f"{lo} to {hi}"  # one run: one number, not "0.5 to 0.5"
         when = "when the notebook finished" if len(loads) == 1 else "when the notebooks finished"
         text += f", 1-minute load average {span} {when}"
-    return text + "), so they are upper bounds for an idle machine"
+    return text + ("), so it is an upper bound for an idle machine" if len(runs) == 1
+                   else "), so they are upper bounds for an idle machine")
 
 
 def runtime_text(notebook: str, runs: dict | None = None) -> str:

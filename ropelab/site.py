@@ -11,6 +11,7 @@ are never touched: the builder stages copies of the executed notebooks under ``b
 (``build/smoke/site-src/``), laid out like the repository (``notebooks/``, ``figures/``, and ``docs/`` at the root),
 and Sphinx builds that with ``docs/conf.py``. On each staged copy (:func:`stage_notebook`):
 
+- the map's short title (``07 · Context extension``) as the page's title, the notebook's own (a sentence) under it;
 - a banner after the title: links to the previous and next notebook along :func:`ropelab.manifest.notebooks`
   (:func:`ropelab.manifest.navigation`), the notebook's stripped ``.ipynb`` to download and how to run it;
 - the runner's injected parameters cell and the lab's "How to run" notes are left out (the running guide says
@@ -63,10 +64,10 @@ from .manifest import NAV_TAG, cells_hash, navigation, notebooks
 from .paths import BUILD_DIR, FIGURES_DIR, NOTEBOOK_DIR, REPO
 
 __all__ = ["DOCS_DIR", "SITE_DIR", "MAP_MARKER", "MODULES_MARKER", "PATH_MARKER", "GET_MARKER", "CITE_MARKER",
-           "BANNER_CLASS", "WIDGET_MIME", "EXPLORER_TWINS", "ARCHIVE", "executed_notebooks", "stage_notebook",
-           "render_map", "render_path", "render_get", "render_cite", "figure_caption", "reading_minutes", "builds_on",
-           "api_modules", "API_TOPICS", "api_topics", "api_title", "GLOSSARY", "link_references", "explorer_html",
-           "stage", "build", "main"]
+           "BANNER_CLASS", "SUBTITLE_CLASS", "WIDGET_MIME", "EXPLORER_TWINS", "ARCHIVE", "executed_notebooks",
+           "stage_notebook", "render_map", "render_path", "render_get", "render_cite", "figure_caption",
+           "reading_minutes", "builds_on", "api_modules", "API_TOPICS", "api_topics", "api_title", "GLOSSARY",
+           "link_references", "explorer_html", "stage", "build", "main"]
 
 DOCS_DIR = REPO / "docs"
 SITE_DIR = BUILD_DIR / "site"  # the full run's site; a smoke site goes to build/smoke/site
@@ -77,6 +78,7 @@ GET_MARKER = "<!-- ropelab:get -->"  # in docs/index.md: how to get the code (th
 CITE_MARKER = "<!-- ropelab:cite -->"  # in docs/index.md: the citation block (render_cite, from CITATION.cff)
 GLOSSARY = "glossary.md"  # in docs/: the RoPE terms; every notebook page's banner links it
 BANNER_CLASS = "ropelab-banner"  # the run-locally / previous / next banner of a notebook page
+SUBTITLE_CLASS = "ropelab-subtitle"  # a notebook page's full title, under its short one
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 INJECTED_TAG = "injected-parameters"  # the cell ropelab.figures inserts after the parameters cell
 # Pages of the site that are not at their repository path: the README (a page of its own) and the map (the front page).
@@ -203,7 +205,9 @@ def _banner(src: Path, smoke: bool) -> dict:
     download (the stripped source, as committed) and how to run it; a smoke run's note."""
     nav = navigation(src).split("\n\n", 1)[1]  # "**Previous:** [..](..) · **Map:** [..](index.ipynb) · **Next:** .."
     nav = nav.replace("(index.ipynb)", "(../index.md)")
-    lines = [f":::{{container}} {BANNER_CLASS}", nav, "",
+    # no-search: Sphinx leaves the banner out of the search index (its glossary line names YaRN, NTK, M-RoPE...:
+    # every notebook matched those words); ropelab.js leaves it out of the results' excerpts too.
+    lines = [f":::{{container}} {BANNER_CLASS} no-search", nav, "",
              f'**Run it yourself:** <a class="ropelab-download" href="{src.name}" download>download '
              f"<code>{src.name}</code></a> (the notebook's source, outputs stripped), or get the "
              f"[whole source](../index.md#get-the-code), run `make lab` and open `notebooks/{src.name}` "
@@ -292,13 +296,43 @@ def figure_caption(png: Path) -> str:
                 own = [c for c in child if c.get("id", "").startswith("text_")]
                 if own:
                     titles.append(comment_text(own[-1]))
-    titles = [" ".join(html.unescape(t).replace("$", "").replace("\\mathdefault", "").split())
-              for t in suptitles + titles]
+    titles = [" ".join(_plain_tex(html.unescape(t)).split()) for t in suptitles + titles]
     titles = [t for t in dict.fromkeys(titles) if t and not re.fullmatch(r"[-+0-9.,e ]*", t)]
     if not titles:
         return words
     text = "Figure: " + "; ".join(titles)
     return text if len(text) <= 300 else text[:297].rsplit(" ", 1)[0] + " ..."
+
+
+_TEX_SYMBOLS = {"langle": "⟨", "rangle": "⟩", "cdot": "·", "times": "×", "approx": "≈", "le": "≤", "leq": "≤",
+                "ge": "≥", "geq": "≥", "ne": "≠", "neq": "≠", "infty": "∞", "pm": "±", "to": "→", "sum": "Σ",
+                "prime": "′", "ell": "ℓ", "lfloor": "⌊", "rfloor": "⌋", "lceil": "⌈", "rceil": "⌉"}
+
+
+def _plain_tex(text: str) -> str:
+    """A figure title's math as a reader (or a screen reader) reads it: ``$\\cos(m\\,\\omega_i)$`` becomes
+    ``cos(m ω_i)`` and ``\\langle R_m q, R_n k\\rangle`` becomes ``⟨R_m q, R_n k⟩``: the dollars, spacing commands
+    and braces go, Greek letters and common symbols become their characters, other commands (``\\cos``,
+    ``\\mathrm``) their names."""
+    import unicodedata
+
+    def command(m: re.Match) -> str:
+        name = m.group(1)
+        if name in _TEX_SYMBOLS:
+            return _TEX_SYMBOLS[name]
+        case = "CAPITAL" if name[0].isupper() else "SMALL"
+        try:
+            return unicodedata.lookup(f"GREEK {case} LETTER {name.upper()}")
+        except KeyError:
+            return "" if name in ("mathdefault", "left", "right", "displaystyle") else name
+
+    text = text.replace("$", "")
+    text = re.sub(r"\\[,;:! ]", " ", text)  # spacing commands
+    accents = {"tilde": "\u0303", "hat": "\u0302", "bar": "\u0304", "vec": "\u20d7", "dot": "\u0307"}
+    text = re.sub(r"\\(tilde|hat|bar|vec|dot)\s*\{?(\\?[A-Za-z]+?)\}?(?=[^A-Za-z]|$)",
+                  lambda m: _plain_tex(m.group(2)) + accents[m.group(1)], text)  # p̃, not "tildep"
+    text = re.sub(r"\\([A-Za-z]+)", command, text)
+    return text.replace("{", "").replace("}", "").replace("\\", "")
 
 
 def _png_size(png: Path) -> tuple[int, int]:
@@ -321,8 +355,15 @@ def _figure_output(png: Path, site_figures: dict[str, Path]) -> dict:
 
 
 # The lab's "How to run" cell (runner plumbing: SMOKE, the pre-save hook, git status): not on the site, where the
-# banner links the guide that says it (docs/guides/running.md).
+# banner links the guide that says it (docs/guides/running.md). Known by its id in most notebooks, and by its opening
+# words in all (08, 09 and 10 gave it other ids, and their pages once opened with it).
 LAB_HOW_TO_RUN = "lab-how-to-run"
+LAB_HOW_TO_RUN_OPENING = "**How to run.**"
+
+
+def _is_how_to_run(cell: dict) -> bool:
+    return cell.get("id") == LAB_HOW_TO_RUN or (
+        cell["cell_type"] == "markdown" and "".join(cell["source"]).lstrip().startswith(LAB_HOW_TO_RUN_OPENING))
 SOLUTION_TAG = "ropelab-solution"  # an exercise's solution cell on the site: collapsed behind "Solution"
 CHECK_TAG = "ropelab-check"  # an exercise's check cell (lab-exN-check): its code collapsed, its verdict shown
 EXPLORER_NOTE = ("*The explorer below runs in your browser, with no kernel: move a control and it redraws. Above: "
@@ -330,35 +371,72 @@ EXPLORER_NOTE = ("*The explorer below runs in your browser, with no kernel: move
 
 
 _ARXIV = re.compile(r"(?<![\[\w/])arXiv[: ]([0-9]{4}\.[0-9]{4,5})(?!\]\()")
-_BARE_URL = re.compile(r"(?<![(<\w/\[])(https?://[^\s)<>\]\"'`]*[^\s)<>\]\"'`.,;:])")
+# A URL not already a link's target (after "](") or text (after "["), an autolink (after "<") or an attribute's value.
+_BARE_URL = re.compile(r"(?<!\]\()(?<![<\w/\[\"'=])(https?://[^\s)<>\]\"'`]*[^\s)<>\]\"'`.,;:])")
+# "llama.cpp (https://github.com/ggml-org/llama.cpp) #19443, #22612": the issue numbers after a repository's URL
+_ISSUES_AFTER_REPO = re.compile(r"\(<https://github\.com/([\w.-]+/[\w.-]+?)/?>\)((?:,? #[0-9]+)+)")
 _URL_IN_PARENS = re.compile(r"\]\(https://arxiv\.org/abs/([0-9]{4}\.[0-9]{4,5})\) \(https://arxiv\.org/abs/\1\)")
 
 
 def link_references(text: str) -> str:
     """Markdown with its bare references made links (the site's review: a bare arXiv id, or a URL that overflows the
     column, is no link): ``arXiv:2309.00071`` or ``arXiv 2309.00071`` not already a link's text becomes a link to
-    its abstract (the URL printed after it, if any, is dropped: the link carries it), and a bare ``https://`` URL
-    an autolink. Inline code (between backticks) is left as it is."""
+    its abstract (the URL printed after it, if any, is dropped: the link carries it), a bare ``https://`` URL (in
+    parentheses too) an autolink, and the issue numbers right after a GitHub repository's URL ("llama.cpp
+    (https://github.com/ggml-org/llama.cpp) #19443, #22612") links to those issues (GitHub sends an issue's address
+    to its pull request when it is one). Inline code (between backticks) is left as it is."""
     parts = text.split("`")
     for i in range(0, len(parts), 2):  # outside inline code
         s = _ARXIV.sub(r"[arXiv:\1](https://arxiv.org/abs/\1)", parts[i])
         s = _URL_IN_PARENS.sub(r"](https://arxiv.org/abs/\1)", s)
-        parts[i] = _BARE_URL.sub(r"<\1>", s)
+        s = _BARE_URL.sub(r"<\1>", s)
+        parts[i] = _ISSUES_AFTER_REPO.sub(_link_issues, s)
     return "`".join(parts)
 
 
-def _scrub_paths(text: str) -> str:
-    """A notebook output with the build machine's checkout path made repository-relative (``data/lm/x.pt``)."""
-    return text.replace(str(REPO) + os.sep, "").replace(str(REPO), ".")
+def _link_issues(m: re.Match) -> str:
+    repo = m.group(1)
+    refs = re.sub(r"#([0-9]+)", lambda n: f"[#{n.group(1)}](https://github.com/{repo}/issues/{n.group(1)})", m.group(2))
+    return f"(<https://github.com/{repo}>){refs}"
 
 
-def _scrub_output(out: dict) -> dict:
+def _scrub_paths(text: str, roots: tuple[str, ...] = ()) -> str:
+    """A notebook output with the build machine's checkout path, and ``roots`` (the checkout the notebook ran in,
+    when another: :func:`_run_root`), made repository-relative (``data/lm/x.pt``)."""
+    for root in dict.fromkeys((str(REPO), *roots)):
+        text = text.replace(root + os.sep, "").replace(root, ".")
+    return text
+
+
+def _scrub_output(out: dict, roots: tuple[str, ...] = ()) -> dict:
     if "text" in out:
-        out["text"] = _scrub_paths("".join(out["text"]))
+        out["text"] = _scrub_paths("".join(out["text"]), roots)
     for mime, value in list(out.get("data", {}).items()):
         if mime.startswith("text/") or mime == "application/javascript":
-            out["data"][mime] = _scrub_paths("".join(value) if isinstance(value, list) else value)
+            out["data"][mime] = _scrub_paths("".join(value) if isinstance(value, list) else value, roots)
     return out
+
+
+def _run_root(nb: dict, figures_dir: Path) -> tuple[str, ...]:
+    """The checkout an executed notebook ran in, when it is not this one (a fresh clone's run copied here): read
+    from the runner's injected ``FIGURES_DIR``, which is that checkout's counterpart of ``figures_dir``."""
+    import ast
+
+    try:
+        suffix = "/" + figures_dir.resolve().relative_to(REPO.resolve()).as_posix()
+    except ValueError:
+        return ()
+    for cell in nb.get("cells", []):
+        if INJECTED_TAG not in cell.get("metadata", {}).get("tags", []):
+            continue
+        m = re.search(r"^FIGURES_DIR = (.+)$", "".join(cell["source"]), re.M)
+        try:
+            value = ast.literal_eval(m.group(1)) if m else None
+        except (ValueError, SyntaxError):
+            value = None
+        if isinstance(value, str) and value.endswith(suffix) and value.startswith("/"):
+            return (value[: -len(suffix)],)
+    return ()
 
 
 def _runtime_output(stem: str) -> dict:
@@ -380,12 +458,13 @@ def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: 
     nb.get("metadata", {}).pop("widgets", None)  # the widget state: a page has no kernel to give it to
     site_figures = {} if site_figures is None else site_figures
     own = {p.stem for p in figures_dir.glob(src.stem[:3] + "*.png")}
+    roots = _run_root(nb, figures_dir)  # where it ran, if another checkout: its paths are scrubbed too
     cells = []
     for cell in nb["cells"]:
         source = "".join(cell["source"])
         meta = cell.setdefault("metadata", {})
         tags = meta.get("tags", [])
-        if INJECTED_TAG in tags or cell.get("id") == LAB_HOW_TO_RUN:
+        if INJECTED_TAG in tags or _is_how_to_run(cell):
             continue
         if cell["cell_type"] == "markdown":
             if importlib.util.find_spec("ropelab.webexplorers") is not None:  # the twins replace the kernel's widget
@@ -409,22 +488,32 @@ def stage_notebook(src: Path, nb: dict, figures_dir: Path, smoke: bool, images: 
                 cell["outputs"] = [_runtime_output(src.stem)]
                 cells.append(cell)
                 continue
-            outputs = []
-            for out in cell.get("outputs", []):
-                outputs.append(_explorer_output(source) if WIDGET_MIME in out.get("data", {}) else _scrub_output(out))
+            outputs = [_explorer_output(source) if WIDGET_MIME in out.get("data", {}) else _scrub_output(out, roots)
+                       for out in cell.get("outputs", [])]
             saved = [n for n in dict.fromkeys(re.findall(r"[\"']([0-9]{2}_\w+)[\"']", source)) if n in own]
             outputs += [_figure_output(figures_dir / f"{n}.png", site_figures) for n in saved]
             cell["outputs"] = outputs
         cells.append(cell)
     title = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
                   and "".join(c["source"]).lstrip().startswith("# ")), -1)
+    head_cells = []
     if title >= 0:  # the banner goes right under the title line: split it from the rest of its cell
         head, _, rest = "".join(cells[title]["source"]).lstrip().partition("\n")
+        # The page's title is the map's short one (the browser's tab, search results, the previous/next links); the
+        # notebook's full title, a sentence, is its subtitle.
+        full = head[2:].strip()
+        short = _short_titles().get(src.stem, full)
+        head_cells = [{**cells[title], "source": f"# {short}"}]
+        if short != full:
+            sub = full[len(short) + 1:].strip() if full.startswith(short + ":") else full.split(" · ", 1)[-1]
+            head_cells.append({"cell_type": "markdown", "id": SUBTITLE_CLASS, "metadata": {},
+                               "source": f":::{{container}} {SUBTITLE_CLASS}\n{sub[:1].upper() + sub[1:]}\n:::"})
+        head_cells.append(_banner(src, smoke))
         if rest.strip():
-            rest_id = f"{cells[title].get('id', 'title')}-rest"
-            first = {**cells[title], "source": head}
-            cells[title : title + 1] = [first, {**cells[title], "id": rest_id, "source": rest}]
-    cells.insert(title + 1, _banner(src, smoke))
+            head_cells.append({**cells[title], "id": f"{cells[title].get('id', 'title')}-rest", "source": rest})
+        cells[title : title + 1] = head_cells
+    else:
+        cells.insert(0, _banner(src, smoke))
     nb["cells"] = cells
     return nb
 

@@ -124,7 +124,7 @@ LINKS_JS = """repo => ({
   // the build machine's checkout path anywhere in the page, attributes and scripts included
   hasRepo: document.documentElement.outerHTML.includes(repo),
   icon: !!document.querySelector('link[rel="icon"]'),
-  copyButtons: !!document.querySelector('script[src*="copybutton"]'),
+  copyButtons: document.querySelectorAll('.copybtn').length,  // the buttons sphinx-copybutton adds on load
   // Text a reader sees outside math, code and scripts: where a $...$ left unparsed would show as raw TeX.
   prose: (() => {
     const skip = 'script, style, pre, code, .math, mjx-container, .ropelab-webexplorer, textarea';
@@ -220,6 +220,14 @@ def test_math_renders(browser, served):
         assert n >= 5, f"only {n} typeset formulas on {NOTEBOOKS[0]}"
         page.wait_for_timeout(500)  # the fonts MathJax fetches after typesetting
         assert not page.problems, page.problems
+        # A screen reader's setting (MathJax's menu, kept in localStorage): speech and the explorer on. Its speech rule
+        # engine then loads sre/mathmaps/{base,en}.json from the site (404s once) and labels each formula.
+        page.evaluate("() => localStorage.setItem('MathJax-Menu-Settings', JSON.stringify({speech: true, "
+                      "explorer: true, assistiveMml: true}))")
+        page.reload(wait_until="load")
+        page.wait_for_function("() => [...document.querySelectorAll('mjx-container')].some(c => "
+                               "c.getAttribute('aria-label') || c.querySelector('[aria-label]'))", timeout=60_000)
+        assert not page.problems, page.problems
     finally:
         page.close()
 
@@ -232,6 +240,25 @@ def test_search_finds_rotate_half(browser, served):
         page.wait_for_selector("#search-results ul.search li a", timeout=30_000)
         hits = page.locator("#search-results ul.search li a").evaluate_all("els => els.map(e => e.href)")
         assert any("01_rotate_half_vs_interleaved" in h for h in hits), hits
+        assert not page.problems, page.problems
+        # Excerpts: each page result shows its own text around the word, not the notebook banner (whose glossary
+        # line named YaRN, NTK, M-RoPE...: every notebook matched "yarn", its excerpt the banner or breadcrumbs).
+        page.goto(f"{served}/search.html?q=yarn", wait_until="load")
+        page.wait_for_function("() => /Search finished/.test((document.querySelector('#search-results "
+                               "p.search-summary') || {innerText: ''}).innerText)"
+                               " && [...document.querySelectorAll('#search-results li.kind-text, "
+                               "#search-results li.kind-title')].every(li => li.querySelector('p.context'))",
+                               timeout=60_000)
+        results = page.locator("#search-results li.kind-text, #search-results li.kind-title").evaluate_all(
+            "els => els.map(li => [li.querySelector('a').href, li.querySelector('p.context').innerText])")
+        mention = {stem for stem in NOTEBOOKS if "yarn" in json.dumps(_source(stem)).lower()}
+        for href, excerpt in results:
+            stem = re.search(r"/notebooks/([0-9]{2}_\w+)\.html", href)
+            if not stem:
+                continue
+            assert "A term you do not know" not in excerpt and "Run it yourself" not in excerpt, (href, excerpt)
+            assert stem.group(1) in mention, f"{href} matches 'yarn' but its notebook never says it"
+        assert mention & {re.search(r"notebooks/(\w+)\.html", h).group(1) for h, _ in results if "/notebooks/" in h}
         assert not page.problems, page.problems
     finally:
         page.close()
@@ -411,7 +438,7 @@ def test_copy_buttons_citation_favicon_and_speech_maps(crawl, served, built):
     assert "@software{ropelab," in front["text"], "no citation block on the front page"
     assert f"{served}/ropelab-src.tar.gz" in front["links"], "no source archive to get the code from"
     assert front["icon"], "no favicon"
-    assert crawl[f"{served}/notebooks/{NOTEBOOKS[0]}.html"]["copyButtons"], "no copy buttons"
+    assert all(crawl[f"{served}/notebooks/{stem}.html"]["copyButtons"] for stem in NOTEBOOKS), "no copy buttons"
     # the archive is the source tree a reader can run: the Makefile and the notebooks under ropelab/
     import tarfile
 
@@ -425,9 +452,20 @@ def test_copy_buttons_citation_favicon_and_speech_maps(crawl, served, built):
 
 @in_browser
 def test_every_image_has_alt_text_that_is_not_a_file_name(crawl):
+    # ... nor TeX source (a screen reader reads "\\cos(m\\,\\omega_i)" backslash by backslash)
     bad = [f"{url}: {i['src']} alt={i['alt']!r}" for url, p in crawl.items() for i in p["images"]
-           if not (i["alt"] or "").strip() or FILE_NAME.search(i["alt"].strip())]
+           if not (i["alt"] or "").strip() or FILE_NAME.search(i["alt"].strip()) or re.search(r"[\\$]", i["alt"])]
     assert not bad, "\n".join(bad[:20])
+
+
+# The runner's and the lab's plumbing, which the running guide says for maintainers: not on a notebook page.
+PLUMBING = ("How to run.", "pre-save hook", "injected by ropelab.figures", "git status")
+
+
+@in_browser
+def test_no_runner_plumbing_on_a_notebook_page(crawl, served):
+    found = {stem: [w for w in PLUMBING if w in crawl[f"{served}/notebooks/{stem}.html"]["text"]] for stem in NOTEBOOKS}
+    assert not any(found.values()), found
 
 
 @in_browser
@@ -555,12 +593,16 @@ def test_a_staged_notebook_gets_its_banner_figures_and_links(tmp_path):
     solution = next(c for c in nb["cells"] if "".join(c["source"]).startswith("# Solution"))
     check = next(c for c in nb["cells"] if c.get("id", "").endswith("-check"))
     injected = {"cell_type": "code", "id": "inj", "metadata": {"tags": [site.INJECTED_TAG]}, "outputs": [],
-                "source": f"SMOKE = True\nFIGURES_DIR = '{manifest.REPO}/build/smoke/figures'"}
+                "source": "SMOKE = False\nFIGURES_DIR = '/tmp/another-clone/figures'"}  # it ran in another checkout
     nb["cells"].insert(3, injected)
+    howto = {"cell_type": "markdown", "id": "howto", "metadata": {"tags": ["ropelab-lab"]},
+             "source": "**How to run.** *Kernel → Restart Kernel and Run All Cells.*\n\n- `SMOKE = True` ..."}
+    nb["cells"].insert(4, howto)  # as 08-10 have it: another id than lab-how-to-run
     runtime = next(c for c in nb["cells"] if "runtime_note(" in "".join(c["source"]))
     runtime["outputs"] = [{"output_type": "display_data", "metadata": {},
                            "data": {"text/markdown": "**Run time.** stale: 1 s", "text/plain": "x"}}]
-    stream = {"output_type": "stream", "name": "stdout", "text": f"losses: {manifest.REPO}/data/lm/x.pt\n"}
+    stream = {"output_type": "stream", "name": "stdout",
+              "text": f"losses: {manifest.REPO}/data/lm/x.pt\nseeds: /tmp/another-clone/data/y.json\n"}
     saving["outputs"] = [stream]
     explorer = next(c for c in nb["cells"] if "explorers.LadderExplorer()" in "".join(c["source"]))
     explorer["outputs"] = [{"output_type": "display_data", "metadata": {},
@@ -578,9 +620,10 @@ def test_a_staged_notebook_gets_its_banner_figures_and_links(tmp_path):
     assert any('src="../_figures/00_pair_rotation.png"' in h and 'class="ropelab-zoom"' in h for h in shown), \
         "the saved figure is not shown, in a link to its full size"
     assert all('alt="Figure: ' in h and 'alt="00_pair_rotation' not in h for h in shown), shown
-    assert staged["outputs"][0]["text"] == "losses: data/lm/x.pt\n", "an absolute path is left in an output"
+    assert staged["outputs"][0]["text"] == "losses: data/lm/x.pt\nseeds: data/y.json\n", \
+        "an absolute path (this checkout's, or the one the notebook ran in) is left in an output"
     assert "inj" not in {c.get("id") for c in cells}, "the runner's injected cell is on the page"
-    assert site.LAB_HOW_TO_RUN not in {c.get("id") for c in cells}, "the lab's how-to-run notes are on the page"
+    assert not {site.LAB_HOW_TO_RUN, "howto"} & {c.get("id") for c in cells}, "the lab's how-to-run notes are shown"
     runtime_out = next(c for c in cells if c.get("id") == runtime.get("id"))["outputs"]
     from ropelab.figures import load_runs, runtime_text
 
@@ -596,6 +639,19 @@ def test_a_staged_notebook_gets_its_banner_figures_and_links(tmp_path):
     assert "figures/00_explore_ladder.png" in images
 
 
+def test_a_notebook_page_is_titled_by_the_maps_short_title_with_its_own_under_it():
+    from ropelab import site
+
+    src = manifest.notebooks()[1]  # 01 · rotate_half vs interleaved: one rotation in two memory layouts, ...
+    cells = site.stage_notebook(src, _source(src.stem), manifest.FIGURES_DIR, smoke=False, images=set())["cells"]
+    short = site._short_titles()[src.stem]
+    full = site._notebook_title(src)
+    assert cells[0]["source"] == f"# {short}" and full.startswith(short + ": "), (cells[0]["source"], full)
+    sub = full[len(short) + 2:]
+    assert cells[1]["source"] == f":::{{container}} {site.SUBTITLE_CLASS}\n{sub[0].upper() + sub[1:]}\n:::"
+    assert site.BANNER_CLASS in cells[2]["source"]
+
+
 def test_alt_text_is_the_figures_own_titles():
     from ropelab import site
 
@@ -603,7 +659,10 @@ def test_alt_text_is_the_figures_own_titles():
     assert site.figure_caption(manifest.FIGURES_DIR / "00_frequency_ladder.png").startswith(
         "Figure: frequency ladder, d = ")
     caption = site.figure_caption(manifest.FIGURES_DIR / "00_cos_sin_tables.png")
-    assert "cos(m" in caption and "sin(m" in caption and "$" not in caption
+    assert "cos(m" in caption and "sin(m" in caption and "$" not in caption and "\\" not in caption, caption
+    # the math as it reads: Greek letters and symbols as characters, spacing and braces gone
+    assert site._plain_tex(r"$S_{mn} = \langle R_m q, R_n k\rangle$") == "S_mn = ⟨ R_m q, R_n k⟩"
+    assert site._plain_tex(r"$\cos(m\,\omega_i)$; $\tilde{p}_m$, $\alpha \geq 6$") == "cos(m ω_i); p̃_m, α ≥ 6"
 
 
 @pytest.mark.parametrize("target, want", [
@@ -694,6 +753,13 @@ def test_the_glossary_defines_the_rope_terms_and_every_notebook_banner_links_it(
     ("bloc97, https://www.reddit.com/r/LocalLLaMA/x/.", "bloc97, <https://www.reddit.com/r/LocalLLaMA/x/>."),
     ("[repo](https://github.com/a/b) and <https://x.org>", "[repo](https://github.com/a/b) and <https://x.org>"),
     ("in code `https://x.org arXiv:2309.00071` stays", "in code `https://x.org arXiv:2309.00071` stays"),
+    ("transformers (https://github.com/huggingface/transformers); x",
+     "transformers (<https://github.com/huggingface/transformers>); x"),
+    ('<a href="https://x.org/a">x</a>', '<a href="https://x.org/a">x</a>'),
+    ("llama.cpp (https://github.com/ggml-org/llama.cpp) #19443, #22612; sglang #30111",
+     "llama.cpp (<https://github.com/ggml-org/llama.cpp>) "
+     "[#19443](https://github.com/ggml-org/llama.cpp/issues/19443), "
+     "[#22612](https://github.com/ggml-org/llama.cpp/issues/22612); sglang #30111"),
 ])
 def test_bare_references_become_links(text, want):
     from ropelab import site

@@ -46,6 +46,25 @@
       });
     }
   }
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", wire);
-  else wire();
+  // Search excerpts: Sphinx's searchtools.js takes a result's text from the page's whole main area, so an excerpt
+  // often began with the breadcrumbs or the notebook banner (which is also left out of the index: class no-search).
+  // This runs before searchtools.js starts its search (on DOMContentLoaded, registered after this script's).
+  function searchExcerpts() {
+    if (typeof Search === "undefined" || !Search.htmlToText || Search.ropelabExcerpts) return;
+    const original = Search.htmlToText;
+    Search.htmlToText = (htmlString, anchor) => {
+      const doc = new DOMParser().parseFromString(htmlString, "text/html");
+      doc.querySelectorAll(".no-search, .bd-breadcrumbs, .prev-next-area, .bd-header-article, .bd-sidebar-secondary")
+        .forEach((el) => el.remove());
+      return original(doc.documentElement.outerHTML, anchor);
+    };
+    Search.ropelabExcerpts = true;
+  }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", searchExcerpts);
+    document.addEventListener("DOMContentLoaded", wire);
+  } else {
+    searchExcerpts();
+    wire();
+  }
 })();
