@@ -8,7 +8,8 @@ import pathlib
 import re
 from typing import Any
 
-__all__ = ["N_LAYERS", "N_HEADS", "SMALL_INTS", "discover", "tiny_kwargs", "variants", "config_value", "mrope_fit"]
+__all__ = ["N_LAYERS", "N_HEADS", "SMALL_INTS", "discover", "tiny_kwargs", "variants", "config_value", "mrope_fit",
+           "fitted_head", "main_rope_dict"]
 
 N_LAYERS = 8  # enough for the layer patterns of transformers' configs (every 4th, 6th layer ...)
 N_HEADS = 2
@@ -374,3 +375,6 @@ def variants(config_cls, kw: dict) -> dict[str, dict]:
 
 # A config's value by attribute or key (records reads the tiny config's sizes with it).
 config_value = _get
+
+
+main_rope_dict = _main_rope_dict  # the study of notebook 09 reads which dict the sweep scales by the same rule

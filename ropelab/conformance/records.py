@@ -17,7 +17,7 @@ from .discovery import tiny_kwargs, variants
 from .probe import diagnose_probe
 from .running import InputsRefused, SweepCannot, error_text, rotated_pairs, run_transformers
 
-__all__ = ["sweep_model_type", "compare_layers"]
+__all__ = ["sweep_model_type", "compare_layers", "SWEEP_CANNOT"]
 
 
 def sweep_model_type(model_type: str, info: dict, *, only_default: bool = False, diagnose: bool = True) -> dict:
@@ -255,6 +255,7 @@ _NO_ROPE = "the model applies no RoPE on this config"
 _N_TOKENS = 9  # the sweep's sequence (``running.positions_for``)
 _CANNOT_RUN = "transformers' model cannot run on tokens"
 _SWEEP_CANNOT = "the sweep cannot run or read transformers' model on this config (not a failure of transformers')"
+SWEEP_CANNOT = _SWEEP_CANNOT
 
 
 def _repair(config_cls, kw: dict, reason: str) -> dict | None:

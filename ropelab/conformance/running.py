@@ -10,7 +10,8 @@ import sys
 import torch
 
 __all__ = ["base_model", "error_text", "positions_for", "run_transformers", "rotated_pairs", "layout_of",
-           "model_inputs", "n_layers_of", "InputsRefused", "SweepCannot", "GRID_THW"]
+           "model_inputs", "n_layers_of", "InputsRefused", "SweepCannot", "GRID_THW", "N_FRAMES", "first_int",
+           "rotation_names"]
 
 
 def error_text(e: BaseException) -> str:
@@ -640,3 +641,5 @@ def layout_of(shape: tuple[int, ...], s: int) -> str:
 
 # The base model of a config (AutoModel's, else its module's *Model class): records and composite build with it.
 base_model = _base_model
+first_int = _first_int  # what a config says under the first of several names (vision.py reads sizes so)
+rotation_names = _rotation_names

@@ -16,7 +16,8 @@ def _sub_config_pixels(config, sub_config_types: dict) -> list[dict]:
     """Images at each sub-config's sizes (a composite's top config states none: the SAM stage's patch_size and
     image_size are its ``sam_config``'s): 4 x 4 patches, then its ``image_size`` (learned absolute positions that
     need exactly it), seeded, float64."""
-    from .running import GRID_THW, _first_int
+    from .running import GRID_THW
+    from .running import first_int as _first_int
 
     g = torch.Generator().manual_seed(0)
     out = []
@@ -69,7 +70,9 @@ def _composite_run(config, module, sub_config_types: dict) -> tuple[str, dict] |
     why). The reason is measured: no rotary module ran and no rotation function was called (the model applies no
     RoPE), or every call came from sub-models on sub-configs whose model types are compared as their own (the RoPE
     lives in a sub-config), or the calls are named where they came from."""
-    from .running import _base_model, _rotation_names, error_text, model_inputs
+    from .running import base_model as _base_model
+    from .running import error_text, model_inputs
+    from .running import rotation_names as _rotation_names
 
     torch.manual_seed(0)
     try:
@@ -137,5 +140,5 @@ def _composite_run(config, module, sub_config_types: dict) -> tuple[str, dict] |
     if calls and None not in calls:
         types = ", ".join(f"{k} ({sub_config_types.get(k)})" for k in keys)
         return (f"composite config: its RoPE lives in a sub-config: every rotation call of the whole model run on "
-                f"{said} came from the sub-model on its {types}, compared as its own model type", shapes)
+                f"{said} came from the sub-model on its {types}, a model type with a row of its own", shapes)
     return None

@@ -84,7 +84,7 @@ def default_only(rows: dict, *, among: str = "agree") -> dict[str, list[str]]:
     """The model types (of status ``among``) with no variant but the default, by why, read from the config class's
     default ``rope_parameters``: already scaled (its ``rope_type``, a scaling variant would replace it), no
     ``rope_parameters`` (the RoPE keys are v4-style or the model's own), or no rope dict the sweep scales."""
-    from ..conformance.discovery import _main_rope_dict
+    from ..conformance.discovery import main_rope_dict as _main_rope_dict
 
     out: dict[str, list[str]] = {}
     for mt, r in sorted(rows.items()):
