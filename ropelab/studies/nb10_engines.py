@@ -724,6 +724,7 @@ _STATUS_STYLE = {"agree": ("#9ecae1", "", "\u2713"), "differ": ("#f9c97a", "/", 
                  "unreadable": ("#dddddd", "..", "\u2013"), "unclear": ("#dddddd", "..", "?")}
 _ENGINE_LABEL = {"gguf": "llama.cpp, run on the GGUF\nits converter wrote",
                  "mlx": "mlx-lm, its model\nbuilt from config.json", "vllm": "vLLM, its model\nbuilt from config.json"}
+_ENGINE_SHORT = {"gguf": "llama.cpp", "mlx": "mlx-lm", "vllm": "vLLM"}  # the engines' own names, for the title
 
 
 def engine_label(engine: str) -> str:
@@ -736,7 +737,7 @@ def cell_words(c: Mapping[str, Any]) -> str:
     the llama.cpp run's largest logit error in float32 bounds where the cell has a run, else the kinds of mismatch."""
     sym = _STATUS_STYLE.get(c["status"], _STATUS_STYLE["unclear"])[2]
     if c["status"] != "differ":
-        return f"{sym} {c['status']}"
+        return f"{sym} {'refuses' if c['status'] == 'unreadable' else c['status']}"  # the title's word for it
     kinds = sorted({k for m in c.get("mismatches", []) for k in m["kinds"]}) or ["problem"]
     run = c.get("run")
     size = f"logits off by {run['ratio']:.3g}x bound" if run else f"at m = {c['position']}"
@@ -775,5 +776,7 @@ def plot_matrix(fig, ax, matrix: Mapping[str, Any]) -> None:
     versions = textwrap.fill(", ".join(f"{k} {str(val)[:12]}" for k, val in v.items()) + "; italic rows: variants",
                              150)
     fig.suptitle("Each engine against transformers (\u2713 agree, \u2717 differ, \u2013 refuses): " + "; ".join(
-        f"{e}: {c[e]['agree']} agree, {c[e]['differ']} differ, {c[e]['unreadable']} unreadable" for e in engines)
+        f"{_ENGINE_SHORT.get(e, e)}: {c[e]['agree']} agree, {c[e]['differ']} differ, {c[e]['unreadable']} refuse"
+        for e in engines)
         + "\n" + versions, fontsize=8)
+    fig.subplots_adjust(top=1 - 0.75 / fig.get_figheight())  # the table just under the title's three lines
