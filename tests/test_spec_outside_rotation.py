@@ -190,3 +190,21 @@ def test_a_config_listing_blocks_per_layer_is_read_as_its_class_reads_it():
     assert len(RopeSpec.per_layer(odd)) == config.num_hidden_layers  # mlp still listed: the same stride
     with pytest.raises(ValueError, match="layer_types has"):
         RopeSpec.per_layer({**d, "layer_types": d["layer_types"][:-2]})
+
+
+@pytest.mark.parametrize("model_type, rule", [("longcat_flash", "layer_count"), ("recurrent_gemma", "cycled"),
+                                              ("llama", None), ("qwen3_next", None)])
+def test_the_committed_layer_rules_are_those_measured_on_the_classes_now(model_type, rule):
+    """``layer_count`` and ``cycled`` in ``hf_config_rules`` are what ``config_rules`` measures on the installed
+    classes (regenerate with ``python -m ropelab.conformance.config_rules`` where they differ); a class with its own
+    ``num_hidden_layers`` and ``layer_types`` fields gets neither."""
+    from ropelab.conformance.config_rules import _cycled_layer_types, _layer_count
+    from ropelab.conformance.discovery import tiny_kwargs
+    from ropelab.conformance.hf_config_rules import READS
+
+    cls = CONFIG_MAPPING[model_type]
+    kw = tiny_kwargs(cls)
+    measured = {"layer_count": _layer_count(cls, kw), "cycled": _cycled_layer_types(cls, kw)}
+    committed = {k: READS.get(model_type, {}).get(k) for k in measured}
+    assert measured == committed
+    assert {k for k, v in measured.items() if v is not None} == ({rule} if rule else set())
