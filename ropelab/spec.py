@@ -357,7 +357,7 @@ class RopeSpec:
                              "axis; read it with ropelab.multiaxis.per_layer_axes (a RopeSpec and a MultiAxis per "
                              "layer).")
         _check_keys(config, set(conv.get("ignored_keys", ())))
-        n_layers = _need(config, "num_hidden_layers")
+        n_layers = _layer_count(config)
         head_dim = head_dim_of(config)
         style = _style_of(config, conv, style)
         # Read where a scaling reads it (dynamic NTK, a missing L0): from_rope_dict raises there. Default RoPE does
@@ -370,7 +370,8 @@ class RopeSpec:
             # (Gemma3TextConfig): every pattern-th layer is global, the others slide.
             layer_types = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention" for i in range(n_layers)]
         if layer_types is None:
-            layer_types = _layer_types_from_indices(config, n_layers) or _periodic(config, "layer_types", n_layers)
+            layer_types = (_layer_types_from_indices(config, n_layers) or _periodic(config, "layer_types", n_layers)
+                           or _cycled_layer_types(config, n_layers))
         n_layers, layer_types = _as_the_class_reads_layers(config, n_layers, layer_types)
         if layer_types is None:
             _refuse_underived_layer_types(config, conv)
@@ -703,15 +704,82 @@ def _as_the_class_reads_layers(config: Any, n_layers: int, layer_types: Any) -> 
     return n_layers // k, list(layer_types)[::k]
 
 
+def _layer_count(config: Any) -> int:
+    """``num_hidden_layers`` as the config class reads it: the config's own, or, where the class derives it as
+    ``per`` times another key (measured: ``hf_config_rules``' ``layer_count``; LongCat-Flash's ``num_layers``
+    decoder layers hold two attention sublayers each, numbered 0 .. 2 * num_layers - 1), from that key. ValueError
+    where neither is given, or both are and disagree."""
+    from .conformance.hf_config_rules import READS
+
+    model_type = _get(config, "model_type")
+    rule = (READS.get(model_type) or {}).get("layer_count") if isinstance(model_type, str) else None
+    n = _get(config, "num_hidden_layers")
+    if rule is None:
+        return _need(config, "num_hidden_layers")
+    key, per = rule["key"], rule["per"]
+    k = _get(config, key)
+    if k is None:
+        if n is None:
+            raise ValueError(f"the config has neither 'num_hidden_layers' nor {key!r}, which RoPE needs: transformers' "
+                             f"config class for model type {model_type!r} derives num_hidden_layers = {per} * {key}; "
+                             f"set {key!r} (ropelab does not guess a default).")
+        return n
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k * per <= MAX_LAYERS:
+        raise ValueError(f"{key} must be an int in [1, {MAX_LAYERS // per}] (transformers' config class for model "
+                         f"type {model_type!r} derives num_hidden_layers = {per} * {key}), got {k!r}.")
+    if n is not None and n != per * k:
+        raise ValueError(f"the config gives num_hidden_layers={n} and {key}={k}, while transformers' config class "
+                         f"for model type {model_type!r} derives num_hidden_layers = {per} * {key} = {per * k}; give "
+                         f"only {key!r}.")
+    return per * k
+
+
+def _cycled_layer_types(config: Any, n_layers: int) -> list[str] | None:
+    """Layer types a config class derives by cycling a list of block kinds (measured: ``hf_config_rules``'
+    ``cycled``; RecurrentGemma's ``block_types``, ``recurrent`` -> ``linear_attention`` without RoPE,
+    ``attention`` -> ``sliding_attention``): layer i gets the kind of entry i mod len(list). None where the class
+    has no such rule or the config does not give the list (ropelab does not guess the class's default)."""
+    from .conformance.hf_config_rules import READS
+
+    model_type = _get(config, "model_type")
+    rule = (READS.get(model_type) or {}).get("cycled") if isinstance(model_type, str) else None
+    if rule is None or _get(config, rule["key"]) is None:
+        return None
+    key, kinds, blocks = rule["key"], rule["kinds"], _get(config, rule["key"])
+    if isinstance(blocks, (str, bytes, Mapping)) or not isinstance(blocks, Sequence) or not blocks or any(
+            not isinstance(b, str) for b in blocks):
+        raise ValueError(f"{key} must be a non-empty list of block kinds ({sorted(kinds)}), got {blocks!r}.")
+    unknown = sorted({b for b in blocks if b not in kinds})
+    if unknown:
+        raise ValueError(f"{key} holds {unknown}, block kinds ropelab has not measured for model type {model_type!r} "
+                         f"(transformers' config class was measured on {sorted(kinds)}); use those, or give "
+                         "layer_types.")
+    most = rule.get("max_repeats")
+    if most is not None and n_layers > most * len(blocks):
+        raise ValueError(f"num_hidden_layers={n_layers} is more than transformers' config class for model type "
+                         f"{model_type!r} cycles {key} for ({most} times its {len(blocks)} entries), and it refuses "
+                         "such a config; give fewer layers or a longer list.")
+    return [kinds[blocks[i % len(blocks)]] for i in range(n_layers)]
+
+
 def _refuse_underived_layer_types(config: Any, conv: Mapping[str, Any]) -> None:
     """ValueError where the config gives no ``layer_types`` (nor its measured alias, e.g. ``layers_block_type``) and
     no rule ropelab reads derives them, while the model type has layer types without RoPE (measured): the class
     derives its list from other keys (RecurrentGemma's ``block_types``, cycled), so which layers rotate is not
     known here, and reading every layer as rotating would be wrong."""
+    from .conformance.hf_config_rules import READS
+
     alias = conv.get("aliases", {}).get("layer_types")
     nope = conv.get("nope_layer_types", ())
+    model_type = _get(config, "model_type")
+    cycled = (READS.get(model_type) or {}).get("cycled") if isinstance(model_type, str) else None
+    if cycled is not None and nope:
+        raise ValueError(f"model type {model_type!r}: the config gives no layer_types (nor {alias!r}) and no "
+                         f"{cycled['key']!r}, from which transformers' config class derives them (cycled), and its "
+                         f"layers of type {sorted(nope)} apply no RoPE, so which layers rotate is not known; give "
+                         f"{cycled['key']!r} (ropelab does not guess the class's default) or layer_types.")
     if alias is not None and nope:
-        raise ValueError(f"model type {_get(config, 'model_type')!r}: the config gives no layer_types (nor "
+        raise ValueError(f"model type {model_type!r}: the config gives no layer_types (nor "
                          f"{alias!r}); transformers' config class derives them from other keys, which ropelab does "
                          f"not read, and its layers of type {sorted(nope)} apply no RoPE, so which layers rotate is "
                          f"not known; give layer_types (one per layer, e.g. the config object's {alias}).")

@@ -2,7 +2,8 @@
 ``llama_4_scaling_beta`` of Ministral 3 / Mistral 4 (recorded on the spec, applied by ``RopeSpec.query_scale``,
 never by ``apply_rope``), the rope dict's copy of ``max_position_embeddings``, a ``partial_rotary_factor`` of the
 full head beside ``qk_rope_head_dim``, ``max_position_embeddings`` read only where a scaling reads it, and the
-refusal where the layers without RoPE cannot be located."""
+refusal where the layers without RoPE cannot be located, and the layer counts and layer types a config class
+derives from other keys (LongCat-Flash's ``num_layers``, RecurrentGemma's ``block_types``)."""
 
 from __future__ import annotations
 
@@ -116,16 +117,61 @@ def test_max_position_embeddings_is_needed_only_where_a_scaling_reads_it():
         RopeSpec.per_layer(dynamic)
 
 
-def test_layer_types_the_class_derives_from_keys_not_read_are_refused_in_a_dict():
-    """RecurrentGemma's class derives ``layers_block_type`` from ``block_types``; its recurrent layers apply no RoPE
-    (measured: ``linear_attention`` in the table's nope_layer_types). From its dict, which holds neither list,
-    ropelab refuses; from the config object, which has it, the no-RoPE layers are those of that type."""
-    config = _config("recurrent_gemma")
-    with pytest.raises(ValueError, match="layers_block_type"):
-        RopeSpec.per_layer(config.to_dict())
-    specs = RopeSpec.per_layer({**config.to_dict(), "layer_types": list(config.layers_block_type)})
+@pytest.mark.parametrize("blocks", [["recurrent", "recurrent", "attention"], ["attention", "recurrent"],
+                                    ["recurrent"], ["attention"]])
+def test_layer_types_the_class_cycles_from_block_types_are_read_as_it_reads_them(blocks):
+    """RecurrentGemma's class derives ``layers_block_type`` by cycling ``block_types`` (measured:
+    ``hf_config_rules``' ``cycled``); its recurrent layers apply no RoPE (the table's nope_layer_types). Over 5
+    layers (a list that does not divide them), per_layer of the class's dict rotates exactly the layers the class
+    types ``sliding_attention``, each by the class's partial rotary share of the head."""
+    config = _config("recurrent_gemma", num_hidden_layers=5, block_types=blocks)
+    d = config.to_dict()
+    assert "layer_types" not in d and "layers_block_type" not in d  # the dict holds only block_types
+    specs = RopeSpec.per_layer(d)
+    assert len(specs) == 5
     assert [s.is_nope for s in specs] == [t == "linear_attention" for t in config.layers_block_type]
-    assert any(s.is_nope for s in specs) and not all(s.is_nope for s in specs)
+    share = config.rope_parameters["partial_rotary_factor"]
+    assert all(s.rotary_dim == int(config.head_dim * share) for s in specs if not s.is_nope)
+
+
+def test_layer_types_without_the_keys_the_class_derives_them_from_are_refused():
+    """A RecurrentGemma dict with neither layer_types nor block_types: ropelab does not guess the class's default
+    list, and says which key to give; a block kind it has not measured, or more layers than the class cycles the
+    list for (it refuses those), are refused too."""
+    d = _config("recurrent_gemma", num_hidden_layers=5).to_dict()
+    with pytest.raises(ValueError, match="block_types"):
+        RopeSpec.per_layer({k: v for k, v in d.items() if k != "block_types"})
+    with pytest.raises(ValueError, match="block kinds ropelab has not measured"):
+        RopeSpec.per_layer({**d, "block_types": ["recurrent", "mlp"]})
+    with pytest.raises(ValueError, match="cycles block_types"):
+        RopeSpec.per_layer({**d, "block_types": ["attention"], "num_hidden_layers": 101})
+    with pytest.raises(Exception, match="num_hidden_layers"):  # and transformers' class refuses that config too
+        _config("recurrent_gemma", num_hidden_layers=101, block_types=["attention"])
+    # with the list given, the config object and its dict read alike
+    config = _config("recurrent_gemma", num_hidden_layers=5)
+    assert RopeSpec.per_layer(config) == RopeSpec.per_layer(config.to_dict())
+
+
+@pytest.mark.parametrize("num_layers", [1, 3])
+def test_a_layer_count_the_class_derives_is_read_as_it_reads_it(num_layers):
+    """LongCat-Flash's class stores ``num_layers`` and derives ``num_hidden_layers = 2 * num_layers`` (two attention
+    sublayers per decoder layer; measured: ``hf_config_rules``' ``layer_count``). Its dict holds only num_layers;
+    per_layer gives one spec per attention sublayer, as many as the class's num_hidden_layers."""
+    config = _config("longcat_flash", num_layers=num_layers)
+    d = config.to_dict()
+    assert "num_hidden_layers" not in d and d["num_layers"] == num_layers
+    assert len(RopeSpec.per_layer(d)) == config.num_hidden_layers == 2 * num_layers
+
+
+def test_a_layer_count_without_its_keys_is_refused():
+    d = _config("longcat_flash", num_layers=3).to_dict()
+    with pytest.raises(ValueError, match="neither 'num_hidden_layers' nor 'num_layers'"):
+        RopeSpec.per_layer({k: v for k, v in d.items() if k != "num_layers"})
+    with pytest.raises(ValueError, match="num_layers must be an int"):
+        RopeSpec.per_layer({**d, "num_layers": "3"})
+    with pytest.raises(ValueError, match="derives num_hidden_layers = 2 \\* num_layers = 6"):
+        RopeSpec.per_layer({**d, "num_hidden_layers": 4})
+    assert len(RopeSpec.per_layer({**d, "num_hidden_layers": 6})) == 6  # both given and agreeing
 
 
 def test_a_config_listing_blocks_per_layer_is_read_as_its_class_reads_it():
@@ -144,3 +190,21 @@ def test_a_config_listing_blocks_per_layer_is_read_as_its_class_reads_it():
     assert len(RopeSpec.per_layer(odd)) == config.num_hidden_layers  # mlp still listed: the same stride
     with pytest.raises(ValueError, match="layer_types has"):
         RopeSpec.per_layer({**d, "layer_types": d["layer_types"][:-2]})
+
+
+@pytest.mark.parametrize("model_type, rule", [("longcat_flash", "layer_count"), ("recurrent_gemma", "cycled"),
+                                              ("llama", None), ("qwen3_next", None)])
+def test_the_committed_layer_rules_are_those_measured_on_the_classes_now(model_type, rule):
+    """``layer_count`` and ``cycled`` in ``hf_config_rules`` are what ``config_rules`` measures on the installed
+    classes (regenerate with ``python -m ropelab.conformance.config_rules`` where they differ); a class with its own
+    ``num_hidden_layers`` and ``layer_types`` fields gets neither."""
+    from ropelab.conformance.config_rules import _cycled_layer_types, _layer_count
+    from ropelab.conformance.discovery import tiny_kwargs
+    from ropelab.conformance.hf_config_rules import READS
+
+    cls = CONFIG_MAPPING[model_type]
+    kw = tiny_kwargs(cls)
+    measured = {"layer_count": _layer_count(cls, kw), "cycled": _cycled_layer_types(cls, kw)}
+    committed = {k: READS.get(model_type, {}).get(k) for k in measured}
+    assert measured == committed
+    assert {k for k, v in measured.items() if v is not None} == ({rule} if rule else set())

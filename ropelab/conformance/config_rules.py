@@ -25,6 +25,13 @@ class turns these into ``rope_parameters`` its own way (``convert_rope_params_to
   (Llama 4's ``no_rope_layers`` from ``no_rope_layer_interval``, Qwen3-Next's ``layer_types`` from
   ``full_attention_interval``).
 
+- ``layer_count``: where the class derives ``num_hidden_layers`` from another int key, as ``per`` times it
+  (LongCat-Flash stores ``num_layers`` decoder layers of two attention sublayers each): measured by building the
+  class from the key alone at two values and reading ``num_hidden_layers`` back.
+- ``cycled``: where the class derives its ``layer_types`` by cycling a list key of block kinds (RecurrentGemma's
+  ``block_types``), the key, each kind's layer type (``kinds``) and the most times the class repeats the list
+  (``max_repeats``; the class refuses more layers): measured on probe lists of the class's own kinds at 5 layers.
+
 ``PER_LAYER_TYPE_DEFAULTS``: the model types whose class, given a config without RoPE keys, builds its rope dict per
 layer type from defaults of its own (MiMo-V2-Flash's, Step-3.5's, Gemma 3's): the layer types it fills
 (``types``) and those into which a top-level ``rope_theta`` arrives (``theta_types``; MiMo-V2-Flash's class
@@ -165,6 +172,90 @@ def _serialized_layout(config_cls, kw: dict) -> dict | None:
     return {"stride": k, "filler": filler}
 
 
+def _layer_count(config_cls, kw: dict) -> dict | None:
+    """{"key": k, "per": m} where the class's ``num_hidden_layers`` is m times its int field k and the config class
+    takes no ``num_hidden_layers`` field of its own (LongCat-Flash: a property, 2 * ``num_layers``): measured by
+    building the class from k alone at 3 and 5 and reading ``num_hidden_layers`` back. None for any other class."""
+    fields = getattr(config_cls, "__dataclass_fields__", None) or {}
+    if "num_hidden_layers" in fields:
+        return None
+    kw = {k: v for k, v in kw.items() if k != "num_hidden_layers"}
+    for key in sorted(fields):
+        if "layer" not in key or not isinstance(getattr(fields[key], "default", None), int):
+            continue
+        try:
+            got = [config_cls(**{**kw, key: v}).num_hidden_layers for v in (3, 5)]
+        except Exception:  # noqa: BLE001 - a key the class refuses at these values derives nothing
+            continue
+        if all(isinstance(g, int) and not isinstance(g, bool) for g in got) and got[0] % 3 == 0 and got[0] > 0 \
+                and got == [got[0] // 3 * v for v in (3, 5)]:
+            return {"key": key, "per": got[0] // 3}
+    return None
+
+
+def _cycled_layer_types(config_cls, kw: dict) -> dict | None:
+    """{"key": k, "kinds": {kind: layer type}, "max_repeats": r} where the class derives its ``layer_types`` (a
+    property or attribute-map alias, not a field the config sets) by cycling its list field k of block kinds, each
+    kind giving one layer type (RecurrentGemma: ``block_types`` ``recurrent`` -> ``linear_attention``,
+    ``attention`` -> ``sliding_attention``): measured at 5 layers on each two-kind probe list of the class's default
+    kinds, in both orders, and on a three-entry one; ``max_repeats``: the most layers the class accepts with a
+    one-kind list (it refuses a config whose cycled list is shorter than its layers; None where it accepts 4096).
+    None for any other class."""
+    fields = getattr(config_cls, "__dataclass_fields__", None) or {}
+    if "layer_types" in fields:
+        return None
+    base = {**kw, "num_hidden_layers": 5}
+    for key in sorted(fields):
+        default = getattr(fields[key], "default", None)
+        if not isinstance(default, (list, tuple)) or not all(isinstance(x, str) for x in default):
+            continue
+        kinds = sorted(set(default))
+        if len(kinds) < 2:
+            continue
+        a, b = kinds[0], kinds[1]
+        learned: dict[str, str] = {}
+        ok = True
+        for probe in ([a, b], [b, a], [b, a, a]):
+            try:
+                got = list(getattr(config_cls(**{**base, key: probe}), "layer_types", None) or [])
+            except Exception:  # noqa: BLE001
+                ok = False
+                break
+            want = [probe[i % len(probe)] for i in range(5)]
+            if len(got) != 5 or any(learned.setdefault(k, t) != t for k, t in zip(want, got)):
+                ok = False
+                break
+        if not ok or len(set(learned.values())) != len(learned) or set(learned) != set(kinds[:2]):
+            continue
+        for kind in kinds[2:]:  # the class's other kinds, each beside one already read
+            try:
+                got = list(getattr(config_cls(**{**base, key: [a, kind]}), "layer_types", None) or [])
+            except Exception:  # noqa: BLE001
+                ok = False
+                break
+            if len(got) != 5 or got[::2] != [learned[a]] * 3 or len(set(got[1::2])) != 1:
+                ok = False
+                break
+            learned[kind] = got[1]
+        if not ok:
+            continue
+        def cycles(n, key=key, a=a):  # whether the class accepts n layers of one kind and lists n layer types
+            try:
+                return len(getattr(config_cls(**{**kw, "num_hidden_layers": n, key: [a]}), "layer_types", None)
+                           or []) == n
+            except Exception:  # noqa: BLE001 - the class refuses a list shorter than its layers
+                return False
+
+        lo, hi = 5, 4096  # the most layers the class accepts: bisected (lo accepted, above hi not asked)
+        if cycles(hi):
+            return {"key": key, "kinds": learned, "max_repeats": None}
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if cycles(mid) else (lo, mid)
+        return {"key": key, "kinds": learned, "max_repeats": lo}
+    return None
+
+
 def _text_rule(config_cls) -> dict | None:
     """{"type": the text sub-config's model type, "dict_type": whether a ``text_config`` dict's own ``model_type``
     picks the class instead (measured: a dict saying another type, and the class built from it)}."""
@@ -211,6 +302,12 @@ def measure_rules(config_cls, kw: dict) -> dict[str, Any]:
     n = kw.get("num_hidden_layers")
     if layout:
         out["serialized_layout"] = layout
+    count = _layer_count(config_cls, kw)
+    if count:
+        out["layer_count"] = count
+    cycled = _cycled_layer_types(config_cls, kw)
+    if cycled:
+        out["cycled"] = cycled
     periodic = _periodic_lists(config_cls, kw)
     if periodic:
         out["periodic"] = periodic
