@@ -212,7 +212,8 @@ def test_reads_files_and_directories(tmp_path):
     ("[1, 2]", "not an object"),
     (json.dumps({**llama(ROPES["default"]), "model_type": "no_such_model"}), "convention table"),
     (json.dumps({**llama(), "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}), "needs the key 'factor'"),
-    (json.dumps({k: v for k, v in llama(ROPES["default"]).items() if k != "max_position_embeddings"}),
+    # dynamic NTK reads the context length (default RoPE does not, and reads without it)
+    (json.dumps({k: v for k, v in llama(ROPES["dynamic"]).items() if k != "max_position_embeddings"}),
      "max_position_embeddings"),
 ])
 def test_unreadable_configs_raise_read_error(tmp_path, content, words):

@@ -217,7 +217,7 @@ def token_failure(config, module) -> str:
         with torch.no_grad():
             model(input_ids=torch.randint(0, 100, (1, 9)))
     except SweepCannot as e:
-        from .records import SWEEP_CANNOT as _SWEEP_CANNOT
+        from .running import SWEEP_CANNOT as _SWEEP_CANNOT
 
         return f"{_SWEEP_CANNOT}: {e}"
     except Exception as e:  # noqa: BLE001 - the reason goes into the table

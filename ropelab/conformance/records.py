@@ -15,7 +15,7 @@ from .compare import compare_call
 from .convention import config_conventions, ignored_slice_keys, measure_calls, table_entry
 from .discovery import tiny_kwargs, variants
 from .probe import diagnose_probe
-from .running import InputsRefused, SweepCannot, error_text, rotated_pairs, run_transformers
+from .running import SWEEP_CANNOT, InputsRefused, SweepCannot, error_text, rotated_pairs, run_transformers
 
 __all__ = ["sweep_model_type", "compare_layers", "SWEEP_CANNOT"]
 
@@ -254,8 +254,7 @@ def _sub_config_types(config_cls) -> dict[str, str | None]:
 _NO_ROPE = "the model applies no RoPE on this config"
 _N_TOKENS = 9  # the sweep's sequence (``running.positions_for``)
 _CANNOT_RUN = "transformers' model cannot run on tokens"
-_SWEEP_CANNOT = "the sweep cannot run or read transformers' model on this config (not a failure of transformers')"
-SWEEP_CANNOT = _SWEEP_CANNOT
+_SWEEP_CANNOT = SWEEP_CANNOT
 
 
 def _repair(config_cls, kw: dict, reason: str) -> dict | None:

@@ -9,9 +9,11 @@ import sys
 
 import torch
 
+from .sizes import N_FRAMES, positions_for  # re-exported: the sweep's sizes have their own home
+
 __all__ = ["base_model", "error_text", "positions_for", "run_transformers", "rotated_pairs", "layout_of",
            "model_inputs", "n_layers_of", "InputsRefused", "SweepCannot", "GRID_THW", "N_FRAMES", "first_int",
-           "rotation_names"]
+           "rotation_names", "SWEEP_CANNOT"]
 
 
 def error_text(e: BaseException) -> str:
@@ -70,15 +72,6 @@ def _attention_slots(model, n_layers: int):
     return None
 
 
-def positions_for(max_pos: int | None) -> list[int]:
-    """9 distinct positions: small ones (every pair's angle resolved) and large ones up to the context."""
-    top = min(max_pos or 4096, 4096)
-    pos = sorted({0, 1, 2, 3, 5, 17, top // 4, top // 2, top - 1})
-    k = 6
-    while len(pos) < 9:
-        pos = sorted(set(pos) | {k})
-        k += 1
-    return pos[:9]
 
 
 def _base_model(config, module):
@@ -142,9 +135,6 @@ def _rotary_owners(config_cls, module) -> str:
 # Two frames of 4 x 4 patches: each spatial merge (2 x 2) has whole blocks, rows differ from columns, and a tower
 # that rotates by the frame too (MiniMax-M3-VL's) sees it change (with one frame its frame pairs never turn).
 GRID_THW = (2, 4, 4)
-# Audio feature frames: a few tokens left after the encoders' subsampling (50 after 2x: never the head size, so
-# the sequence axis of q and k is told apart).
-N_FRAMES = 100
 
 
 def _first_int(config, *keys, default=None):
@@ -509,6 +499,9 @@ def n_layers_of(config) -> int:
     if not isinstance(n, int):
         raise SweepCannot(f"{type(config).__name__} has no int num_hidden_layers or depth")
     return n
+
+
+SWEEP_CANNOT = "the sweep cannot run or read transformers' model on this config (not a failure of transformers')"
 
 
 class SweepCannot(LookupError):

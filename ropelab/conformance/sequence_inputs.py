@@ -94,7 +94,7 @@ def _draft_inputs(model, hidden, rand) -> list[dict]:
 def _speech_seq2seq(config, params, rand) -> list[dict]:
     """A speech encoder-decoder on samples (Moonshine): ``N_FRAMES * 192`` samples to its encoder, 9 tokens to its
     decoder at the sweep's positions (``decoder_position_ids`` where it takes them)."""
-    from .running import N_FRAMES, positions_for
+    from .sizes import N_FRAMES, positions_for
 
     positions = positions_for(_int(config, "max_position_embeddings"))
     g = torch.Generator().manual_seed(1)
@@ -120,7 +120,7 @@ def decoder_layers(model, config, n_layers: int, find):
 
 
 def _features_with_lengths(config, rand, req, params) -> list[dict]:
-    from .running import N_FRAMES
+    from .sizes import N_FRAMES
 
     mel = _int(config, "num_mel_bins", "feature_size", "n_mels", "input_feat_size", default=128)
     out = []
