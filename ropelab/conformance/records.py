@@ -254,7 +254,6 @@ def _sub_config_types(config_cls) -> dict[str, str | None]:
 _NO_ROPE = "the model applies no RoPE on this config"
 _N_TOKENS = 9  # the sweep's sequence (``running.positions_for``)
 _CANNOT_RUN = "transformers' model cannot run on tokens"
-_SWEEP_CANNOT = SWEEP_CANNOT
 
 
 def _repair(config_cls, kw: dict, reason: str) -> dict | None:
@@ -614,7 +613,7 @@ def _sweep_variant(model_type, config_cls, module, kwargs, measure: dict | None,
         return {"status": "not covered", "reason": f"transformers' model refuses the inputs the sweep builds for it "
                 f"(tiny pixels, patches and grid, features or samples: {e})"}
     except SweepCannot as e:
-        return {"status": "not covered", "reason": f"{_SWEEP_CANNOT}: {e}"}
+        return {"status": "not covered", "reason": f"{SWEEP_CANNOT}: {e}"}
     except Exception as e:  # noqa: BLE001
         return {"status": "not covered", "reason": f"transformers' model cannot run on tokens: {error_text(e)}"}
     if not run["calls"] and not run["rotary"]:
